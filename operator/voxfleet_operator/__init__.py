@@ -1,0 +1,1 @@
+"""voxfleet control plane: the TTSVoice operator (kopf) and its pure render functions."""
