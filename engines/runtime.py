@@ -1,0 +1,102 @@
+"""Stage runtimes: who executes the encoder, flow and vocoder graphs.
+
+The stream model only talks to a `StageRuntime`; onnxruntime (CPU, every machine) lives here,
+GPU runtimes register themselves in `RUNTIMES` from their own modules.
+
+Shapes: ``ids`` int64 [B, P]; ``lengths`` int64 [B]; ``scales`` float32 [3] =
+(noise_scale, length_scale, noise_w); ``prior``/``latent`` float32 [B, 192, T];
+``mask`` float32 [B, 1, T]; audio float32 [B, T * hop].
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+
+class StageRuntime(Protocol):
+    name: str
+
+    def encode(
+        self,
+        ids: np.ndarray,
+        lengths: np.ndarray,
+        scales: np.ndarray,
+        speaker_ids: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def flow(
+        self, prior: np.ndarray, mask: np.ndarray, speaker_ids: np.ndarray | None = None
+    ) -> np.ndarray: ...
+
+    def vocode(self, latent: np.ndarray, speaker_ids: np.ndarray | None = None) -> np.ndarray: ...
+
+
+class OnnxStages:
+    """The three split graphs on onnxruntime's CPU provider."""
+
+    name = "onnxruntime"
+
+    def __init__(self, engine_dir: Path, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or int(os.environ.get("VOXFLEET_THREADS", "0"))
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self._sessions = {
+            stage: ort.InferenceSession(
+                str(engine_dir / f"{stage}.onnx"), options, providers=["CPUExecutionProvider"]
+            )
+            for stage in ("encoder", "flow", "vocoder")
+        }
+        self._inputs = {
+            stage: {value.name for value in session.get_inputs()}
+            for stage, session in self._sessions.items()
+        }
+        self.multi_speaker = "sid" in self._inputs["encoder"]
+
+    def _run(self, stage: str, feeds: dict[str, np.ndarray], speaker_ids: np.ndarray | None):
+        if "sid" in self._inputs[stage]:
+            batch = next(iter(feeds.values())).shape[0]
+            feeds["sid"] = (
+                speaker_ids.astype(np.int64)
+                if speaker_ids is not None
+                else np.zeros((batch,), dtype=np.int64)
+            )
+        return self._sessions[stage].run(None, feeds)
+
+    def encode(self, ids, lengths, scales, speaker_ids=None):
+        prior, mask = self._run(
+            "encoder",
+            {"input": ids, "input_lengths": lengths, "scales": scales.astype(np.float32)},
+            speaker_ids,
+        )
+        return prior, mask
+
+    def flow(self, prior, mask, speaker_ids=None):
+        return self._run("flow", {"prior": prior, "mask": mask}, speaker_ids)[0]
+
+    def vocode(self, latent, speaker_ids=None):
+        audio = self._run("vocoder", {"latent": latent}, speaker_ids)[0]
+        return audio.reshape(audio.shape[0], -1)
+
+
+# runtime name -> factory(engine_dir) ; GPU runtimes add themselves on import.
+RUNTIMES: dict[str, Callable[[Path], StageRuntime]] = {"onnxruntime": OnnxStages}
+
+
+def load_stages(runtime: str, engine_dir: Path) -> StageRuntime:
+    if runtime == "torch-cuda":
+        import engines.torch_cuda  # noqa: F401  (registers itself)
+    try:
+        factory = RUNTIMES[runtime]
+    except KeyError:
+        raise ValueError(
+            f"unknown runtime {runtime!r}; available: {', '.join(sorted(RUNTIMES))}"
+        ) from None
+    return factory(engine_dir)
