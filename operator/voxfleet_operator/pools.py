@@ -1,0 +1,129 @@
+"""GPU pools: the operator's configuration of where Triton pods may run.
+
+The chart mounts a YAML file and points `VOXFLEET_POOLS_FILE` at it:
+
+    defaultPool: t4
+    pools:
+      - name: t4
+        nodeSelector: {cloud.google.com/gke-accelerator: nvidia-tesla-t4}
+        tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+        gpuProduct: Tesla-T4
+        gpuMemory: 16Gi
+        gpusPerPod: 1
+        tritonImage: ghcr.io/voxfleet/triton:0.1.0
+        maxPods: 8
+
+Without a file the operator runs with `default_pools_config()`: one T4 pool named `t4`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+POOLS_FILE_ENV = "VOXFLEET_POOLS_FILE"
+DEFAULT_TRITON_IMAGE = "ghcr.io/voxfleet/triton:0.1.0"
+
+
+class PoolsConfigError(ValueError):
+    """The pools file is missing or wrong; the message names the file and the field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class Pool(_Model):
+    name: str = Field(
+        min_length=1,
+        max_length=40,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Pool name; voices refer to it and it is part of child object names.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the pool's pods (and engine Jobs) need."
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, description="Tolerations for the pool's GPU node taints."
+    )
+    gpu_product: str = Field(
+        default="Tesla-T4",
+        min_length=1,
+        description="Value of the node label `nvidia.com/gpu.product` (GPU feature "
+        "discovery); engines are built on, and only valid for, this product.",
+    )
+    gpu_memory: str = Field(default="16Gi", description="GPU memory of one GPU of this product.")
+    gpus_per_pod: int = Field(default=1, ge=1, le=16, description="`nvidia.com/gpu` per pod.")
+    triton_image: str = Field(
+        default=DEFAULT_TRITON_IMAGE,
+        min_length=1,
+        description="Triton image with the voxfleet engines package; also runs engine builds.",
+    )
+    max_pods: int = Field(default=8, ge=1, le=1000, description="Most Triton pods in the pool.")
+
+
+class PoolsConfig(_Model):
+    default_pool: str = Field(description="Pool of voices that name none.")
+    pools: list[Pool] = Field(min_length=1, description="The GPU pools.")
+
+    @model_validator(mode="after")
+    def _names(self) -> PoolsConfig:
+        names = [p.name for p in self.pools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"pool names must be unique, repeated: {', '.join(duplicates)}")
+        if self.default_pool not in names:
+            raise ValueError(
+                f"defaultPool {self.default_pool!r} is not one of the pools: {', '.join(names)}"
+            )
+        return self
+
+    def get(self, name: str | None) -> Pool:
+        """The named pool, or the default one for `None`; KeyError names the known pools."""
+        wanted = name or self.default_pool
+        for pool in self.pools:
+            if pool.name == wanted:
+                return pool
+        known = ", ".join(p.name for p in self.pools)
+        raise KeyError(f"pool {wanted!r} is not configured; known pools: {known}")
+
+
+def default_pools_config() -> PoolsConfig:
+    return PoolsConfig(default_pool="t4", pools=[Pool(name="t4")])
+
+
+def parse_pools(data: Any, source: str = "pools config") -> PoolsConfig:
+    if not isinstance(data, dict):
+        raise PoolsConfigError(f"{source}: expected a mapping with defaultPool and pools")
+    try:
+        return PoolsConfig.model_validate(data)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}"
+            for e in error.errors()
+        )
+        raise PoolsConfigError(f"{source}: {problems}") from None
+
+
+def load_pools(path: str | os.PathLike[str] | None = None) -> PoolsConfig:
+    """Pools from `path`, else from `$VOXFLEET_POOLS_FILE`, else the built-in T4 pool."""
+    chosen = path if path is not None else os.environ.get(POOLS_FILE_ENV) or None
+    if chosen is None:
+        return default_pools_config()
+    file = Path(chosen)
+    try:
+        text = file.read_text()
+    except OSError as error:
+        raise PoolsConfigError(f"cannot read pools file {file}: {error.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise PoolsConfigError(f"pools file {file} is not valid YAML: {error}") from None
+    return parse_pools(data, str(file))
