@@ -106,8 +106,7 @@ def parse_pools(data: Any, source: str = "pools config") -> PoolsConfig:
         return PoolsConfig.model_validate(data)
     except ValidationError as error:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}"
-            for e in error.errors()
+            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in error.errors()
         )
         raise PoolsConfigError(f"{source}: {problems}") from None
 

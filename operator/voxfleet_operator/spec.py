@@ -93,9 +93,7 @@ class VoiceSource(_Model):
     def _exactly_one(self) -> VoiceSource:
         kinds = [k for k in ("pvc", "url") if getattr(self, k) is not None]
         if len(kinds) != 1:
-            raise ValueError(
-                f"source must set exactly one of pvc or url, got {kinds or 'neither'}"
-            )
+            raise ValueError(f"source must set exactly one of pvc or url, got {kinds or 'neither'}")
         if (self.url is None) != (self.sha256 is None):
             raise ValueError("source.url needs source.sha256 and vice versa")
         return self

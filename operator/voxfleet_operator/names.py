@@ -1,0 +1,104 @@
+"""Fixed names and labels of every child, so that reconciling is find-by-name, not search."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+from voxfleet_operator.pools import Pool
+from voxfleet_operator.spec import TTSVoiceSpec
+
+PART_OF = "voxfleet"
+MANAGED_BY = "voxfleet-operator"
+POOL_LABEL = "voxfleet.io/pool"
+VOICE_LABEL = "voxfleet.io/voice"
+ENGINE_KEY_LABEL = "voxfleet.io/engine-key"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+# A pod carries one `serving.voxfleet.io/<voice>: "true"` label per voice loaded on it; the
+# voice's Service selects on it, so traffic reaches only pods that really hold the voice.
+SERVING_PREFIX = "serving.voxfleet.io/"
+REPOSITORY_KEY_SECRET = "voxfleet-repository-key"
+REPOSITORY_KEY_SECRET_KEY = "repository-key"
+# The header Triton checks on repository (load/unload) calls; HTTP sends it as is, gRPC as
+# `triton-grpc-protocol-voxfleet-key`.
+REPOSITORY_HEADER_KEY = "voxfleet-key"
+
+GRPC_PORT = 8001
+HTTP_PORT = 8000
+METRICS_PORT = 8002
+
+# Voice names become DNS labels (Service `<voice>-tts`, Job `engine-<voice>-<key>`) and label
+# keys, so they are held to the strictest of those limits.
+MAX_VOICE_NAME = 40
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def voice_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a voice name, or None when it can."""
+    if len(name) > MAX_VOICE_NAME:
+        return f"name {name!r} has {len(name)} characters, the limit is {MAX_VOICE_NAME}"
+    if not _DNS_LABEL.match(name):
+        return (
+            f"name {name!r} must be a DNS label: lower-case letters, digits and '-', "
+            "starting with a letter"
+        )
+    return None
+
+
+def pool_deployment_name(pool: str) -> str:
+    return f"voxfleet-triton-{pool}"
+
+
+def pool_metrics_service_name(pool: str) -> str:
+    return f"voxfleet-triton-{pool}-metrics"
+
+
+def voice_service_name(voice: str) -> str:
+    return f"{voice}-tts"
+
+
+def serving_label(voice: str) -> str:
+    return SERVING_PREFIX + voice
+
+
+def engine_job_name(voice: str, engine_key: str) -> str:
+    return f"engine-{voice}-{engine_key[:10]}"
+
+
+def endpoint(voice: str, namespace: str) -> str:
+    return f"{voice_service_name(voice)}.{namespace}.svc:{GRPC_PORT}"
+
+
+def pool_selector(pool: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "voxfleet-triton", POOL_LABEL: pool}
+
+
+def common_labels(component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/part-of": PART_OF,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        COMPONENT_LABEL: component,
+    }
+
+
+def engine_key(spec: TTSVoiceSpec, pool: Pool) -> str:
+    """Identity of the engines a voice needs on a pool: same key, same engines, no rebuild.
+
+    It covers what changes the built artifacts: the voice's content, precision, the
+    optimisation profiles (batch and window sizes), the runtime version (the image) and the
+    GPU product. Rate, limits and autoscaling are deliberately left out.
+    """
+    material = {
+        "source": spec.source.identity(),
+        "runtime": "tensorrt",
+        "precision": spec.precision.value,
+        "max_batch": spec.batching.max_batch_size,
+        "first_window_frames": spec.streaming.first_window_frames,
+        "steady_window_frames": spec.streaming.steady_window_frames,
+        "context_frames": spec.streaming.context_frames,
+        "image": pool.triton_image,
+        "gpu_product": pool.gpu_product,
+    }
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+    return digest[:20]

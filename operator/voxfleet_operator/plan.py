@@ -1,0 +1,69 @@
+"""Placement: which voices share which pool, and the pool's size bounds and targets.
+
+Every voice of a pool in a namespace is loaded on every pod of that pool (voices share the
+GPUs); the pool's autoscaling follows the strictest of its voices' targets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from voxfleet_operator.names import engine_key
+from voxfleet_operator.pools import Pool, PoolsConfig
+from voxfleet_operator.spec import TTSVoiceSpec
+
+
+@dataclass(frozen=True)
+class Voice:
+    """One TTSVoice as the planner sees it: its identity and validated spec."""
+
+    name: str
+    namespace: str
+    spec: TTSVoiceSpec
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    namespace: str
+    pool: Pool
+    voices: tuple[Voice, ...]
+    min_replicas: int
+    max_replicas: int
+    target_first_audio_ms: int
+    target_queue_ms: int
+
+
+def plan_pool(pool: Pool, namespace: str, voices: Iterable[Voice]) -> PoolPlan:
+    """Size bounds and targets of one pool from the voices placed on it (at least one)."""
+    members = tuple(sorted(voices, key=lambda v: v.name))
+    if not members:
+        raise ValueError(f"pool {pool.name!r} in {namespace!r} has no voices to plan for")
+    scaling = [v.spec.autoscaling for v in members]
+    max_replicas = min(max(s.max_replicas for s in scaling), pool.max_pods)
+    min_replicas = min(max(s.min_replicas for s in scaling), max_replicas)
+    return PoolPlan(
+        namespace=namespace,
+        pool=pool,
+        voices=members,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        target_first_audio_ms=min(s.target_first_audio_p95_ms for s in scaling),
+        target_queue_ms=min(s.target_queue_ms for s in scaling),
+    )
+
+
+def place_voices(voices: Iterable[Voice], pools: PoolsConfig) -> list[PoolPlan]:
+    """Group voices by (namespace, pool); KeyError when a voice names an unknown pool."""
+    groups: dict[tuple[str, str], list[Voice]] = {}
+    for voice in voices:
+        pool = pools.get(voice.spec.pool)
+        groups.setdefault((voice.namespace, pool.name), []).append(voice)
+    return [
+        plan_pool(pools.get(pool_name), namespace, members)
+        for (namespace, pool_name), members in sorted(groups.items())
+    ]
+
+
+def voice_engine_key(voice: Voice, pools: PoolsConfig) -> str:
+    return engine_key(voice.spec, pools.get(voice.spec.pool))

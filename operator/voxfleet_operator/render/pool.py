@@ -1,0 +1,229 @@
+"""One GPU pool in one namespace: the Triton Deployment and what scales and watches it.
+
+The Deployment's pod template depends only on the pool, never on its voices, so adding or
+removing a voice loads or unloads a model on running pods instead of rolling the pool.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from voxfleet_operator.names import (
+    GRPC_PORT,
+    HTTP_PORT,
+    METRICS_PORT,
+    REPOSITORY_HEADER_KEY,
+    REPOSITORY_KEY_SECRET,
+    REPOSITORY_KEY_SECRET_KEY,
+    pool_deployment_name,
+    pool_metrics_service_name,
+    pool_selector,
+)
+from voxfleet_operator.plan import PoolPlan
+from voxfleet_operator.pools import Pool
+from voxfleet_operator.render.common import (
+    container_security_context,
+    gpu_node_selector,
+    gpu_resources,
+    metadata,
+    pod_security_context,
+)
+from voxfleet_operator.render.engine_job import ENGINE_CACHE_MOUNT
+
+MODEL_REPOSITORY = "/models"
+# Triton finishes in-flight streams for up to this long after SIGTERM; the pod's grace period
+# covers the preStop pause (endpoints drop the pod first) plus this, plus a margin.
+TRITON_EXIT_TIMEOUT_SECONDS = 30
+PRESTOP_SECONDS = 5
+TERMINATION_GRACE_SECONDS = PRESTOP_SECONDS + TRITON_EXIT_TIMEOUT_SECONDS + 15
+# Adapter metrics (per pod, mean over 1 m) the HPA scales on; see docs/operator.md.
+FIRST_AUDIO_METRIC = "voxfleet_first_audio_seconds"
+QUEUE_METRIC = "voxfleet_queue_seconds"
+KEY_ENV = "VOXFLEET_REPOSITORY_KEY"
+
+
+def triton_args() -> list[str]:
+    key = f"model-repository:{REPOSITORY_HEADER_KEY}=$({KEY_ENV})"
+    return [
+        f"--model-repository={MODEL_REPOSITORY}",
+        "--model-control-mode=explicit",
+        f"--grpc-restricted-protocol={key}",
+        f"--http-restricted-api={key}",
+        f"--grpc-port={GRPC_PORT}",
+        f"--http-port={HTTP_PORT}",
+        f"--metrics-port={METRICS_PORT}",
+        "--strict-readiness=true",
+        f"--exit-timeout-secs={TRITON_EXIT_TIMEOUT_SECONDS}",
+        "--log-format=ISO8601",
+    ]
+
+
+def build_pool_deployment(pool: Pool, namespace: str, engine_cache_pvc: str) -> dict[str, Any]:
+    selector = pool_selector(pool.name)
+    probe_base = {"port": "http", "scheme": "HTTP"}
+    container = {
+        "name": "triton",
+        "image": pool.triton_image,
+        "command": ["tritonserver"],
+        "args": triton_args(),
+        "env": [
+            {
+                "name": KEY_ENV,
+                "valueFrom": {
+                    "secretKeyRef": {
+                        "name": REPOSITORY_KEY_SECRET,
+                        "key": REPOSITORY_KEY_SECRET_KEY,
+                    }
+                },
+            },
+            {"name": "HOME", "value": "/tmp"},
+        ],
+        "ports": [
+            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "startupProbe": {
+            "httpGet": {"path": "/v2/health/live", **probe_base},
+            "periodSeconds": 5,
+            "failureThreshold": 120,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/v2/health/live", **probe_base},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        # Strict readiness: not ready while any loaded voice is not ready.
+        "readinessProbe": {
+            "httpGet": {"path": "/v2/health/ready", **probe_base},
+            "periodSeconds": 5,
+            "failureThreshold": 2,
+        },
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
+        "resources": gpu_resources(pool),
+        "securityContext": container_security_context(),
+        "volumeMounts": [
+            {"name": "engines", "mountPath": ENGINE_CACHE_MOUNT, "readOnly": True},
+            {"name": "models", "mountPath": MODEL_REPOSITORY},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "shm", "mountPath": "/dev/shm"},
+        ],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(pool_deployment_name(pool.name), namespace, "triton", selector),
+        # No `replicas`: the HPA owns the count, and a rendered number would fight it.
+        "spec": {
+            "selector": {"matchLabels": selector},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+            },
+            "template": {
+                "metadata": {"labels": selector},
+                "spec": {
+                    "securityContext": pod_security_context(),
+                    "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+                    "nodeSelector": gpu_node_selector(pool),
+                    "tolerations": [dict(t) for t in pool.tolerations],
+                    "enableServiceLinks": False,
+                    "containers": [container],
+                    "volumes": [
+                        {
+                            "name": "engines",
+                            "persistentVolumeClaim": {
+                                "claimName": engine_cache_pvc,
+                                "readOnly": True,
+                            },
+                        },
+                        {"name": "models", "emptyDir": {}},
+                        {"name": "tmp", "emptyDir": {}},
+                        # The Python backend exchanges tensors with its stub through /dev/shm.
+                        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def build_pool_metrics_service(pool: Pool, namespace: str) -> dict[str, Any]:
+    selector = pool_selector(pool.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(pool_metrics_service_name(pool.name), namespace, "metrics", selector),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector,
+            "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}],
+        },
+    }
+
+
+def _seconds_quantity(milliseconds: int) -> str:
+    return f"{milliseconds}m"
+
+
+def build_pool_hpa(plan: PoolPlan) -> dict[str, Any]:
+    name = pool_deployment_name(plan.pool.name)
+
+    def pods_metric(metric: str, milliseconds: int) -> dict[str, Any]:
+        return {
+            "type": "Pods",
+            "pods": {
+                "metric": {"name": metric},
+                "target": {"type": "AverageValue", "averageValue": _seconds_quantity(milliseconds)},
+            },
+        }
+
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": metadata(name, plan.namespace, "autoscaler", pool_selector(plan.pool.name)),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "minReplicas": plan.min_replicas,
+            "maxReplicas": plan.max_replicas,
+            "metrics": [
+                pods_metric(FIRST_AUDIO_METRIC, plan.target_first_audio_ms),
+                pods_metric(QUEUE_METRIC, plan.target_queue_ms),
+            ],
+            # A new GPU pod takes a while to load its voices; do not flap pods away.
+            "behavior": {
+                "scaleUp": {
+                    "stabilizationWindowSeconds": 30,
+                    "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}],
+                },
+                "scaleDown": {
+                    "stabilizationWindowSeconds": 300,
+                    "policies": [{"type": "Pods", "value": 1, "periodSeconds": 120}],
+                },
+            },
+        },
+    }
+
+
+def build_pool_pdb(pool: Pool, namespace: str) -> dict[str, Any]:
+    selector = pool_selector(pool.name)
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(pool_deployment_name(pool.name), namespace, "triton", selector),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+    }
+
+
+def build_pool_service_monitor(pool: Pool, namespace: str) -> dict[str, Any]:
+    selector = pool_selector(pool.name)
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": metadata(pool_deployment_name(pool.name), namespace, "metrics", selector),
+        "spec": {
+            "selector": {"matchLabels": {**selector, "app.kubernetes.io/component": "metrics"}},
+            "namespaceSelector": {"matchNames": [namespace]},
+            "endpoints": [{"port": "metrics", "interval": "15s", "path": "/metrics"}],
+        },
+    }
