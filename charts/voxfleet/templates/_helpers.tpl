@@ -1,0 +1,143 @@
+{{/*
+Chart name, overridable with nameOverride; 63 characters is the DNS-label limit of names.
+*/}}
+{{- define "voxfleet.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name: fullnameOverride, else `<release>-<name>` (or the release name alone when it already
+contains the chart name), truncated to 63 characters.
+*/}}
+{{- define "voxfleet.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A name derived from the full name with a suffix, still within 63 characters: the full name is
+cut first so that the suffix survives.
+*/}}
+{{- define "voxfleet.suffixed" -}}
+{{- $root := index . 0 }}
+{{- $suffix := index . 1 }}
+{{- $base := include "voxfleet.fullname" $root | trunc (int (sub 62 (len $suffix))) | trimSuffix "-" }}
+{{- printf "%s-%s" $base $suffix }}
+{{- end }}
+
+{{- define "voxfleet.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Selector labels: fixed for the life of a release, because a Deployment's selector is immutable.
+*/}}
+{{- define "voxfleet.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "voxfleet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Labels on every object: selector labels, chart and version labels, then commonLabels.
+*/}}
+{{- define "voxfleet.labels" -}}
+helm.sh/chart: {{ include "voxfleet.chart" . }}
+{{ include "voxfleet.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: voxfleet
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "voxfleet.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "voxfleet.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+An image reference from {repository, tag, digest}: the digest wins, the tag defaults to the
+chart's appVersion.
+*/}}
+{{- define "voxfleet.image" -}}
+{{- $image := index . 0 }}
+{{- $root := index . 1 }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default $root.Chart.AppVersion $image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "voxfleet.poolsConfigMapName" -}}
+{{- include "voxfleet.suffixed" (list . "pools") }}
+{{- end }}
+
+{{- define "voxfleet.repositoryKeySecretName" -}}
+{{- if .Values.repositoryKey.existingSecret }}
+{{- .Values.repositoryKey.existingSecret }}
+{{- else }}
+{{- include "voxfleet.suffixed" (list . "operator-repository-key") }}
+{{- end }}
+{{- end }}
+
+{{/*
+The operator's pools file: the values' pools with the default Triton image filled in, in the
+shape voxfleet_operator.pools.PoolsConfig reads.
+*/}}
+{{- define "voxfleet.poolsFile" -}}
+{{- $root := . }}
+{{- $pools := list }}
+{{- range .Values.pools }}
+{{- $pool := deepCopy . }}
+{{- if not $pool.tritonImage }}
+{{- $_ := set $pool "tritonImage" (include "voxfleet.image" (list $root.Values.tritonImage $root)) }}
+{{- end }}
+{{- $pools = append $pools $pool }}
+{{- end }}
+{{- $names := list }}
+{{- range .Values.pools }}{{ $names = append $names .name }}{{ end }}
+{{- if not (has .Values.defaultPool $names) }}
+{{- fail (printf "defaultPool %q is not one of the pools: %s" .Values.defaultPool (join ", " $names)) }}
+{{- end }}
+{{- if ne (len $names) (len (uniq $names)) }}
+{{- fail (printf "pool names must be unique, got: %s" (join ", " $names)) }}
+{{- end }}
+{{- toYaml (dict "defaultPool" .Values.defaultPool "pools" $pools) }}
+{{- end }}
+
+{{/*
+Per-pod latency rules for prometheus-adapter. Each metric is the mean over the rate window:
+rate(sum) / rate(count), summed over the voices a pod serves. An idle pod reports 0 rather than
+NaN (0/0), so the HPA does not treat silence as missing data.
+*/}}
+{{- define "voxfleet.adapterRules" -}}
+{{- $window := .Values.prometheusAdapter.rules.rateWindow }}
+{{- range $metric := list "voxfleet_queue_seconds" "voxfleet_first_audio_seconds" }}
+- seriesQuery: '{{ $metric }}_count{namespace!="",pod!=""}'
+  resources:
+    overrides:
+      namespace:
+        resource: namespace
+      pod:
+        resource: pod
+  name:
+    matches: ^{{ $metric }}_count$
+    as: {{ $metric }}
+  metricsQuery: >-
+    sum by (<<.GroupBy>>) (rate({{ $metric }}_sum{<<.LabelMatchers>>}[{{ $window }}]))
+    / clamp_min(sum by (<<.GroupBy>>) (rate({{ $metric }}_count{<<.LabelMatchers>>}[{{ $window }}])), 1e-9)
+{{- end }}
+{{- end }}
