@@ -69,9 +69,7 @@ def _check_cut_points(model: onnx.ModelProto, cuts: CutPoints) -> None:
         )
 
 
-def split_voice(
-    model_path: Path, out_dir: Path, cuts: CutPoints | None = None
-) -> dict[str, Path]:
+def split_voice(model_path: Path, out_dir: Path, cuts: CutPoints | None = None) -> dict[str, Path]:
     """Write ``encoder.onnx``, ``flow.onnx`` and ``vocoder.onnx`` into ``out_dir``."""
     cuts = cuts or CutPoints()
     model = onnx.load(str(model_path))

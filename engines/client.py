@@ -1,0 +1,133 @@
+"""Streaming client: text in, PCM chunks out, over Triton's gRPC streaming API."""
+
+from __future__ import annotations
+
+import queue
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class SynthesisError(RuntimeError):
+    """The server refused or failed the stream; `code` is the gRPC status name when known."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class StreamResult:
+    sample_rate: int = 0
+    chunks: list[np.ndarray] = field(default_factory=list)
+    first_audio_s: float | None = None
+    total_s: float = 0.0
+
+    @property
+    def audio(self) -> np.ndarray:
+        return np.concatenate(self.chunks) if self.chunks else np.zeros(0, dtype=np.int16)
+
+    @property
+    def audio_seconds(self) -> float:
+        return len(self.audio) / self.sample_rate if self.sample_rate else 0.0
+
+    @property
+    def rtf(self) -> float:
+        return self.total_s / self.audio_seconds if self.audio_seconds else float("inf")
+
+
+def _error_code(error: object) -> str | None:
+    status = getattr(error, "status", None)
+    code = status() if callable(status) else None
+    return str(code).removeprefix("StatusCode.") if code else None
+
+
+def stream_tts(
+    url: str,
+    text: str | bytes,
+    voice: str = "joe",
+    speaker_id: int | None = None,
+    length_scale: float | None = None,
+    noise_scale: float | None = None,
+    noise_w: float | None = None,
+    timeout_s: float = 120.0,
+) -> Iterator[tuple[int, np.ndarray]]:
+    """Yield (sample_rate, int16 chunk) as the server sends them; raise SynthesisError."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(url=url)
+    events: queue.Queue[tuple[object, object]] = queue.Queue()
+    try:
+        raw = text if isinstance(text, bytes) else text.encode("utf-8")
+        text_input = grpcclient.InferInput("TEXT", [1], "BYTES")
+        text_input.set_data_from_numpy(np.array([raw], dtype=np.object_))
+        inputs = [text_input]
+        for name, value, dtype, np_type in (
+            ("SPEAKER_ID", speaker_id, "INT32", np.int32),
+            ("LENGTH_SCALE", length_scale, "FP32", np.float32),
+            ("NOISE_SCALE", noise_scale, "FP32", np.float32),
+            ("NOISE_W", noise_w, "FP32", np.float32),
+        ):
+            if value is not None:
+                tensor = grpcclient.InferInput(name, [1], dtype)
+                tensor.set_data_from_numpy(np.array([value], dtype=np_type))
+                inputs.append(tensor)
+        client.start_stream(callback=lambda result, error: events.put((result, error)))
+        try:
+            client.async_stream_infer(
+                voice, inputs, request_id=uuid.uuid4().hex, enable_empty_final_response=True
+            )
+        except InferenceServerException as error:
+            raise SynthesisError(error.message(), _error_code(error)) from None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SynthesisError(f"no audio within {timeout_s:.0f} s", "DEADLINE_EXCEEDED")
+            try:
+                result, error = events.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if error is not None:
+                message = error.message() if hasattr(error, "message") else str(error)
+                raise SynthesisError(message, _error_code(error))
+            response = result.get_response()  # type: ignore[attr-defined]
+            final = response.parameters.get("triton_final_response")
+            audio = result.as_numpy("AUDIO")  # type: ignore[attr-defined]
+            if audio is not None and audio.size:
+                rate = int(result.as_numpy("SAMPLE_RATE")[0])  # type: ignore[attr-defined]
+                yield rate, audio.astype(np.int16, copy=False)
+            if final is not None and final.bool_param:
+                return
+    finally:
+        try:
+            client.stop_stream(cancel_requests=True)
+        finally:
+            client.close()
+
+
+def synthesize(url: str, text: str | bytes, voice: str = "joe", **kwargs: object) -> StreamResult:
+    """Stream a whole text, timing first audio and the real-time factor."""
+    result = StreamResult()
+    started = time.perf_counter()
+    for rate, chunk in stream_tts(url, text, voice, **kwargs):  # type: ignore[arg-type]
+        if result.first_audio_s is None:
+            result.first_audio_s = time.perf_counter() - started
+        result.sample_rate = rate
+        result.chunks.append(chunk)
+    result.total_s = time.perf_counter() - started
+    return result
+
+
+def write_wav(path: str, audio: np.ndarray, sample_rate: int) -> None:
+    import wave
+
+    with wave.open(path, "wb") as handle:
+        handle.setnchannels(1)
+        handle.setsampwidth(2)
+        handle.setframerate(sample_rate)
+        handle.writeframes(audio.astype("<i2").tobytes())

@@ -1,0 +1,128 @@
+"""Text frontend: normalisation, sentence splitting, espeak-ng phonemes, phoneme ids."""
+
+from __future__ import annotations
+
+import re
+import threading
+import unicodedata
+from dataclasses import dataclass
+
+from engines.voice import VoiceConfig
+
+# Bidi embeddings/overrides/isolates and zero-width characters: invisible, and a classic way
+# to smuggle text past a reviewer; espeak would read some of them aloud as symbols.
+_INVISIBLE = {
+    *range(0x202A, 0x202F),  # LRE RLE PDF LRO RLO
+    *range(0x2066, 0x206A),  # LRI RLI FSI PDI
+    0x200B,
+    0x200C,
+    0x200D,
+    0x200E,
+    0x200F,  # zero-width space/joiners, LRM/RLM
+    0x2060,
+    0xFEFF,
+    0x061C,  # word joiner, BOM, Arabic letter mark
+}
+_SPACE_CONTROLS = {"\t", "\n", "\r", "\v", "\f"}
+_SENTENCE_END = re.compile(r"(?<=[.!?…])[\"'”’)\]]*\s+")
+# A sentence longer than this is cut at clause (then word) boundaries: the acoustic stage
+# runs once per sentence before first audio, so its length bounds time to first audio.
+MAX_SENTENCE_CHARS = 300
+
+BOS, EOS, PAD = "^", "$", "_"
+
+
+def normalize_text(text: str) -> str:
+    """NFC; drop control, bidi and zero-width characters; collapse whitespace."""
+    text = unicodedata.normalize("NFC", text)
+    kept = []
+    for char in text:
+        if char in _SPACE_CONTROLS:
+            kept.append(" ")
+        elif ord(char) in _INVISIBLE or unicodedata.category(char) in ("Cc", "Cf", "Cs", "Co"):
+            continue
+        else:
+            kept.append(char)
+    return re.sub(r"\s+", " ", "".join(kept)).strip()
+
+
+def _cut_long(sentence: str, limit: int) -> list[str]:
+    if len(sentence) <= limit:
+        return [sentence]
+    pieces: list[str] = []
+    current = ""
+    for clause in re.split(r"(?<=[,;:])\s+|\s+", sentence):
+        candidate = f"{current} {clause}".strip()
+        if len(candidate) > limit and current:
+            pieces.append(current)
+            current = clause
+        else:
+            current = candidate
+        while len(current) > limit:  # one unbroken "word" longer than the limit
+            pieces.append(current[:limit])
+            current = current[limit:]
+    if current:
+        pieces.append(current)
+    return pieces
+
+
+def split_sentences(text: str, max_chars: int = MAX_SENTENCE_CHARS) -> list[str]:
+    sentences = [part.strip() for part in _SENTENCE_END.split(text) if part.strip()]
+    return [piece for sentence in sentences for piece in _cut_long(sentence, max_chars)]
+
+
+_ESPEAK_LOCK = threading.Lock()
+_espeak = None
+
+
+def _phonemizer():  # the espeak-ng bridge is process-global and not thread-safe
+    global _espeak
+    if _espeak is None:
+        from piper.phonemize_espeak import EspeakPhonemizer
+
+        _espeak = EspeakPhonemizer()
+    return _espeak
+
+
+def phonemize(sentence: str, config: VoiceConfig) -> list[str]:
+    if config.phoneme_type == "text":
+        return list(unicodedata.normalize("NFD", sentence))
+    if config.phoneme_type != "espeak":
+        raise ValueError(f"phoneme type {config.phoneme_type!r} is not supported")
+    with _ESPEAK_LOCK:
+        groups = _phonemizer().phonemize(config.espeak_voice, sentence)
+    phonemes: list[str] = []
+    for group in groups:
+        if phonemes and group:
+            phonemes.append(" ")
+        phonemes.extend(group)
+    return phonemes
+
+
+def phoneme_ids(phonemes: list[str], config: VoiceConfig) -> list[int]:
+    """Piper's id layout: BOS, each known phoneme followed by PAD, EOS."""
+    id_map = config.phoneme_id_map
+    ids = list(id_map[BOS]) + list(id_map.get(PAD, []))
+    for phoneme in phonemes:
+        if phoneme not in id_map:
+            continue  # espeak can emit symbols a voice was never trained on; skip them
+        ids.extend(id_map[phoneme])
+        ids.extend(id_map.get(PAD, []))
+    ids.extend(id_map[EOS])
+    return ids
+
+
+@dataclass(frozen=True)
+class Sentence:
+    text: str
+    ids: list[int]
+
+
+def text_to_sentences(text: str, config: VoiceConfig) -> list[Sentence]:
+    """The whole frontend: raw user text to one id sequence per sentence (empty ones dropped)."""
+    sentences = []
+    for sentence in split_sentences(normalize_text(text)):
+        ids = phoneme_ids(phonemize(sentence, config), config)
+        if len(ids) > 3:  # BOS PAD EOS alone carries no sound
+            sentences.append(Sentence(sentence, ids))
+    return sentences

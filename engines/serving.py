@@ -1,0 +1,72 @@
+"""Local serving: voices → engines (from the cache) → model repository → a running Triton."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from engines.engine_build import build_engines
+from engines.repository import ServingPlan, build_model_repository, write_model_repository
+from engines.triton_server import TritonServer
+from engines.voice import load_voice
+from engines.voice_plan import VoicePlan
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get("VOXFLEET_CACHE"):
+        return Path(os.environ["VOXFLEET_CACHE"])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "voxfleet" / "engines"
+
+
+def plan_local_voices(
+    voices: list[str],
+    cache_dir: Path | None = None,
+    runtime: str = "onnxruntime",
+    template: VoicePlan | None = None,
+) -> ServingPlan:
+    """Build (or find in the cache) the engines of each voice and plan one model per voice."""
+    cache = cache_dir or default_cache_dir()
+    plans = []
+    for spec in voices or ["joe"]:
+        voice = load_voice(spec)
+        entry = build_engines(voice.model_path, runtime, None, cache)
+        plan = VoicePlan(
+            name=voice.name,
+            engine_dir=str(entry.path),
+            voice_config_path=str(voice.config_path),
+            runtime=runtime,
+        )
+        if template is not None:
+            plan = replace(
+                template,
+                name=plan.name,
+                engine_dir=plan.engine_dir,
+                voice_config_path=plan.voice_config_path,
+                runtime=runtime,
+            )
+        plans.append(plan)
+    return ServingPlan(tuple(plans))
+
+
+def local_server(
+    plan: ServingPlan,
+    grpc_port: int | None = None,
+    http_port: int | None = None,
+    metrics_port: int | None = None,
+    work_dir: Path | None = None,
+    extra_args: list[str] | None = None,
+) -> TritonServer:
+    """A not-yet-started TritonServer on a fresh repository for `plan`."""
+    work = work_dir or Path(tempfile.mkdtemp(prefix="voxfleet-serve-"))
+    repository = write_model_repository(build_model_repository(plan), work / "models")
+    return TritonServer(
+        repository,
+        grpc_port=grpc_port,
+        http_port=http_port,
+        metrics_port=metrics_port,
+        extra_args=extra_args,
+        work_dir=work,
+    )

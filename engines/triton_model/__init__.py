@@ -1,0 +1,1 @@
+"""The Triton Python-backend stream model; `model.py` is copied into each model repository."""

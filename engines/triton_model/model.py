@@ -1,0 +1,239 @@
+"""voxfleet stream model: a decoupled Triton Python-backend model, one per voice.
+
+Each request (TEXT, optional SPEAKER_ID, LENGTH_SCALE, NOISE_SCALE, NOISE_W) becomes a stream
+in the voice's `StreamScheduler`; every decoded window goes back at once as a response (AUDIO
+int16 PCM + SAMPLE_RATE) and the stream ends with an empty final-flagged response. The serving
+plan (engine files, windows, limits) arrives as the JSON model parameter `voxfleet_plan`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from engines.frontend import text_to_sentences
+from engines.runtime import load_stages
+from engines.streaming import SchedulerStats, StreamScheduler, StreamSink, SynthesisParams
+from engines.voice import VoiceConfig
+from engines.voice_plan import VoicePlan
+
+LOGGER = logging.getLogger("voxfleet.model")
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+METRICS_INTERVAL_S = 0.25
+
+
+class RequestError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _invalid(message: str) -> RequestError:
+    return RequestError(message, pb_utils.TritonError.INVALID_ARG)
+
+
+class _ResponseSink(StreamSink):
+    def __init__(self, request: Any, sample_rate: int) -> None:
+        self._request = request
+        self._sender = request.get_response_sender()
+        self._rate = np.array([sample_rate], dtype=np.int32)
+
+    def audio(self, pcm: np.ndarray) -> None:
+        self._sender.send(
+            pb_utils.InferenceResponse(
+                output_tensors=[
+                    pb_utils.Tensor("AUDIO", pcm),
+                    pb_utils.Tensor("SAMPLE_RATE", self._rate),
+                ]
+            )
+        )
+
+    def finish(self, error: Exception | None = None) -> None:
+        if error is None:
+            self._sender.send(flags=FINAL)
+        else:
+            self._sender.send(
+                pb_utils.InferenceResponse(
+                    output_tensors=[], error=pb_utils.TritonError(str(error))
+                ),
+                flags=FINAL,
+            )
+
+    def cancelled(self) -> bool:
+        return bool(self._request.is_cancelled())
+
+
+class _Metrics:
+    def __init__(self, model: str) -> None:
+        labels = {"model": model}
+        # A Metric is only valid while its MetricFamily lives: keep the families.
+        self._families: list[Any] = []
+
+        def family(name: str, help_text: str, kind: Any) -> Any:
+            metric_family = pb_utils.MetricFamily(name=name, description=help_text, kind=kind)
+            self._families.append(metric_family)
+            return metric_family.Metric(labels=labels)
+
+        gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
+        self.live = family("voxfleet_live_streams", "Streams in progress", gauge)
+        self.risk = family(
+            "voxfleet_underrun_risk_streams",
+            "Live streams with less than one window of audio buffered ahead of playback",
+            gauge,
+        )
+        self.streams = family("voxfleet_streams_total", "Streams accepted", counter)
+        self.first_sum = family(
+            "voxfleet_first_audio_seconds_sum", "Total seconds from request to first audio", counter
+        )
+        self.first_count = family(
+            "voxfleet_first_audio_seconds_count", "Streams that produced first audio", counter
+        )
+        self.queue_sum = family(
+            "voxfleet_queue_seconds_sum", "Total seconds windows waited for the vocoder", counter
+        )
+        self.queue_count = family("voxfleet_queue_seconds_count", "Windows decoded", counter)
+        self._last = SchedulerStats()
+        self._published_at = 0.0
+        self._lock = threading.Lock()
+
+    def publish(self, stats: SchedulerStats, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and stats.live_streams and now - self._published_at < METRICS_INTERVAL_S:
+            return
+        with self._lock:
+            self._published_at = now
+            last = self._last
+            self.live.set(stats.live_streams)
+            self.risk.set(stats.underrun_risk_streams)
+            for metric, new, old in (
+                (self.streams, stats.streams_total, last.streams_total),
+                (self.first_sum, stats.first_audio_seconds_sum, last.first_audio_seconds_sum),
+                (self.first_count, stats.first_audio_count, last.first_audio_count),
+                (self.queue_sum, stats.queue_seconds_sum, last.queue_seconds_sum),
+                (self.queue_count, stats.queue_count, last.queue_count),
+            ):
+                if new > old:
+                    metric.increment(new - old)
+            self._last = SchedulerStats(
+                streams_total=stats.streams_total,
+                first_audio_seconds_sum=stats.first_audio_seconds_sum,
+                first_audio_count=stats.first_audio_count,
+                queue_seconds_sum=stats.queue_seconds_sum,
+                queue_count=stats.queue_count,
+            )
+
+
+def _optional_scalar(request: Any, name: str) -> float | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    values = tensor.as_numpy().reshape(-1)
+    if values.size != 1:
+        raise _invalid(f"{name} must hold exactly one value, got {values.size}")
+    return float(values[0])
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, Any]) -> None:
+        config = json.loads(args["model_config"])
+        raw_plan = config["parameters"]["voxfleet_plan"]["string_value"]
+        self.plan = VoicePlan.from_json(raw_plan)
+        self.name = config["name"]
+        with open(self.plan.voice_config_path, encoding="utf-8") as handle:
+            self.voice = VoiceConfig.from_dict(json.load(handle), self.plan.voice_config_path)
+        runtime = load_stages(self.plan.runtime, Path(self.plan.engine_dir))
+        self.metrics = _Metrics(self.name)
+        self.scheduler = StreamScheduler(
+            runtime,
+            sample_rate=self.voice.sample_rate,
+            hop_length=self.voice.hop_length,
+            windows=self.plan.windows,
+            cross_stream_batching=self.plan.cross_stream_batching,
+            on_step=self.metrics.publish,
+        )
+        self.scheduler.start()
+        self.metrics.publish(self.scheduler.stats, force=True)
+
+    def _parse(self, request: Any) -> tuple[list[Any], SynthesisParams]:
+        tensor = pb_utils.get_input_tensor_by_name(request, "TEXT")
+        values = tensor.as_numpy().reshape(-1) if tensor is not None else np.array([])
+        if values.size != 1:
+            raise _invalid(f"TEXT must hold exactly one string, got {values.size}")
+        raw = values[0]
+        raw_bytes = raw if isinstance(raw, bytes) else str(raw).encode("utf-8")
+        limit = self.plan.max_text_bytes
+        if len(raw_bytes) > limit:
+            raise _invalid(
+                f"TEXT is {len(raw_bytes)} bytes; the limit is {limit} bytes (max_text_bytes)"
+            )
+        try:
+            text = raw_bytes.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise _invalid(
+                f"TEXT is not valid UTF-8: {error.reason} at byte {error.start}"
+            ) from None
+        if not text.strip():
+            raise _invalid("TEXT is empty; send the text to speak")
+        defaults = self.voice
+        speaker = _optional_scalar(request, "SPEAKER_ID")
+        speaker_id = int(speaker) if speaker is not None else 0
+        if not 0 <= speaker_id < max(1, defaults.num_speakers):
+            raise _invalid(
+                f"SPEAKER_ID {speaker_id} is out of range: voice {self.name!r} has "
+                f"{defaults.num_speakers} speaker(s), ids 0..{max(0, defaults.num_speakers - 1)}"
+            )
+        length = _optional_scalar(request, "LENGTH_SCALE")
+        length_scale = defaults.length_scale * self.plan.speaking_rate if length is None else length
+        noise = _optional_scalar(request, "NOISE_SCALE")
+        noise_w = _optional_scalar(request, "NOISE_W")
+        params = SynthesisParams(
+            speaker_id=speaker_id,
+            length_scale=length_scale,
+            noise_scale=defaults.noise_scale if noise is None else noise,
+            noise_w=defaults.noise_w if noise_w is None else noise_w,
+        )
+        if not 0.1 <= params.length_scale <= 10.0:
+            raise _invalid(f"LENGTH_SCALE {params.length_scale} is outside 0.1..10")
+        for name, value in (("NOISE_SCALE", params.noise_scale), ("NOISE_W", params.noise_w)):
+            if not 0.0 <= value <= 2.0:
+                raise _invalid(f"{name} {value} is outside 0..2")
+        sentences = text_to_sentences(text, defaults)
+        if not sentences:
+            raise _invalid("TEXT has nothing to speak once control characters are removed")
+        return sentences, params
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            sink = _ResponseSink(request, self.voice.sample_rate)
+            try:
+                limit = self.plan.max_streams
+                if limit and self.scheduler.live_streams() >= limit:
+                    raise RequestError(
+                        f"voice {self.name!r} is serving its limit of {limit} streams; retry later",
+                        pb_utils.TritonError.UNAVAILABLE,
+                    )
+                sentences, params = self._parse(request)
+            except RequestError as error:
+                sink._sender.send(
+                    pb_utils.InferenceResponse(
+                        output_tensors=[], error=pb_utils.TritonError(str(error), error.code)
+                    ),
+                    flags=FINAL,
+                )
+                continue
+            except Exception as error:  # never let one request take the model down
+                LOGGER.exception("rejecting a request")
+                sink.finish(RuntimeError(f"could not prepare the text: {error}"))
+                continue
+            self.scheduler.submit(sentences, params, sink)
+        return None
+
+    def finalize(self) -> None:
+        self.scheduler.stop()
