@@ -118,14 +118,18 @@ class TritonServer:
         ]
 
     def start(self, timeout_s: float = 120.0, stdout_to_log: bool = True) -> TritonServer:
-        log = open(self.log_path, "ab") if stdout_to_log else None  # noqa: SIM115
-        self.process = subprocess.Popen(
-            self.command(),
-            env=server_env(),
-            stdout=log,
-            stderr=subprocess.STDOUT if log else None,
-            start_new_session=True,
-        )
+        log = open(self.log_path, "ab") if stdout_to_log else None
+        try:
+            self.process = subprocess.Popen(
+                self.command(),
+                env=server_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT if log else None,
+                start_new_session=True,
+            )
+        finally:
+            if log is not None:
+                log.close()  # the child holds its own descriptor
         self.wait_ready(timeout_s)
         return self
 

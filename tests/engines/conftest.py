@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engines.engine_build import build_engines
+from engines.voice import Voice, load_voice
+
+
+@pytest.fixture(scope="session")
+def joe() -> Voice:
+    return load_voice("joe")
+
+
+@pytest.fixture(scope="session")
+def engine_dir(joe: Voice, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The joe voice split into stages once per test session."""
+    cache = tmp_path_factory.mktemp("engines")
+    return build_engines(joe.model_path, "onnxruntime", None, cache).path

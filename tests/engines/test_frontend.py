@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from piper import PiperVoice
+
+from engines.frontend import normalize_text, split_sentences, text_to_sentences
+from engines.voice import Voice
+
+
+def test_normalize_strips_invisible_and_control_characters() -> None:
+    smuggled = "pay\u202e\u200bable\u0007 now\u00a0\tplease\ufeff"
+    assert normalize_text(smuggled) == "payable now please"
+
+
+def test_normalize_composes_to_nfc() -> None:
+    assert normalize_text("cafe\u0301") == "caf\u00e9"
+
+
+def test_split_sentences_and_long_sentence_cut() -> None:
+    assert split_sentences("Hello there. How are you? Fine!") == [
+        "Hello there.",
+        "How are you?",
+        "Fine!",
+    ]
+    long = ", ".join(["a clause of words"] * 40)
+    pieces = split_sentences(long, max_chars=100)
+    assert len(pieces) > 1 and all(len(p) <= 100 for p in pieces)
+    assert " ".join(pieces).replace(" ", "") == long.replace(" ", "")
+
+
+def test_ids_match_piper_for_the_reference_sentence(joe: Voice) -> None:
+    text = "The quick brown fox jumps over the lazy dog, while the service answers at once."
+    piper = PiperVoice.load(joe.model_path)
+    expected = [piper.phonemes_to_ids(p) for p in piper.phonemize(text)]
+    assert [s.ids for s in text_to_sentences(text, joe.config)] == expected
+
+
+def test_nothing_to_speak(joe: Voice) -> None:
+    assert text_to_sentences("\u200b\u202e \t", joe.config) == []

@@ -1,0 +1,155 @@
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engines.frontend import Sentence, text_to_sentences
+from engines.runtime import OnnxStages
+from engines.streaming import (
+    StreamScheduler,
+    StreamSink,
+    SynthesisParams,
+    WindowConfig,
+    to_pcm16,
+)
+from engines.voice import Voice
+
+TEXT = (
+    "The quick brown fox jumps over the lazy dog, while the streaming speech service answers "
+    "thousands of listeners at once without a pause."
+)
+QUIET = SynthesisParams(noise_scale=0.0, noise_w=0.0)
+
+
+class CollectingSink(StreamSink):
+    def __init__(self, cancel_after_chunks: int | None = None) -> None:
+        self.chunks: list[np.ndarray] = []
+        self.error: Exception | None = None
+        self.done = threading.Event()
+        self._cancel_after = cancel_after_chunks
+
+    def audio(self, pcm: np.ndarray) -> None:
+        self.chunks.append(pcm)
+
+    def finish(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.done.set()
+
+    def cancelled(self) -> bool:
+        return self._cancel_after is not None and len(self.chunks) >= self._cancel_after
+
+
+@pytest.fixture(scope="module")
+def stages(engine_dir: Path) -> OnnxStages:
+    return OnnxStages(engine_dir)
+
+
+@pytest.fixture(scope="module")
+def sentences(joe: Voice) -> list[Sentence]:
+    return text_to_sentences(TEXT, joe.config)
+
+
+def snr_db(signal: np.ndarray, reference: np.ndarray) -> float:
+    signal, reference = signal.astype(np.float64), reference.astype(np.float64)
+    noise = np.sum((signal - reference) ** 2)
+    return float(10 * np.log10(np.sum(reference**2) / max(noise, 1e-9)))
+
+
+def run_streams(scheduler: StreamScheduler, sinks: list[CollectingSink], sentences) -> None:
+    scheduler.start()
+    try:
+        for sink in sinks:
+            scheduler.submit(list(sentences), QUIET, sink)
+        for sink in sinks:
+            assert sink.done.wait(120), "stream never finished"
+    finally:
+        scheduler.stop()
+
+
+def test_streamed_audio_matches_a_one_shot_decode(stages, sentences) -> None:
+    ids = np.array([sentences[0].ids], dtype=np.int64)
+    prior, mask = stages.encode(
+        ids, np.array([ids.shape[1]]), np.array(QUIET.scales(), dtype=np.float32)
+    )
+    reference = to_pcm16(stages.vocode(stages.flow(prior, mask))[0])
+
+    sink = CollectingSink()
+    run_streams(StreamScheduler(stages, 22050), [sink], sentences)
+    streamed = np.concatenate(sink.chunks)
+
+    assert sink.error is None
+    assert len(sink.chunks) > 2, "the sentence should arrive in several chunks"
+    assert len(sink.chunks[0]) == WindowConfig().first_window_frames * 256
+    assert streamed.shape == reference.shape
+    assert snr_db(streamed, reference) >= 40.0
+
+
+def test_windows_of_concurrent_streams_share_vocoder_calls(stages, sentences) -> None:
+    batched = StreamScheduler(stages, 22050)
+    run_streams(batched, [CollectingSink() for _ in range(4)], sentences)
+    assert max(batched.stats.vocoder_batches) > 1
+
+    unbatched = StreamScheduler(stages, 22050, cross_stream_batching=False)
+    sinks = [CollectingSink() for _ in range(2)]
+    run_streams(unbatched, sinks, sentences)
+    assert set(unbatched.stats.vocoder_batches) == {1}
+    assert all(s.error is None and s.chunks for s in sinks)
+
+
+def test_a_cancelled_stream_is_freed_and_others_finish(stages, sentences) -> None:
+    scheduler = StreamScheduler(stages, 22050)
+    quitter, stayer = CollectingSink(cancel_after_chunks=1), CollectingSink()
+    scheduler.start()
+    try:
+        scheduler.submit(list(sentences), QUIET, quitter)
+        scheduler.submit(list(sentences), QUIET, stayer)
+        assert stayer.done.wait(120)
+        deadline = time.monotonic() + 10
+        while scheduler.live_streams() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert scheduler.live_streams() == 0
+    finally:
+        scheduler.stop()
+    assert stayer.error is None
+    assert len(stayer.chunks) > len(quitter.chunks) >= 1
+
+
+def test_a_failing_runtime_fails_streams_but_not_the_scheduler(stages, sentences) -> None:
+    class Flaky:
+        name = "flaky"
+        broken = True
+
+        def encode(self, *args, **kwargs):
+            if Flaky.broken:
+                raise RuntimeError("engine exploded")
+            return stages.encode(*args, **kwargs)
+
+        def flow(self, *args, **kwargs):
+            return stages.flow(*args, **kwargs)
+
+        def vocode(self, *args, **kwargs):
+            return stages.vocode(*args, **kwargs)
+
+    scheduler = StreamScheduler(Flaky(), 22050)
+    scheduler.start()
+    try:
+        first = CollectingSink()
+        scheduler.submit(list(sentences), QUIET, first)
+        assert first.done.wait(30)
+        assert first.error is not None and "engine exploded" in str(first.error)
+        Flaky.broken = False
+        second = CollectingSink()
+        scheduler.submit(list(sentences), QUIET, second)
+        assert second.done.wait(120)
+        assert second.error is None and second.chunks
+    finally:
+        scheduler.stop()
+
+
+def test_window_config_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match="window_frames must be at least 1"):
+        WindowConfig(window_frames=0)
