@@ -1,0 +1,308 @@
+"""The operator really running (kopf, in this process) against a Kubernetes API.
+
+By default the API is the KMock emulator, with the behaviours of a real API server that KMock
+lacks scripted below. Set `VOXFLEET_E2E_KUBECONFIG` to run the same tests against a real
+cluster (kind): the CRD must be installed there (`voxfleet crd | kubectl apply -f -`), and
+tests that count the emulator's requests or play a controller that the cluster has are
+skipped or become no-ops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import itertools
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kmock
+import pytest
+import yaml
+from kmock._internal import enums, rendering
+
+# Read by voxfleet_operator.handlers at import: drift is corrected within a second here.
+os.environ.setdefault("VOXFLEET_RESYNC_SECONDS", "1")
+
+REAL_CLUSTER = bool(os.environ.get("VOXFLEET_E2E_KUBECONFIG"))
+NAMESPACE = "voxfleet-e2e" if REAL_CLUSTER else "default"
+
+RESOURCES: dict[str, kmock.ResourceInfo] = {
+    # kopf waits to discover these two before it starts any watch.
+    "v1/namespaces": kmock.ResourceInfo(
+        kind="Namespace", namespaced=False, verbs={"get", "list", "watch"}
+    ),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": kmock.ResourceInfo(
+        kind="CustomResourceDefinition", namespaced=False, verbs={"get", "list", "watch"}
+    ),
+    "voxfleet.io/v1alpha1/ttsvoices": kmock.ResourceInfo(
+        kind="TTSVoice",
+        singular="ttsvoice",
+        namespaced=True,
+        shortnames={"ttsv"},
+        subresources={"status"},
+        verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+    ),
+    "batch/v1/jobs": kmock.ResourceInfo(kind="Job", namespaced=True, subresources={"status"}),
+    "apps/v1/deployments": kmock.ResourceInfo(kind="Deployment", namespaced=True),
+    "v1/services": kmock.ResourceInfo(kind="Service", namespaced=True),
+    "v1/secrets": kmock.ResourceInfo(kind="Secret", namespaced=True),
+    "v1/pods": kmock.ResourceInfo(kind="Pod", namespaced=True, subresources={"status"}),
+    "v1/events": kmock.ResourceInfo(kind="Event", namespaced=True),
+    "autoscaling/v2/horizontalpodautoscalers": kmock.ResourceInfo(
+        kind="HorizontalPodAutoscaler", namespaced=True
+    ),
+    "policy/v1/poddisruptionbudgets": kmock.ResourceInfo(
+        kind="PodDisruptionBudget", namespaced=True
+    ),
+}
+
+
+class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
+    """KMock plus the parts of a real API server the operator relies on.
+
+    KMock stores objects as sent. A real API server also: sets `metadata.namespace`, `uid`,
+    `resourceVersion`, `creationTimestamp` and `generation` (bumped on spec changes only);
+    keeps `status` out of main-resource writes and everything but `status` out of
+    `/status` writes; and garbage-collects objects whose owners are all gone. Those are
+    scripted here. CEL validation and conflicts (409 on a stale resourceVersion) are not:
+    the operator sends no resourceVersion, and CEL is checked offline in tests/operator.
+    """
+
+    _versions = itertools.count(1)
+
+    async def _handle(self, request: rendering.Request) -> Any:
+        if request.resource is not None and isinstance(request.data, dict):
+            if request.action == enums.action.CREATE:
+                meta = request.data.setdefault("metadata", {})
+                if request.namespace and not meta.get("namespace"):
+                    meta["namespace"] = request.namespace
+                meta["uid"] = str(uuid.uuid4())
+                meta["resourceVersion"] = str(next(self._versions))
+                meta["generation"] = 1
+                meta["creationTimestamp"] = _now()
+            elif request.action == enums.action.UPDATE:
+                self._script_update(request)
+        response = await super()._handle(request)
+        if request.action in (enums.action.DELETE, enums.action.UPDATE):
+            await self._collect_garbage()
+        return response
+
+    def _script_update(self, request: rendering.Request) -> None:
+        data = request.data
+        if request.subresource == "status":
+            for key in list(data):
+                if key != "status":
+                    del data[key]
+        else:
+            data.pop("status", None)
+        meta = data.setdefault("metadata", {})
+        meta.pop("generation", None)
+        meta["resourceVersion"] = str(next(self._versions))
+        key = (request.resource, request.namespace, request.name)
+        if "spec" in data and key in self._objects and not self._objects[key].deleted:
+            current = self._objects[key].raw
+            merged = _merge(current.get("spec") or {}, data["spec"])
+            if merged != current.get("spec"):
+                meta["generation"] = int(current["metadata"].get("generation") or 1) + 1
+
+    async def _collect_garbage(self) -> None:
+        while True:
+            alive = {
+                obj.raw["metadata"].get("uid") for obj in self._objects.values() if not obj.deleted
+            }
+            orphans = [
+                (key, obj)
+                for key, obj in self._objects.items()
+                if not obj.deleted
+                and obj.raw["metadata"].get("ownerReferences")
+                and not any(
+                    ref.get("uid") in alive for ref in obj.raw["metadata"]["ownerReferences"]
+                )
+            ]
+            if not orphans:
+                return
+            for (resource, _, _), obj in orphans:
+                raw = obj.raw
+                obj.delete()
+                await self._buses[resource].put({"type": "DELETED", "object": raw})
+
+
+def _merge(base: Any, patch: Any) -> Any:
+    if not isinstance(base, dict) or not isinstance(patch, dict):
+        return patch
+    out = dict(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge(base.get(key), value)
+    return out
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Api:
+    """What tests do to the cluster, the same way for KMock and for a real cluster."""
+
+    def __init__(self, session: aiohttp.ClientSession, server: str, emulator: Any) -> None:
+        self.session = session
+        self.server = server.rstrip("/")
+        self.emulator: ScriptedKubernetes | None = emulator
+
+    async def call(self, method: str, path: str, body: Any = None, **headers: str) -> Any:
+        kwargs: dict[str, Any] = {}
+        if body is not None:
+            kwargs["json"] = body
+            kwargs["headers"] = {
+                "Content-Type": "application/merge-patch+json"
+                if method == "PATCH"
+                else "application/json"
+            }
+        async with self.session.request(method, self.server + path, **kwargs) as response:
+            data = await response.json(content_type=None)
+            if response.status == 404:
+                return None
+            assert response.status < 400, f"{method} {path}: {response.status} {data}"
+            return data
+
+    @staticmethod
+    def path(api: str, plural: str, name: str | None = None, ns: str = NAMESPACE) -> str:
+        base = f"/api/{api}" if api == "v1" else f"/apis/{api}"
+        return f"{base}/namespaces/{ns}/{plural}" + (f"/{name}" if name else "")
+
+    async def get(self, api: str, plural: str, name: str) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = await self.call("GET", self.path(api, plural, name))
+        return result
+
+    async def list(self, api: str, plural: str) -> list[dict[str, Any]]:
+        result = await self.call("GET", self.path(api, plural))
+        return list(result["items"])
+
+    async def create(self, api: str, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
+        obj.setdefault("metadata", {}).setdefault("namespace", NAMESPACE)
+        result: dict[str, Any] = await self.call("POST", self.path(api, plural), obj)
+        return result
+
+    async def patch(
+        self, api: str, plural: str, name: str, patch: dict[str, Any], sub: str = ""
+    ) -> None:
+        await self.call("PATCH", self.path(api, plural, name) + (f"/{sub}" if sub else ""), patch)
+
+    async def delete(self, api: str, plural: str, name: str) -> None:
+        await self.call("DELETE", self.path(api, plural, name))
+
+    def writes(self) -> int:
+        """PATCH, PUT and POST requests the emulator has served so far (KMock only)."""
+        assert self.emulator is not None
+        return sum(1 for r in self.emulator if r.method in ("PATCH", "PUT", "POST"))
+
+
+async def eventually(
+    check: Callable[[], Awaitable[Any]], timeout: float = 10.0, interval: float = 0.05
+) -> Any:
+    """Poll `check` until it returns something truthy; fail with its last value."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = await check()
+        except AssertionError as error:
+            last = error
+        if last and not isinstance(last, AssertionError):
+            return last
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not true within {timeout} s; last: {last!r}")
+        await asyncio.sleep(interval)
+
+
+@pytest.fixture()
+async def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Api]:
+    if REAL_CLUSTER:
+        monkeypatch.setenv("KUBECONFIG", os.environ["VOXFLEET_E2E_KUBECONFIG"])
+        from voxfleet_operator.kube import KubeClient
+
+        client = await KubeClient.connect()
+        try:
+            yield Api(client._session, client._server, None)
+        finally:
+            await client.close()
+        return
+    async with ScriptedKubernetes() as emulator, kmock.Server(emulator) as server:
+        for name, info in RESOURCES.items():
+            emulator.resources[name] = info
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "kmock", "cluster": {"server": str(server.url)}}],
+                    "users": [{"name": "kmock", "user": {"token": "kmock"}}],
+                    "contexts": [
+                        {"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}
+                    ],
+                    "current-context": "kmock",
+                }
+            )
+        )
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        async with aiohttp.ClientSession() as session:
+            yield Api(session, str(server.url), emulator)
+
+
+POOLS = {
+    "defaultPool": "t4",
+    "pools": [
+        {
+            "name": "t4",
+            "gpuProduct": "Tesla-T4",
+            "maxPods": 4,
+            "nodeSelector": {"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"},
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+        },
+        {"name": "l4", "gpuProduct": "NVIDIA-L4", "gpuMemory": "24Gi", "maxPods": 2},
+    ],
+}
+REPOSITORY_KEY = "e2e-repository-key"
+
+
+@pytest.fixture()
+async def operator(
+    api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[None]:
+    """kopf running the voxfleet handlers in this event loop, cluster-wide, until the test ends.
+
+    Cluster-wide on purpose: KMock answers 500 to `GET /api/v1/namespaces`, which kopf needs
+    to watch a namespace list.
+    """
+    import kopf
+    import voxfleet_operator.handlers  # noqa: F401  (registers the handlers)
+
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(yaml.safe_dump(POOLS))
+    key = tmp_path / "repository-key"
+    key.write_text(REPOSITORY_KEY + "\n")
+    monkeypatch.setenv("VOXFLEET_POOLS_FILE", str(pools))
+    monkeypatch.setenv("VOXFLEET_REPOSITORY_KEY_FILE", str(key))
+    monkeypatch.delenv("VOXFLEET_WATCH_NAMESPACES", raising=False)
+    stop = asyncio.Event()
+    ready = asyncio.Event()
+    task = asyncio.create_task(
+        kopf.operator(clusterwide=True, standalone=True, stop_flag=stop, ready_flag=ready)
+    )
+    await asyncio.wait_for(ready.wait(), 10)
+    try:
+        yield
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)

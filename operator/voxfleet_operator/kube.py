@@ -1,0 +1,265 @@
+"""A small async Kubernetes API client for the operator's children.
+
+kopf talks to the API for the TTSVoice objects themselves; children (Jobs, Deployments,
+Services, ...) go through this client, which uses the same credentials kopf would (the
+in-cluster service account, else the kubeconfig). It speaks JSON merge patches only: the
+operator owns every field it renders, and lists are replaced whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+logger = logging.getLogger(__name__)
+
+CONFLICT_RETRIES = 5
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace is not None:
+            base += f"/namespaces/{quote(namespace)}"
+        base += f"/{self.plural}"
+        if name is not None:
+            base += f"/{quote(name)}"
+        return base
+
+
+PLURALS: dict[tuple[str, str], Resource] = {
+    ("batch/v1", "Job"): Resource("batch", "v1", "jobs"),
+    ("apps/v1", "Deployment"): Resource("apps", "v1", "deployments"),
+    ("v1", "Service"): Resource("", "v1", "services"),
+    ("v1", "Secret"): Resource("", "v1", "secrets"),
+    ("v1", "Pod"): Resource("", "v1", "pods"),
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): Resource(
+        "autoscaling", "v2", "horizontalpodautoscalers"
+    ),
+    ("policy/v1", "PodDisruptionBudget"): Resource("policy", "v1", "poddisruptionbudgets"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): Resource(
+        "monitoring.coreos.com", "v1", "servicemonitors"
+    ),
+    ("voxfleet.io/v1alpha1", "TTSVoice"): Resource("voxfleet.io", "v1alpha1", "ttsvoices"),
+}
+
+
+def resource_of(obj: Mapping[str, Any]) -> Resource:
+    try:
+        return PLURALS[(obj["apiVersion"], obj["kind"])]
+    except KeyError:
+        raise ValueError(
+            f"no API path known for {obj.get('apiVersion')} {obj.get('kind')}"
+        ) from None
+
+
+class KubeClient:
+    """JSON over HTTPS to the API server; one aiohttp session for the operator's lifetime."""
+
+    def __init__(self, session: aiohttp.ClientSession, server: str) -> None:
+        self._session = session
+        self._server = server.rstrip("/")
+        self.requests = 0
+
+    @classmethod
+    async def connect(cls) -> KubeClient:
+        """Log in the way kopf does: the service account in a pod, else the kubeconfig."""
+        import kopf
+        from kopf._core.intents.piggybacking import (
+            login_with_kubeconfig,
+            login_with_service_account,
+        )
+
+        settings = kopf.OperatorSettings()
+        info = login_with_service_account(settings=settings) or login_with_kubeconfig(
+            settings=settings
+        )
+        if info is None:
+            raise RuntimeError(
+                "no Kubernetes credentials: neither a service account nor a kubeconfig"
+            )
+        headers = {"Accept": "application/json"}
+        if info.token:
+            headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
+        context: ssl.SSLContext | bool = True
+        if info.server.startswith("https"):
+            context = ssl.create_default_context()
+            if info.insecure:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            if info.ca_path:
+                context.load_verify_locations(cafile=str(info.ca_path))
+            elif info.ca_data:
+                data = info.ca_data.decode() if isinstance(info.ca_data, bytes) else info.ca_data
+                context.load_verify_locations(cadata=data)
+            cert, key = info.certificate_path, info.private_key_path
+            if info.certificate_data and info.private_key_data:
+                cert, key = _to_file(info.certificate_data), _to_file(info.private_key_data)
+            if cert and key:
+                context.load_cert_chain(str(cert), str(key))
+        auth = None
+        if info.username and info.password:
+            auth = aiohttp.BasicAuth(info.username, info.password)
+        session = aiohttp.ClientSession(
+            headers=headers,
+            auth=auth,
+            connector=aiohttp.TCPConnector(ssl=context, limit=32),
+            timeout=aiohttp.ClientTimeout(total=30),
+        )
+        return cls(session, info.server)
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        params: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        self.requests += 1
+        kwargs: dict[str, Any] = {"params": dict(params or {})}
+        if body is not None:
+            import json
+
+            kwargs["data"] = json.dumps(body)
+            kwargs["headers"] = {"Content-Type": content_type}
+        async with self._session.request(method, self._server + path, **kwargs) as response:
+            if response.status >= 400:
+                try:
+                    status = await response.json(content_type=None)
+                    reason = str(status.get("reason", response.reason))
+                    message = str(status.get("message", ""))
+                except Exception:
+                    reason, message = str(response.reason), (await response.text())[:500]
+                raise ApiError(response.status, reason, message)
+            return await response.json(content_type=None)
+
+    async def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = await self._call("GET", resource.path(namespace, name))
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+        return obj
+
+    async def list(
+        self, resource: Resource, namespace: str | None, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        params = {"labelSelector": label_selector} if label_selector else None
+        result = await self._call("GET", resource.path(namespace), params=params)
+        items: list[dict[str, Any]] = result.get("items") or []
+        if label_selector:
+            # Not every API emulator filters by label; filtering again is harmless.
+            items = [i for i in items if _selector_matches(label_selector, i)]
+        return items
+
+    async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        resource = resource_of(obj)
+        namespace = obj["metadata"].get("namespace")
+        created: dict[str, Any] = await self._call("POST", resource.path(namespace), dict(obj))
+        return created
+
+    async def patch(
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        patch: Mapping[str, Any],
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        path = resource.path(namespace, name) + (f"/{subresource}" if subresource else "")
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                patched: dict[str, Any] = await self._call(
+                    "PATCH", path, dict(patch), content_type="application/merge-patch+json"
+                )
+                return patched
+            except ApiError as error:
+                # A merge patch without resourceVersion only conflicts when the server is
+                # racing another writer of the same object; try again after a moment.
+                if error.status != 409 or attempt == CONFLICT_RETRIES - 1:
+                    raise
+                await asyncio.sleep(0.05 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    async def delete(self, resource: Resource, namespace: str, name: str) -> bool:
+        try:
+            await self._call(
+                "DELETE",
+                resource.path(namespace, name),
+                body={
+                    "kind": "DeleteOptions",
+                    "apiVersion": "v1",
+                    "propagationPolicy": "Background",
+                },
+            )
+        except ApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    async def exists(self, path: str) -> bool:
+        try:
+            await self._call("GET", path)
+        except ApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+
+def _selector_matches(selector: str, obj: Mapping[str, Any]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for term in selector.split(","):
+        if "=" in term:
+            key, value = term.split("=", 1)
+            if labels.get(key.rstrip("=")) != value:
+                return False
+        elif term and term not in labels:
+            return False
+    return True
+
+
+def _to_file(data: str | bytes) -> str:
+    import base64
+
+    raw = data if isinstance(data, bytes) else data.encode()
+    try:
+        raw = base64.b64decode(raw, validate=True)
+    except ValueError:
+        pass
+    handle = tempfile.NamedTemporaryFile(delete=False, suffix=".pem")
+    handle.write(raw)
+    handle.close()
+    return handle.name

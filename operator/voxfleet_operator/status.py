@@ -1,0 +1,98 @@
+"""The TTSVoice status as a public API: phase, standard conditions, observedGeneration.
+
+Pure functions; `lastTransitionTime` changes only when a condition's status changes, so an
+unchanged world produces an identical status and the operator writes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ENGINE_READY = "EngineReady"
+SCHEDULED = "Scheduled"
+AVAILABLE = "Available"
+CONDITION_TYPES = (ENGINE_READY, SCHEDULED, AVAILABLE)
+
+
+@dataclass(frozen=True)
+class Cond:
+    type: str
+    status: bool | None  # None: Unknown
+    reason: str
+    message: str = ""
+
+    @property
+    def status_text(self) -> str:
+        return {True: "True", False: "False", None: "Unknown"}[self.status]
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def merge_conditions(
+    old: Sequence[Mapping[str, Any]], new: Sequence[Cond], generation: int | None, now: str
+) -> list[dict[str, Any]]:
+    previous = {c.get("type"): c for c in old}
+    merged = []
+    for cond in new:
+        before = previous.get(cond.type)
+        changed = before is None or before.get("status") != cond.status_text
+        item: dict[str, Any] = {
+            "type": cond.type,
+            "status": cond.status_text,
+            "reason": cond.reason,
+            "message": cond.message,
+            "lastTransitionTime": (
+                now if changed or before is None else before.get("lastTransitionTime", now)
+            ),
+        }
+        if generation is not None:
+            item["observedGeneration"] = generation
+        merged.append(item)
+    return merged
+
+
+def build_status(
+    old_status: Mapping[str, Any] | None,
+    *,
+    phase: str,
+    conditions: Sequence[Cond],
+    generation: int | None,
+    pool: str | None = None,
+    endpoint: str | None = None,
+    engine_key: str | None = None,
+    ready_pods: int | None = None,
+    now: str | None = None,
+) -> dict[str, Any]:
+    """The full status to write; fields set to None are removed (merge-patch null)."""
+    old_status = old_status or {}
+    return {
+        "phase": phase,
+        "pool": pool,
+        "endpoint": endpoint,
+        "engineKey": engine_key,
+        "readyPods": ready_pods,
+        "observedGeneration": generation,
+        "conditions": merge_conditions(
+            old_status.get("conditions") or [], conditions, generation, now or now_rfc3339()
+        ),
+    }
+
+
+def status_changed(old_status: Mapping[str, Any] | None, new_status: Mapping[str, Any]) -> bool:
+    old_status = old_status or {}
+    for key, value in new_status.items():
+        if value is None:
+            if old_status.get(key) is not None:
+                return True
+        elif old_status.get(key) != value:
+            return True
+    return False
+
+
+def failed_conditions(reason: str, message: str) -> list[Cond]:
+    return [Cond(t, False, reason, message) for t in CONDITION_TYPES]
