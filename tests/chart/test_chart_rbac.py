@@ -1,0 +1,107 @@
+"""The operator's RBAC: everything it creates or reads is allowed, nothing more."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from chart_support import CHART, by_kind, helm_template
+
+# Kinds the operator renders, by (apiGroup, plural); kept in step with voxfleet render below.
+RESOURCES = {
+    "Job": ("batch", "jobs"),
+    "Deployment": ("apps", "deployments"),
+    "Service": ("", "services"),
+    "HorizontalPodAutoscaler": ("autoscaling", "horizontalpodautoscalers"),
+    "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
+    "ServiceMonitor": ("monitoring.coreos.com", "servicemonitors"),
+    "Secret": ("", "secrets"),
+}
+CHILD_VERBS = {"create", "get", "list", "watch", "patch", "delete"}
+
+
+def allowed(
+    rules: list[dict[str, Any]], group: str, resource: str, name: str | None = None
+) -> set[str]:
+    verbs: set[str] = set()
+    for rule in rules:
+        if group in rule["apiGroups"] and resource in rule["resources"]:
+            names = rule.get("resourceNames")
+            if names is None or (name is not None and name in names):
+                verbs |= set(rule["verbs"])
+    return verbs
+
+
+@pytest.fixture(scope="module")
+def cluster_rules() -> list[dict[str, Any]]:
+    objects = helm_template("helm")
+    (role,) = [r for r in by_kind(objects, "ClusterRole") if r["metadata"]["name"] == "voxfleet"]
+    return list(role["rules"])
+
+
+def test_namespaced_and_cluster_wide_installs_grant_the_same_rules(
+    cluster_rules: list[dict[str, Any]],
+) -> None:
+    objects = helm_template("helm", "--values", str(CHART / "ci" / "namespaced-values.yaml"))
+    (role,) = by_kind(objects, "Role")
+    assert role["rules"] == cluster_rules
+
+
+def test_no_wildcards(cluster_rules: list[dict[str, Any]]) -> None:
+    for rule in cluster_rules:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], rule
+
+
+def test_every_child_kind_the_operator_renders_is_allowed(
+    cluster_rules: list[dict[str, Any]], rendered_children: list[dict[str, Any]]
+) -> None:
+    from voxfleet_operator.names import REPOSITORY_KEY_SECRET
+
+    kinds = {o["kind"] for o in rendered_children}
+    assert kinds <= set(RESOURCES), f"RBAC test does not know {kinds - set(RESOURCES)}"
+    for kind in kinds - {"Secret"}:
+        group, resource = RESOURCES[kind]
+        assert allowed(cluster_rules, group, resource) == CHILD_VERBS, kind
+    # Secrets: create the namespace's key copy, then only that one Secret by name.
+    assert allowed(cluster_rules, "", "secrets") == {"create"}
+    assert allowed(cluster_rules, "", "secrets", REPOSITORY_KEY_SECRET) == {
+        "create",
+        "get",
+        "patch",
+        "delete",
+    }
+
+
+def test_the_operator_can_reconcile_voices_but_not_delete_them(
+    cluster_rules: list[dict[str, Any]],
+) -> None:
+    assert allowed(cluster_rules, "voxfleet.io", "ttsvoices") == {"get", "list", "watch", "patch"}
+    assert allowed(cluster_rules, "voxfleet.io", "ttsvoices/status") == {"get", "patch"}
+    assert allowed(cluster_rules, "voxfleet.io", "ttsvoices/finalizers") == {"update"}
+    assert allowed(cluster_rules, "", "pods") == {"get", "list", "watch", "patch"}
+    assert allowed(cluster_rules, "", "events") == {"create"}
+    # Never granted: reading arbitrary Secrets, ConfigMaps, nodes, or changing RBAC.
+    for group, resource in (
+        ("", "configmaps"),
+        ("", "nodes"),
+        ("rbac.authorization.k8s.io", "roles"),
+    ):
+        assert allowed(cluster_rules, group, resource) == set()
+
+
+def test_crd_discovery_is_read_only_and_optional() -> None:
+    objects = helm_template("helm")
+    (role,) = [
+        r
+        for r in by_kind(objects, "ClusterRole")
+        if r["metadata"]["name"].endswith("crd-discovery")
+    ]
+    assert allowed(role["rules"], "apiextensions.k8s.io", "customresourcedefinitions") == {
+        "get",
+        "list",
+        "watch",
+    }
+    assert len(role["rules"]) == 1
+    objects = helm_template("helm", "--set", "crdDiscovery=false")
+    assert [r["metadata"]["name"] for r in by_kind(objects, "ClusterRole")] == ["voxfleet"]
