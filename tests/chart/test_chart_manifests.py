@@ -1,0 +1,146 @@
+"""Generated files (CRD, manifests/, adapter values) match their sources, and the kubectl
+install in manifests/ is valid and namespace-scoped."""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+from chart_support import (
+    CHART,
+    ROOT,
+    CrdValidator,
+    all_schema_problems,
+    crd_from_chart,
+    load_yaml_documents,
+    run,
+    tool,
+)
+
+MANIFESTS = ROOT / "manifests"
+
+
+def generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "generate_manifests", ROOT / "scripts" / "generate-manifests.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generated_files_have_not_drifted_from_their_sources() -> None:
+    module = generator()
+    diffs = module.drift(module.expected_files())
+    assert not diffs, (
+        "generated files are out of date; run `python scripts/generate-manifests.py`:\n"
+        + "".join(diffs)[:4000]
+    )
+
+
+def test_crd_is_the_one_the_operator_builds() -> None:
+    from voxfleet_operator.crd import build_crd
+
+    assert crd_from_chart() == build_crd()
+    assert load_yaml_documents(MANIFESTS / "crd.yaml") == [build_crd()]
+
+
+def schema_nodes(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    found = [(path or ".", node)]
+    for name, sub in node.get("properties", {}).items():
+        found += schema_nodes(sub, f"{path}.{name}")
+    if "items" in node:
+        found += schema_nodes(node["items"], f"{path}[]")
+    return found
+
+
+def test_crd_schema_is_structural() -> None:
+    """The API server refuses a CRD whose schema is not structural: every node typed, no
+    $ref, and no nullable unions."""
+    version = crd_from_chart()["spec"]["versions"][0]
+    for path, node in schema_nodes(version["schema"]["openAPIV3Schema"]):
+        if path == ".metadata":
+            continue
+        assert "type" in node or node.get("x-kubernetes-int-or-string"), path
+        assert not {"$ref", "anyOf", "oneOf", "allOf", "nullable"} & set(node), path
+
+
+def test_crd_names_and_columns_match_the_api_contract() -> None:
+    crd = crd_from_chart()
+    names = crd["spec"]["names"]
+    assert (crd["spec"]["group"], names["kind"], names["plural"]) == (
+        "voxfleet.io", "TTSVoice", "ttsvoices",
+    )  # fmt: skip
+    assert names["shortNames"] == ["ttsv"]
+    assert crd["spec"]["scope"] == "Namespaced"
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Phase", "Pool", "Endpoint", "Ready", "Age"]
+
+
+def test_crd_and_namespaced_install_are_valid_for_kubernetes_1_30_to_1_35() -> None:
+    objects = load_yaml_documents(MANIFESTS / "crd.yaml")
+    objects += load_yaml_documents(MANIFESTS / "install-namespaced.yaml")
+    objects += load_yaml_documents(MANIFESTS / "prometheus-adapter-rules.yaml")
+    assert all_schema_problems(objects) == []
+
+
+def test_namespaced_install_needs_no_cluster_rights() -> None:
+    objects = load_yaml_documents(MANIFESTS / "install-namespaced.yaml")
+    kinds = {o["kind"] for o in objects}
+    assert kinds == {"ServiceAccount", "ConfigMap", "Role", "RoleBinding", "Deployment"}
+    assert {o["metadata"]["namespace"] for o in objects} == {"voxfleet"}
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    env = {
+        e["name"]: e.get("value")
+        for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["VOXFLEET_WATCH_NAMESPACES"] == "voxfleet"
+
+
+@pytest.fixture(scope="module")
+def notes() -> str:
+    # Helm 4 renders NOTES offline; Helm 3.17's install --dry-run needs a cluster.
+    result = run(
+        [tool("helm"), "install", "voxfleet", str(CHART), "--namespace", "speech",
+         "--dry-run=client", "--set", "watchNamespaces={speech}"]
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("NOTES:", 1)[1]
+
+
+def test_notes_verify_the_install_with_real_commands(notes: str) -> None:
+    assert "kubectl -n speech rollout status deployment/voxfleet" in notes
+    assert "kubectl get ttsv --all-namespaces" in notes
+    assert "kubectl -n speech wait ttsv/joe --for=condition=Available" in notes
+
+
+def test_notes_voice_is_accepted_by_the_crd(notes: str) -> None:
+    body = notes.split("<<'YAML'\n", 1)[1].split("\nYAML\n", 1)[0]
+    voice = yaml.safe_load(body)
+    assert CrdValidator(crd_from_chart()).problems(voice) == []
+
+
+def test_notes_say_command_is_a_real_voxfleet_command(notes: str) -> None:
+    from engines.cli import build_parser
+
+    (line,) = [line for line in notes.splitlines() if line.strip().startswith("voxfleet say")]
+    args = build_parser().parse_args(shlex.split(line)[1:])
+    assert (args.command, args.url, args.voice) == ("say", "localhost:8001", "joe")
+    # The Service it port-forwards is the one the operator creates for the voice.
+    from voxfleet_operator.names import GRPC_PORT, voice_service_name
+
+    assert f"service/{voice_service_name('joe')} {GRPC_PORT}:{GRPC_PORT}" in notes
+
+
+def test_adapter_values_snippet_holds_the_rules_of_the_configmap() -> None:
+    values = yaml.safe_load((CHART / "prometheus-adapter-values.yaml").read_text())
+    configmap = load_yaml_documents(MANIFESTS / "prometheus-adapter-rules.yaml")[0]
+    assert values["rules"]["custom"] == yaml.safe_load(configmap["data"]["config.yaml"])["rules"]
+    assert configmap["metadata"]["namespace"] == "monitoring"
