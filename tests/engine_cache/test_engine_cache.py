@@ -85,8 +85,10 @@ def test_stage_keys_differ_and_follow_only_their_own_profile() -> None:
         ({"precision": "bf16"}, "precision 'bf16'"),
         ({"model_sha256": "abc"}, "64 hex digits"),
         ({"profiles": {"decoder": {}}}, "unknown stage 'decoder'"),
-        ({"profiles": {"vocoder": {"latent": ((4, 192, 48), (1, 192, 48), (8, 192, 48))}}},
-         "min <= opt <= max"),
+        (
+            {"profiles": {"vocoder": {"latent": ((4, 192, 48), (1, 192, 48), (8, 192, 48))}}},
+            "min <= opt <= max",
+        ),
     ],
 )
 def test_bad_keys_are_refused_with_the_reason(overrides: dict, message: str) -> None:
@@ -95,8 +97,9 @@ def test_bad_keys_are_refused_with_the_reason(overrides: dict, message: str) -> 
 
 
 def test_profiles_follow_the_serving_shapes() -> None:
-    shapes = ServingShapes(max_batch=128, opt_batch=32, vocoder_window_frames=40,
-                           vocoder_context_frames=8)
+    shapes = ServingShapes(
+        max_batch=128, opt_batch=32, vocoder_window_frames=40, vocoder_context_frames=8
+    )
     profiles = stage_profiles(shapes)
     assert profiles["vocoder"]["latent"] == ((1, 192, 56), (32, 192, 56), (128, 192, 56))
     assert profiles["flow"]["mask"][2] == (128, 1, shapes.flow_frames)

@@ -1,0 +1,360 @@
+"""Measure the torch-cuda runtime on a GPU: stage throughput, FP16 quality, stream capacity.
+
+    python -m engines.torch_cuda.gpu_bench --engine-dir ENTRY \\
+        --corpus-ids tests/gpu/data/corpus_ids.json --out bench.json
+
+Three parts, each written into one JSON document:
+- ``stages``: each stage alone at rising batch with CUDA graphs (median of timed calls with
+  the host copies in and out included): seconds of audio per second of GPU time;
+- ``quality``: FP16 flow+vocoder against FP32 on the corpus, SNR in dB (noise scales 0);
+- ``streams``: the real `StreamScheduler` in-process with this runtime and closed-loop
+  simulated listeners (no Triton, no network): first-audio p50/p95, streams that ran dry
+  (a chunk arrived after the audio before it had finished playing), audio seconds per second,
+  and the vocoder batch-size histogram, at each concurrency, with and without batching.
+The Triton benchmark (`voxfleet bench` against `voxfleet serve --runtime torch-cuda`) is the
+end-to-end figure; this one isolates the GPU data plane.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engines.torch_cuda.runtime import TorchCudaStages
+
+SAMPLE_RATE = 22050
+HOP = 256
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _median_seconds(call: Callable[[], object], repeats: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        call()
+    _sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        _sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def load_corpus_ids(path: Path) -> list[list[int]]:
+    return [entry["ids"] for entry in json.loads(path.read_text())["sentences"]]
+
+
+def _padded(sentences: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    longest = max(len(ids) for ids in sentences)
+    ids = torch.zeros(len(sentences), longest, dtype=torch.int64)
+    for row, sentence in enumerate(sentences):
+        ids[row, : len(sentence)] = torch.tensor(sentence)
+    return ids, torch.tensor([len(s) for s in sentences], dtype=torch.int64)
+
+
+def bench_stages(
+    stages: TorchCudaStages,
+    corpus: list[list[int]],
+    batches: Sequence[int] = (1, 8, 32, 64, 128, 256),
+    vocoder_frames: Sequence[int] = (40, 144),
+    flow_frames: Sequence[int] = (64, 304),
+    encoder_batches: Sequence[int] = (1, 8, 32, 64),
+    repeats: int = 20,
+) -> dict[str, Any]:
+    device = stages.device
+    generator = torch.Generator(device=device).manual_seed(0)
+    rows: list[dict[str, Any]] = []
+    # Time exactly the frames asked for (no padding to the serving frame multiple).
+    multiples = (stages.flow_stage.frame_multiple, stages.vocoder_stage.frame_multiple)
+    stages.flow_stage.frame_multiple = stages.vocoder_stage.frame_multiple = 8
+    for frames in vocoder_frames:
+        for batch in batches:
+            latent = torch.randn(batch, 192, frames, device=device, generator=generator)
+            seconds = _median_seconds(partial(stages.vocode_tensor, latent), repeats)
+            audio = batch * frames * HOP / SAMPLE_RATE
+            rows.append(
+                {
+                    "stage": "vocoder",
+                    "batch": batch,
+                    "frames": frames,
+                    "ms": round(seconds * 1e3, 3),
+                    "audio_seconds_per_second": round(audio / seconds, 1),
+                }
+            )
+    for frames in flow_frames:
+        for batch in batches:
+            prior = torch.randn(batch, 192, frames, device=device, generator=generator)
+            mask = torch.ones(batch, 1, frames, device=device)
+            seconds = _median_seconds(partial(stages.flow_tensor, prior, mask), repeats)
+            audio = batch * frames * HOP / SAMPLE_RATE
+            rows.append(
+                {
+                    "stage": "flow",
+                    "batch": batch,
+                    "frames": frames,
+                    "ms": round(seconds * 1e3, 3),
+                    "audio_seconds_per_second": round(audio / seconds, 1),
+                }
+            )
+    scales = torch.tensor([0.667, 1.0, 0.8])
+    for batch in encoder_batches:
+        picked = [corpus[i % len(corpus)] for i in range(batch)]
+        ids, lengths = _padded(picked)
+        frames_out: list[int] = []
+
+        def encode(
+            ids: torch.Tensor = ids, lengths: torch.Tensor = lengths, out: list[int] = frames_out
+        ) -> None:
+            _, mask = stages.encode_tensor(ids, lengths, scales)
+            out.append(int(mask.sum()))
+
+        seconds = _median_seconds(encode, max(5, repeats // 4))
+        audio = statistics.median(frames_out) * HOP / SAMPLE_RATE
+        rows.append(
+            {
+                "stage": "encoder",
+                "batch": batch,
+                "phonemes": int(ids.shape[1]),
+                "ms": round(seconds * 1e3, 3),
+                "audio_seconds_per_second": round(audio / seconds, 1),
+            }
+        )
+    stages.flow_stage.frame_multiple, stages.vocoder_stage.frame_multiple = multiples
+    return {
+        "rows": rows,
+        "graphs": len(stages.flow_stage.graphs) + len(stages.vocoder_stage.graphs),
+    }
+
+
+def snr_db(reference: np.ndarray, test: np.ndarray) -> float:
+    noise = float(np.sum((reference.astype(np.float64) - test) ** 2))
+    signal = float(np.sum(reference.astype(np.float64) ** 2))
+    return float("inf") if noise == 0 else 10.0 * np.log10(signal / noise)
+
+
+def fp16_quality(
+    engine_dir: Path, corpus: list[list[int]], sentences: int = 40, device: str = "cuda"
+) -> dict[str, Any]:
+    """FP16 flow+vocoder against FP32, whole sentences, noise scales 0 (deterministic)."""
+    fp32 = TorchCudaStages(engine_dir, device=device, precision="fp32", use_graphs=False)
+    fp16 = TorchCudaStages(engine_dir, device=device, precision="fp16", use_graphs=False)
+    scales = torch.tensor([0.0, 1.0, 0.0])
+    per_sentence: list[float] = []
+    references, tests = [], []
+    for ids_list in corpus[:sentences]:
+        ids, lengths = _padded([ids_list])
+        prior, mask = fp32.encode_tensor(ids, lengths, scales)
+        reference = fp32.vocode_tensor(fp32.flow_tensor(prior, mask)).float().cpu().numpy()[0]
+        test = fp16.vocode_tensor(fp16.flow_tensor(prior, mask)).float().cpu().numpy()[0]
+        per_sentence.append(snr_db(reference, test))
+        references.append(reference)
+        tests.append(test)
+    return {
+        "sentences": len(per_sentence),
+        "snr_db_all": round(snr_db(np.concatenate(references), np.concatenate(tests)), 2),
+        "snr_db_min": round(min(per_sentence), 2),
+        "snr_db_median": round(statistics.median(per_sentence), 2),
+    }
+
+
+# -- in-process stream capacity -----------------------------------------------------------
+
+
+@dataclass
+class _Listener:
+    submitted: float
+    chunk_times: list[float] = field(default_factory=list)
+    chunk_seconds: list[float] = field(default_factory=list)
+    finished: float | None = None
+    error: str | None = None
+
+    def ran_dry(self, slack_seconds: float = 0.0) -> bool:
+        """A chunk arrived after everything before it had played (playback from chunk 0)."""
+        if not self.chunk_times:
+            return False
+        start, played = self.chunk_times[0], 0.0
+        for arrived, seconds in zip(self.chunk_times, self.chunk_seconds, strict=True):
+            if arrived > start + played + slack_seconds:
+                return True
+            played += seconds
+        return False
+
+
+def simulate_streams(
+    stages: TorchCudaStages,
+    corpus: list[list[int]],
+    streams: int,
+    seconds: float,
+    batching: bool = True,
+    windows: Any = None,
+    ramp_seconds: float = 3.0,
+) -> dict[str, Any]:
+    """Keep `streams` listeners connected for `seconds`; each asks for one corpus sentence."""
+    from engines.frontend import Sentence
+    from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
+
+    scheduler = StreamScheduler(
+        stages, SAMPLE_RATE, HOP, windows=windows, cross_stream_batching=batching
+    )
+    listeners: list[_Listener] = []
+    lock = threading.Lock()
+    counter = iter(range(10**9))
+    stop_at = [float("inf")]
+    params = SynthesisParams()
+
+    class Sink(StreamSink):
+        def __init__(self, listener: _Listener) -> None:
+            self.listener = listener
+
+        def audio(self, pcm: np.ndarray) -> None:
+            self.listener.chunk_times.append(time.monotonic())
+            self.listener.chunk_seconds.append(len(pcm) / SAMPLE_RATE)
+
+        def finish(self, error: Exception | None = None) -> None:
+            self.listener.finished = time.monotonic()
+            self.listener.error = None if error is None else str(error)
+            if time.monotonic() < stop_at[0]:
+                submit()
+
+    def submit() -> None:
+        index = next(counter)
+        ids = corpus[index % len(corpus)]
+        listener = _Listener(submitted=time.monotonic())
+        with lock:
+            listeners.append(listener)
+        scheduler.submit([Sentence(text="", ids=list(ids))], params, Sink(listener))
+
+    scheduler.start()
+    started = time.monotonic()
+    stop_at[0] = started + ramp_seconds + seconds
+    try:
+        for n in range(streams):
+            target = started + ramp_seconds * n / streams
+            delay = target - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            submit()
+        while time.monotonic() < stop_at[0]:
+            time.sleep(0.05)
+    finally:
+        ended = time.monotonic()
+        scheduler.stop()
+    measure_from = started + ramp_seconds
+    with lock:
+        measured = [
+            lis
+            for lis in listeners
+            if lis.submitted >= measure_from and lis.finished is not None and lis.error is None
+        ]
+        audio_in_window = sum(
+            seconds_
+            for lis in listeners
+            for at, seconds_ in zip(lis.chunk_times, lis.chunk_seconds, strict=True)
+            if measure_from <= at <= ended
+        )
+    first_audio = sorted(lis.chunk_times[0] - lis.submitted for lis in measured if lis.chunk_times)
+    dry = sum(1 for lis in measured if lis.ran_dry())
+
+    def percentile(values: list[float], q: float) -> float | None:
+        if not values:
+            return None
+        return round(values[min(len(values) - 1, int(q * len(values)))] * 1e3, 1)
+
+    histogram = dict(sorted(scheduler.stats.vocoder_batches.items()))
+    return {
+        "streams": streams,
+        "batching": batching,
+        "seconds": round(ended - measure_from, 2),
+        "completed_streams": len(measured),
+        "first_audio_ms_p50": percentile(first_audio, 0.50),
+        "first_audio_ms_p95": percentile(first_audio, 0.95),
+        "streams_ran_dry": dry,
+        "zero_underruns": dry == 0 and len(measured) > 0,
+        "audio_seconds_per_second": round(audio_in_window / max(1e-9, ended - measure_from), 1),
+        "vocoder_batch_histogram": {str(k): v for k, v in histogram.items()},
+        "windows": asdict(scheduler.windows),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--engine-dir", type=Path, required=True)
+    parser.add_argument("--corpus-ids", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--streams", default="250,500,1000,2000,3000")
+    parser.add_argument("--unbatched-streams", default="50,100,250")
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--max-batch-windows", type=int, default=256)
+    parser.add_argument("--max-encoder-batch", type=int, default=64)
+    parser.add_argument("--skip", default="", help="comma list of parts to skip")
+    parser.add_argument("--quality-sentences", type=int, default=40)
+    args = parser.parse_args(argv)
+    from engines.streaming import WindowConfig
+
+    corpus = load_corpus_ids(args.corpus_ids)
+    skip = set(filter(None, args.skip.split(",")))
+    result: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+    def save() -> None:
+        args.out.write_text(json.dumps(result, indent=1))
+
+    stages = TorchCudaStages(args.engine_dir, precision="fp16")
+    if "quality" not in skip:
+        result["quality"] = fp16_quality(args.engine_dir, corpus, args.quality_sentences)
+        print("quality", result["quality"], flush=True)
+        save()
+    if "stages" not in skip:
+        result["stages"] = bench_stages(stages, corpus)
+        for row in result["stages"]["rows"]:
+            print(row, flush=True)
+        save()
+    if "streams" not in skip:
+        tuned = WindowConfig(
+            max_batch_windows=args.max_batch_windows, max_encoder_batch=args.max_encoder_batch
+        )
+        started = time.monotonic()
+        result["graphs_warmed"] = stages.warmup(flow_frames=(96, 320), vocoder_frames=(32, 144))
+        result["warmup_seconds"] = round(time.monotonic() - started, 1)
+        print("warmup", result["graphs_warmed"], result["warmup_seconds"], flush=True)
+        runs = result.setdefault("streams", [])
+        for label, windows, counts, batching in (
+            ("batched", tuned, args.streams, True),
+            ("unbatched", WindowConfig(), args.unbatched_streams, False),
+        ):
+            for count in filter(None, counts.split(",")):
+                row = simulate_streams(
+                    stages, corpus, int(count), args.seconds, batching=batching, windows=windows
+                )
+                row["label"] = label
+                runs.append(row)
+                print({k: v for k, v in row.items() if k not in ("windows",)}, flush=True)
+                save()
+                if not row["zero_underruns"] and batching and row["completed_streams"]:
+                    if row["streams_ran_dry"] > 0.5 * row["completed_streams"]:
+                        break  # far past capacity: larger counts only take time
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

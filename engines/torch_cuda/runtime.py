@@ -1,0 +1,287 @@
+"""`TorchCudaStages`: the `StageRuntime` of the torch-cuda engines.
+
+- encoder (text encoder + stochastic duration predictor): FP32 always, run eagerly on the
+  GPU. Its output length depends on the predicted durations (a device read per call), and
+  FP16 there would move frame boundaries (``ceil`` of durations) and so change the audio
+  length; it is a small share of the work per second of audio.
+- flow and vocoder: the entry's precision (FP16 by default). Their calls come from the
+  stream model as batches of fixed-size windows, so each call is padded up to a batch bucket
+  (1, 2, 4, ..., 256) and replayed from a CUDA graph captured once per (bucket, frames):
+  hundreds of small kernel launches become one graph launch.
+
+Weights are the stage ONNX files' initializers (engines.torch_cuda.convert).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engines.torch_cuda.convert import OnnxModule
+
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
+
+
+class TorchCudaError(RuntimeError):
+    """The torch-cuda runtime cannot run here or was asked for something it cannot do."""
+
+
+def bucket_for(batch: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds `batch` (the largest, if none does: callers split)."""
+    for bucket in buckets:
+        if bucket >= batch:
+            return bucket
+    return buckets[-1]
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    inputs: dict[str, torch.Tensor]
+    output: torch.Tensor
+
+
+class GraphedStage:
+    """A stage whose calls are padded to batch buckets and replayed from CUDA graphs."""
+
+    def __init__(
+        self,
+        module: OnnxModule,
+        batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+        use_graphs: bool = True,
+        max_graphs: int = 256,
+        pool: Any = None,
+        frame_multiple: int = 1,
+    ) -> None:
+        self.module = module
+        self.buckets = tuple(sorted(batch_buckets))
+        # Frames are padded (zeros, on the right) up to a multiple of this, so that the few
+        # window widths the stream model sends share graphs; outputs are cut back.
+        self.frame_multiple = frame_multiple
+        self.use_graphs = use_graphs and module.device.type == "cuda"
+        self.max_graphs = max_graphs
+        self.pool = pool
+        self.graphs: dict[tuple[int, tuple[tuple[int, ...], ...]], _Captured] = {}
+        self.batch_histogram: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def _eager(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.module(**inputs)[0]
+
+    def _capture(self, bucket: int, inputs: dict[str, torch.Tensor]) -> _Captured:
+        static = {
+            name: torch.zeros((bucket, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+            for name, tensor in inputs.items()
+        }
+        side = torch.cuda.Stream(device=self.module.device)
+        side.wait_stream(torch.cuda.current_stream(self.module.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # cuDNN picks its algorithms here, outside the capture
+                self._eager(static)
+        torch.cuda.current_stream(self.module.device).wait_stream(side)
+        transfers = self.module.transfers
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            output = self._eager(static)
+        if self.module.transfers != transfers:
+            raise TorchCudaError("the stage moved values between host and device while captured")
+        return _Captured(graph=graph, inputs=static, output=output)
+
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        frames = next(iter(inputs.values())).shape[-1]
+        padded = -(-frames // self.frame_multiple) * self.frame_multiple
+        if padded == frames:
+            return self._run(inputs)
+        output = self._run(
+            {
+                name: torch.nn.functional.pad(t, (0, padded - frames)) if t.dim() == 3 else t
+                for name, t in inputs.items()
+            }
+        )
+        per_frame = output.shape[-1] // padded
+        return output[..., : frames * per_frame]
+
+    def _run(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        batch = next(iter(inputs.values())).shape[0]
+        largest = self.buckets[-1]
+        if batch > largest:
+            parts = [
+                self._run({name: t[start : start + largest] for name, t in inputs.items()})
+                for start in range(0, batch, largest)
+            ]
+            return torch.cat(parts)
+        bucket = bucket_for(batch, self.buckets)
+        with self._lock:
+            self.batch_histogram[batch] = self.batch_histogram.get(batch, 0) + 1
+            if not self.use_graphs:
+                return self._eager(inputs)
+            shape_key = tuple(tuple(t.shape[1:]) for t in inputs.values())
+            captured = self.graphs.get((bucket, shape_key))
+            if captured is None:
+                if len(self.graphs) >= self.max_graphs:
+                    return self._eager(inputs)
+                captured = self._capture(bucket, inputs)
+                self.graphs[(bucket, shape_key)] = captured
+            for name, tensor in inputs.items():
+                captured.inputs[name][:batch].copy_(tensor)
+            captured.graph.replay()
+            # The next replay overwrites the static output: hand out a copy.
+            return captured.output[:batch].clone()
+
+
+def _read_precision(engine_dir: Path) -> str:
+    manifest = engine_dir / "manifest.json"
+    if manifest.is_file():
+        return str(json.loads(manifest.read_text())["key"]["precision"])
+    return "fp16"
+
+
+class TorchCudaStages:
+    """Encoder, flow and vocoder on one CUDA device (see the module docstring)."""
+
+    name = "torch-cuda"
+
+    def __init__(
+        self,
+        engine_dir: Path,
+        device: str | torch.device = "cuda",
+        precision: str | None = None,
+        batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+        use_graphs: bool = True,
+        flow_frame_multiple: int = 32,
+        vocoder_frame_multiple: int = 16,
+    ) -> None:
+        engine_dir = Path(engine_dir)
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise TorchCudaError(
+                "the torch-cuda runtime needs a CUDA GPU and PyTorch built with CUDA; "
+                f"this PyTorch ({torch.__version__}) sees none"
+            )
+        self.precision = precision or _read_precision(engine_dir)
+        if self.precision not in DTYPES:
+            raise TorchCudaError(
+                f"the torch-cuda runtime runs fp16 or fp32, not {self.precision!r}"
+            )
+        dtype = DTYPES[self.precision]
+        missing = [
+            s for s in ("encoder", "flow", "vocoder") if not (engine_dir / f"{s}.onnx").is_file()
+        ]
+        if missing:
+            raise TorchCudaError(
+                f"{engine_dir} has no {', '.join(f'{s}.onnx' for s in missing)}; build it with "
+                "`voxfleet build-engines --runtime torch-cuda`"
+            )
+        self.encoder = OnnxModule(engine_dir / "encoder.onnx", self.device, torch.float32)
+        pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" and use_graphs else None
+        self.flow_stage = GraphedStage(
+            OnnxModule(engine_dir / "flow.onnx", self.device, dtype),
+            batch_buckets,
+            use_graphs,
+            pool=pool,
+            frame_multiple=flow_frame_multiple,
+        )
+        self.vocoder_stage = GraphedStage(
+            OnnxModule(engine_dir / "vocoder.onnx", self.device, dtype),
+            batch_buckets,
+            use_graphs,
+            pool=pool,
+            frame_multiple=vocoder_frame_multiple,
+        )
+        self.multi_speaker = "sid" in self.encoder.input_names
+
+    # -- tensor API: stays on the device (pipelines and benchmarks) --------------------------
+
+    def _speaker(
+        self, module: OnnxModule, batch: int, speaker_ids: object
+    ) -> dict[str, torch.Tensor]:
+        if "sid" not in module.input_names:
+            if speaker_ids is not None and np.any(np.asarray(speaker_ids) != 0):
+                raise TorchCudaError("this voice has one speaker; speaker ids must be 0")
+            return {}
+        sid = (
+            torch.as_tensor(np.asarray(speaker_ids), dtype=torch.int64)
+            if speaker_ids is not None
+            else torch.zeros(batch, dtype=torch.int64)
+        )
+        return {"sid": sid.to(self.device)}
+
+    def encode_tensor(
+        self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, speaker_ids=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        feeds = {
+            "input": ids.to(self.device, torch.int64),
+            "input_lengths": lengths.to(self.device, torch.int64),
+            "scales": scales.to(self.device, torch.float32),
+            **self._speaker(self.encoder, ids.shape[0], speaker_ids),
+        }
+        prior, mask = self.encoder(**feeds)
+        return prior, mask
+
+    def flow_tensor(
+        self, prior: torch.Tensor, mask: torch.Tensor, speaker_ids=None
+    ) -> torch.Tensor:
+        dtype = self.flow_stage.module.float_dtype
+        feeds = {"prior": prior.to(self.device, dtype), "mask": mask.to(self.device, dtype)}
+        feeds.update(self._speaker(self.flow_stage.module, prior.shape[0], speaker_ids))
+        return self.flow_stage(feeds)
+
+    def vocode_tensor(self, latent: torch.Tensor, speaker_ids=None) -> torch.Tensor:
+        dtype = self.vocoder_stage.module.float_dtype
+        feeds = {"latent": latent.to(self.device, dtype)}
+        feeds.update(self._speaker(self.vocoder_stage.module, latent.shape[0], speaker_ids))
+        audio = self.vocoder_stage(feeds)
+        return audio.reshape(audio.shape[0], -1)
+
+    # -- StageRuntime (numpy in, numpy out) ---------------------------------------------------
+
+    def encode(self, ids, lengths, scales, speaker_ids=None):
+        prior, mask = self.encode_tensor(
+            torch.from_numpy(np.ascontiguousarray(ids)),
+            torch.from_numpy(np.ascontiguousarray(lengths)),
+            torch.from_numpy(np.asarray(scales, dtype=np.float32)),
+            speaker_ids,
+        )
+        return _to_numpy(prior), _to_numpy(mask)
+
+    def flow(self, prior, mask, speaker_ids=None):
+        latent = self.flow_tensor(torch.from_numpy(prior), torch.from_numpy(mask), speaker_ids)
+        return _to_numpy(latent)
+
+    def vocode(self, latent, speaker_ids=None):
+        return _to_numpy(self.vocode_tensor(torch.from_numpy(latent), speaker_ids))
+
+    def warmup(
+        self,
+        flow_frames: Sequence[int],
+        vocoder_frames: Sequence[int],
+        batches: Sequence[int] | None = None,
+    ) -> int:
+        """Capture the graphs of these shapes now rather than on first use; returns a count."""
+        batches = batches or self.flow_stage.buckets
+        channels = 192
+        for frames in flow_frames:
+            for batch in batches:
+                prior = torch.zeros(batch, channels, frames, device=self.device)
+                self.flow_tensor(prior, torch.ones(batch, 1, frames, device=self.device))
+        for frames in vocoder_frames:
+            for batch in batches:
+                self.vocode_tensor(torch.zeros(batch, channels, frames, device=self.device))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return len(self.flow_stage.graphs) + len(self.vocoder_stage.graphs)
+
+
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().to(torch.float32).cpu().numpy()
+
+
+StageCall = Callable[[dict[str, torch.Tensor]], torch.Tensor]

@@ -1,0 +1,168 @@
+"""The torch port of the stage graphs against onnxruntime, on the CPU (runs where torch imports).
+
+These are the checks that let the CUDA runtime be trusted before it meets a GPU: same graphs,
+same inputs, same numbers as onnxruntime; and no host/device traffic in the two stages that
+are captured into CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+ort = pytest.importorskip("onnxruntime")
+
+import onnx  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
+
+from engines.torch_cuda.convert import (  # noqa: E402
+    OnnxModule,
+    UnsupportedGraphError,
+    check_supported,
+)
+from engines.torch_cuda.runtime import TorchCudaStages, bucket_for  # noqa: E402
+
+
+def session(path: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
+
+
+def test_vocoder_matches_onnxruntime(stage_dir: Path) -> None:
+    latent = np.random.default_rng(1).standard_normal((2, 192, 24)).astype(np.float32)
+    expected = session(stage_dir / "vocoder.onnx").run(None, {"latent": latent})[0]
+    module = OnnxModule(stage_dir / "vocoder.onnx")
+    actual = module(latent=torch.from_numpy(latent))[0].numpy()
+    assert actual.shape == expected.shape == (2, 1, 1, 24 * 256)
+    assert relative_error(actual, expected) < 1e-5
+    assert module.transfers == 0
+
+
+def test_flow_matches_onnxruntime_with_a_partial_mask(stage_dir: Path) -> None:
+    rng = np.random.default_rng(2)
+    prior = rng.standard_normal((2, 192, 40)).astype(np.float32)
+    mask = np.ones((2, 1, 40), dtype=np.float32)
+    mask[1, :, 25:] = 0.0
+    expected = session(stage_dir / "flow.onnx").run(None, {"prior": prior, "mask": mask})[0]
+    module = OnnxModule(stage_dir / "flow.onnx")
+    actual = module(prior=torch.from_numpy(prior), mask=torch.from_numpy(mask))[0].numpy()
+    assert relative_error(actual, expected) < 1e-5
+    assert np.all(actual[1, :, 25:] == 0.0)
+    assert module.transfers == 0  # capturable into a CUDA graph
+
+
+def test_encoder_matches_onnxruntime(stage_dir: Path, corpus_ids: list[list[int]]) -> None:
+    short = sorted(corpus_ids, key=len)[:2]
+    ids = np.zeros((2, max(map(len, short))), dtype=np.int64)
+    for row, sentence in enumerate(short):
+        ids[row, : len(sentence)] = sentence
+    lengths = np.array([len(s) for s in short], dtype=np.int64)
+    scales = np.array([0.0, 1.0, 0.0], dtype=np.float32)  # noise off: deterministic
+    feeds = {"input": ids, "input_lengths": lengths, "scales": scales}
+    prior, mask = session(stage_dir / "encoder.onnx").run(None, feeds)
+    module = OnnxModule(stage_dir / "encoder.onnx")
+    got_prior, got_mask = module(**{k: torch.from_numpy(v) for k, v in feeds.items()})
+    assert got_mask.shape == mask.shape and np.array_equal(got_mask.numpy(), mask)
+    assert relative_error(got_prior.numpy(), prior) < 1e-4
+
+
+def test_flow_frame_padding_changes_nothing(stage_dir: Path) -> None:
+    rng = np.random.default_rng(3)
+    prior = torch.from_numpy(rng.standard_normal((3, 192, 37)).astype(np.float32))
+    mask = torch.ones(3, 1, 37)
+    exact = TorchCudaStages(stage_dir, device="cpu", precision="fp32", flow_frame_multiple=1)
+    padded = TorchCudaStages(stage_dir, device="cpu", precision="fp32", flow_frame_multiple=32)
+    a, b = exact.flow_tensor(prior, mask), padded.flow_tensor(prior, mask)
+    assert b.shape == (3, 192, 37)
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def _run_both(graph: onnx.GraphProto, feeds: dict[str, np.ndarray]) -> None:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model.ir_version = 8
+    expected = ort.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    ).run(None, feeds)
+    actual = OnnxModule(model)(**{k: torch.from_numpy(v) for k, v in feeds.items()})
+    for got, want in zip(actual, expected, strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
+
+
+def test_slice_with_negative_steps_and_reverse_cumsum_match_onnxruntime() -> None:
+    def const(name: str, values: list[int]) -> onnx.TensorProto:
+        return helper.make_tensor(name, TensorProto.INT64, [len(values)], values)
+
+    nodes = [
+        helper.make_node("Slice", ["x", "s0", "e0", "a0", "st0"], ["flipped"]),
+        helper.make_node("Slice", ["x", "s1", "e1", "a1", "st1"], ["strided"]),
+        helper.make_node("CumSum", ["x", "axis"], ["cum"], exclusive=1, reverse=1),
+        helper.make_node("Gather", ["x", "idx"], ["picked"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ops",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 7])],
+        [
+            helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+            for n in ("flipped", "strided", "cum", "picked")
+        ],
+        initializer=[
+            const("s0", [-1]),
+            const("e0", [-(2**63)]),
+            const("a0", [1]),
+            const("st0", [-1]),
+            const("s1", [5]),
+            const("e1", [0]),
+            const("a1", [1]),
+            const("st1", [-2]),
+            helper.make_tensor("axis", TensorProto.INT64, [], [1]),
+            const("idx", [-1, 0, 3]),
+        ],
+    )
+    _run_both(graph, {"x": np.arange(14, dtype=np.float32).reshape(2, 7)})
+
+
+def test_unsupported_operators_are_named() -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Celu", ["x"], ["y"]), helper.make_node("Erf", ["y"], ["z"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    with pytest.raises(UnsupportedGraphError, match="does not implement: Celu"):
+        check_supported(model)
+
+
+@pytest.mark.parametrize("batch, bucket", [(1, 1), (3, 4), (64, 64), (65, 128), (300, 256)])
+def test_batches_are_padded_to_the_next_bucket(batch: int, bucket: int) -> None:
+    assert bucket_for(batch, (1, 2, 4, 8, 16, 32, 64, 128, 256)) == bucket
+
+
+def test_runtime_refuses_to_start_without_cuda(stage_dir: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    from engines.runtime import load_stages
+    from engines.torch_cuda.runtime import TorchCudaError
+
+    with pytest.raises(TorchCudaError, match="needs a CUDA GPU"):
+        load_stages("torch-cuda", stage_dir)
+
+
+def test_torch_cuda_entry_records_its_precision(tmp_path: Path) -> None:
+    from engines.engine_build import Target, build_engines, resolve_voice_model
+
+    target = Target(f"torch-{torch.__version__}", "NVIDIA-H100-80GB-HBM3", "9.0")
+    entry = build_engines(resolve_voice_model("joe"), "torch-cuda", None, tmp_path, target=target)
+    assert entry.key.precision == "fp16"
+    from engines.torch_cuda.runtime import _read_precision
+
+    assert _read_precision(entry.path) == "fp16"
+    assert {info["stage"] for info in entry.files.values()} == {"encoder", "flow", "vocoder", ""}
