@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -39,10 +40,23 @@ class StreamResult:
         return self.total_s / self.audio_seconds if self.audio_seconds else float("inf")
 
 
-def _error_code(error: object) -> str | None:
+_STATUS_PREFIX = re.compile(r"^\[([A-Z_]+)\] ")
+
+
+def _error(error: object) -> SynthesisError:
+    """Recover the gRPC status: from the call, else from the stream message's prefix."""
+    message = error.message() if hasattr(error, "message") else str(error)  # type: ignore[attr-defined]
+    message = message or str(error)
     status = getattr(error, "status", None)
     code = status() if callable(status) else None
-    return str(code).removeprefix("StatusCode.") if code else None
+    if code:
+        return SynthesisError(message, str(code).removeprefix("StatusCode."))
+    prefixed = _STATUS_PREFIX.match(message)
+    if prefixed:
+        return SynthesisError(message[prefixed.end() :], prefixed.group(1))
+    if "unknown model" in message:
+        return SynthesisError(message, "NOT_FOUND")
+    return SynthesisError(message)
 
 
 def stream_tts(
@@ -82,7 +96,7 @@ def stream_tts(
                 voice, inputs, request_id=uuid.uuid4().hex, enable_empty_final_response=True
             )
         except InferenceServerException as error:
-            raise SynthesisError(error.message(), _error_code(error)) from None
+            raise _error(error) from None
         deadline = time.monotonic() + timeout_s
         while True:
             remaining = deadline - time.monotonic()
@@ -93,8 +107,7 @@ def stream_tts(
             except queue.Empty:
                 continue
             if error is not None:
-                message = error.message() if hasattr(error, "message") else str(error)
-                raise SynthesisError(message, _error_code(error))
+                raise _error(error)
             response = result.get_response()  # type: ignore[attr-defined]
             final = response.parameters.get("triton_final_response")
             audio = result.as_numpy("AUDIO")  # type: ignore[attr-defined]

@@ -30,13 +30,23 @@ METRICS_INTERVAL_S = 0.25
 
 
 class RequestError(Exception):
-    def __init__(self, message: str, code: int) -> None:
+    """A request we refuse; `status` is the gRPC status name the client should see."""
+
+    def __init__(self, message: str, status: str, code: int) -> None:
         super().__init__(message)
+        self.status = status
         self.code = code
 
 
 def _invalid(message: str) -> RequestError:
-    return RequestError(message, pb_utils.TritonError.INVALID_ARG)
+    return RequestError(message, "INVALID_ARGUMENT", pb_utils.TritonError.INVALID_ARG)
+
+
+def _error_response(message: str, status: str, code: int | None = None) -> Any:
+    # Triton's gRPC stream carries per-request errors as text only, so the status name leads
+    # the message; engines.client turns it back into a code.
+    error = pb_utils.TritonError(f"[{status}] {message}", code or pb_utils.TritonError.INTERNAL)
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
 
 
 class _ResponseSink(StreamSink):
@@ -58,13 +68,10 @@ class _ResponseSink(StreamSink):
     def finish(self, error: Exception | None = None) -> None:
         if error is None:
             self._sender.send(flags=FINAL)
+        elif isinstance(error, RequestError):
+            self._sender.send(_error_response(str(error), error.status, error.code), flags=FINAL)
         else:
-            self._sender.send(
-                pb_utils.InferenceResponse(
-                    output_tensors=[], error=pb_utils.TritonError(str(error))
-                ),
-                flags=FINAL,
-            )
+            self._sender.send(_error_response(str(error), "INTERNAL"), flags=FINAL)
 
     def cancelled(self) -> bool:
         return bool(self._request.is_cancelled())
@@ -217,16 +224,12 @@ class TritonPythonModel:
                 if limit and self.scheduler.live_streams() >= limit:
                     raise RequestError(
                         f"voice {self.name!r} is serving its limit of {limit} streams; retry later",
+                        "RESOURCE_EXHAUSTED",
                         pb_utils.TritonError.UNAVAILABLE,
                     )
                 sentences, params = self._parse(request)
             except RequestError as error:
-                sink._sender.send(
-                    pb_utils.InferenceResponse(
-                        output_tensors=[], error=pb_utils.TritonError(str(error), error.code)
-                    ),
-                    flags=FINAL,
-                )
+                sink.finish(error)
                 continue
             except Exception as error:  # never let one request take the model down
                 LOGGER.exception("rejecting a request")

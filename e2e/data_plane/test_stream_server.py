@@ -1,0 +1,182 @@
+"""The stream model on a real Triton server: streaming, bad input, cancellation, shutdown."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engines.client import StreamResult, SynthesisError, stream_tts, synthesize
+from engines.triton_server import TritonServer, free_port
+
+pytestmark = pytest.mark.triton
+
+LONG_TEXT = " ".join(
+    f"This is sentence number {n} of a long reading that keeps the server busy." for n in range(8)
+)
+
+
+def live_streams(server: TritonServer) -> float:
+    with urllib.request.urlopen(server.metrics_url, timeout=5) as response:
+        text = response.read().decode()
+    match = re.search(r'^voxfleet_live_streams\{model="joe"\} ([0-9.e+-]+)$', text, re.M)
+    assert match, "the live-streams gauge is missing from Triton's metrics"
+    return float(match.group(1))
+
+
+def test_say_writes_a_wav_and_reports_json(server: TritonServer, tmp_path: Path) -> None:
+    out = tmp_path / "hello.wav"
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "engines.cli",
+            "say",
+            "Hello from voxfleet.",
+            "-o",
+            str(out),
+            "--url",
+            server.grpc_url,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    report = json.loads(completed.stdout)
+    assert set(report) == {"first_audio_ms", "chunks", "audio_seconds", "rtf"}
+    assert report["chunks"] >= 1 and 0 < report["first_audio_ms"] < 10_000
+    with wave.open(str(out)) as wav:
+        assert wav.getframerate() == 22050 and wav.getsampwidth() == 2
+        seconds = wav.getnframes() / wav.getframerate()
+    assert seconds == pytest.approx(report["audio_seconds"], abs=0.01)
+    assert 0.5 < seconds < 5
+
+
+def test_say_prints_the_servers_error_and_fails(server: TritonServer) -> None:
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "engines.cli",
+            "say",
+            "hi",
+            "--voice",
+            "nobody",
+            "--url",
+            server.grpc_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert completed.returncode != 0
+    assert "nobody" in completed.stderr and "NOT_FOUND" in completed.stderr
+
+
+def test_audio_streams_in_several_chunks(server: TritonServer) -> None:
+    result = synthesize(server.grpc_url, LONG_TEXT)
+    assert len(result.chunks) > 5
+    assert result.sample_rate == 22050
+    assert result.first_audio_s is not None and result.first_audio_s < result.total_s / 3
+    assert np.abs(result.audio).max() > 1000, "the voice should be audible, not silence"
+
+
+def test_bad_input_is_refused_while_other_streams_go_on(server: TritonServer) -> None:
+    background: dict[str, StreamResult | Exception] = {}
+
+    def speak_long() -> None:
+        try:
+            background["result"] = synthesize(server.grpc_url, LONG_TEXT)
+        except Exception as error:  # reported by the assertion below
+            background["result"] = error
+
+    talker = threading.Thread(target=speak_long)
+    talker.start()
+    cases = [
+        ("", "joe", "INVALID_ARGUMENT", "empty"),
+        (" \t\n ", "joe", "INVALID_ARGUMENT", "empty"),
+        (b"caf\xc3(", "joe", "INVALID_ARGUMENT", "UTF-8"),
+        ("a" * 5001, "joe", "INVALID_ARGUMENT", "5000 bytes"),
+        ("Hello.", "nobody", "NOT_FOUND", "nobody"),
+    ]
+    for text, voice, code, words in cases:
+        with pytest.raises(SynthesisError) as caught:
+            synthesize(server.grpc_url, text, voice=voice)
+        assert caught.value.code == code, (text[:20], str(caught.value))
+        assert words in str(caught.value)
+    # One byte under the limit is accepted: its first audio arrives.
+    at_limit = ("Speak this. " * 500)[:4999]
+    first = next(stream_tts(server.grpc_url, at_limit))
+    assert first[1].size > 0
+    talker.join(timeout=120)
+    result = background["result"]
+    assert isinstance(result, StreamResult), result
+    assert result.audio_seconds > 10
+
+
+def wait_for_gauge(server: TritonServer, done, timeout_s: float = 20) -> float:
+    """The gauge is published a step after the fact (at most 0.25 s late): poll it."""
+    deadline = time.monotonic() + timeout_s
+    value = live_streams(server)
+    while not done(value) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        value = live_streams(server)
+    return value
+
+
+def test_a_cancelled_stream_leaves_nothing_behind(server: TritonServer) -> None:
+    chunks = stream_tts(server.grpc_url, LONG_TEXT * 3)
+    next(chunks)  # the stream is live and talking
+    assert wait_for_gauge(server, lambda v: v >= 1) >= 1
+    chunks.close()  # the client hangs up mid-stream
+    assert wait_for_gauge(server, lambda v: v == 0) == 0
+    # and the model still serves
+    assert synthesize(server.grpc_url, "Still here.").audio_seconds > 0.3
+
+
+def test_serve_stops_cleanly_on_ctrl_c(engine_cache: Path) -> None:
+    ports = [str(free_port()) for _ in range(3)]
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "engines.cli",
+            "serve",
+            "--cache",
+            str(engine_cache),
+            "--grpc-port",
+            ports[0],
+            "--http-port",
+            ports[1],
+            "--metrics-port",
+            ports[2],
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert serve.stdout is not None
+    output = []
+    deadline = time.monotonic() + 120
+    for line in serve.stdout:
+        output.append(line)
+        if "ready" in line or time.monotonic() > deadline:
+            break
+    assert any("ready" in line for line in output), "".join(output)
+    assert synthesize(f"127.0.0.1:{ports[0]}", "Goodbye.").audio_seconds > 0.3
+    serve.send_signal(signal.SIGINT)
+    assert serve.wait(timeout=60) == 0
+    rest = serve.stdout.read()
+    assert "Traceback" not in rest
