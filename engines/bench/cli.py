@@ -69,6 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--url", type=_host_port, default="localhost:8001",
                         help="gRPC HOST:PORT of the voxfleet server (default localhost:8001)")
     parser.add_argument("--model", default="joe", help="voice (stream model) name (default joe)")
+    parser.add_argument("--metrics-url",
+                        help="Triton metrics URL of the voxfleet server (default: gRPC port + 1, "
+                             "Triton's layout, e.g. http://localhost:8002/metrics)")
     parser.add_argument("--nobatch-url", type=_host_port,
                         help="gRPC HOST:PORT of a server started with --no-batching")
     parser.add_argument("--naive-url", type=_host_port,
@@ -148,9 +151,11 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                     "voxfleet-nobatch needs --nobatch-url: a server started with "
                     "`voxfleet serve --no-batching`"
                 )
-            systems.append(TritonSystem(name, args.nobatch_url, args.model, streaming=True))
+            systems.append(TritonSystem(name, args.nobatch_url, args.model, streaming=True,
+                                        metrics_url=_metrics_url(args.nobatch_url)))
         else:
-            systems.append(TritonSystem(name, args.url, args.model, streaming=True))
+            systems.append(TritonSystem(name, args.url, args.model, streaming=True,
+                                        metrics_url=args.metrics_url or _metrics_url(args.url)))
     try:
         for system in systems:
             if isinstance(system, TritonSystem):
@@ -188,6 +193,12 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "runs": [run.to_json() for run in runs],
         "goals": [vars(goal) for goal in goals],
     }
+
+
+def _metrics_url(grpc_url: str) -> str:
+    """Triton's default port layout puts metrics one above gRPC (8001 → 8002)."""
+    host, _, port = grpc_url.rpartition(":")
+    return f"http://{host}:{int(port) + 1}/metrics"
 
 
 def _default_voice_model() -> Path:

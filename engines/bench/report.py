@@ -29,7 +29,8 @@ METHOD = """\
   arrive faster than they play. **Audio s/s**: audio seconds delivered per wall second.
 - **Server CPU / memory**: CPU time of the server's whole process tree (Triton and its Python
   backend stubs) during the run over wall time (100 % = one core), and its peak resident set.
-  For `piper` the "server" is the benchmark process itself.
+  For `piper` the "server" is the benchmark process itself. *Load generator CPU* is the
+  benchmark process's own CPU while it drives a Triton system: it runs on the same cores.
 - **Batching**: Triton's per-model statistics (executions per batch size) read before and
   after each run; the table shows the mean batch size of the model that does the work.
 - **Machine limit**: 1 / RTF of one-shot, single-stream synthesis (the monolithic voice, whole
@@ -68,14 +69,15 @@ def _batching(run: dict[str, Any]) -> str:
 def runs_table(runs: Sequence[dict[str, Any]]) -> str:
     header = (
         "| system | streams in flight | requests | first audio p50 / p95 / p99 (ms) | "
-        "underruns | underrun rate | RTF | audio s/s | server CPU | server RSS | mean batch |\n"
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|\n"
+        "underruns | underrun rate | RTF | audio s/s | server CPU | server RSS | "
+        "load generator CPU | mean batch |\n"
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|\n"
     )
     rows = []
     for run in sorted(runs, key=lambda r: (r["concurrency"], _order(r["system"]))):
         if run.get("skipped"):
             rows.append(f"| {run['system']} | {run['concurrency']} | – | not run: "
-                        f"{run['skipped']} | | | | | | | |")
+                        f"{run['skipped']} | | | | | | | | |")
             continue
         fa = run["first_audio_ms"]
         server = run.get("server") or {}
@@ -86,7 +88,8 @@ def runs_table(runs: Sequence[dict[str, Any]]) -> str:
             f"{_num(100 * run.get('underrun_rate', math.nan), 0, ' %')} | "
             f"{_num(run['rtf'], 3)} | {_num(run['audio_seconds_per_second'], 1)} | "
             f"{_num(server.get('cpu_percent'), 0, ' %')} | "
-            f"{_num(server.get('peak_rss_mib'), 0, ' MiB')} | {_batching(run)} |"
+            f"{_num(server.get('peak_rss_mib'), 0, ' MiB')} | "
+            f"{_num((run.get('client') or {}).get('cpu_percent'), 0, ' %')} | {_batching(run)} |"
         )
     return header + "\n".join(rows) + "\n"
 

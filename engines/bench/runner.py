@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
 from engines.bench.loadgen import run_closed_loop
-from engines.bench.resources import ProcessTree, ResourceSampler
+from engines.bench.resources import ProcessTree, ResourceSampler, own_process
 from engines.bench.stats import RunSummary, summarise_run
 
 
@@ -103,17 +103,22 @@ async def _measure(
 ) -> RunSummary:
     tree = system.server()
     sampler = ResourceSampler(tree) if tree is not None else None
+    # The load generator shares the machine with the server: its own CPU is part of the story.
+    client = ResourceSampler(own_process()) if tree is None or tree != own_process() else None
     before = await system.batch_counts()
-    if sampler:
-        sampler.start()
+    for each in (sampler, client):
+        if each:
+            each.start()
     result = await run_closed_loop(
         system.open_stream, sentences, concurrency, settings.duration_s, settings.drain_s
     )
     server = sampler.stop() if sampler else {}
+    client_usage = client.stop() if client else {}
     after = await system.batch_counts()
     run = summarise_run(system.name, concurrency, result.records, result.wall_s,
                         settings.underrun_tolerance_s)
     run.server = server
+    run.client = client_usage
     run.batching = batching_delta(before, after)
     return run
 

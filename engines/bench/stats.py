@@ -47,6 +47,7 @@ class RunSummary:
     gap_ms: dict[str, float] = field(default_factory=dict)
     wall_seconds: float = 0.0
     server: dict[str, Any] = field(default_factory=dict)
+    client: dict[str, Any] = field(default_factory=dict)
     batching: dict[str, Any] = field(default_factory=dict)
     skipped: str | None = None
 

@@ -111,11 +111,14 @@ def _audio_of(response: Any) -> tuple[int, int]:
 class TritonSystem:
     """A model behind a running tritonserver, streamed (decoupled) or unary."""
 
-    def __init__(self, name: str, url: str, model: str, streaming: bool) -> None:
+    def __init__(
+        self, name: str, url: str, model: str, streaming: bool, metrics_url: str | None = None
+    ) -> None:
         self.name = name
         self.url = url
         self.model = model
         self.streaming = streaming
+        self.metrics_url = metrics_url
         self._channel: Any = None
         self._stub: Any = None
         self._shape: list[int] = [1]
@@ -202,7 +205,8 @@ class TritonSystem:
         return find_listening_process(int(port))
 
     async def batch_counts(self) -> dict[str, dict[int, int]]:
-        """Cumulative executions per batch size, per model on the server (Triton's own count)."""
+        """Cumulative executions per batch size, per model: Triton's own statistics, plus the
+        vocoder batches a stream model reports on the metrics port (see engines.bench.metrics)."""
         from tritonclient.grpc import service_pb2
 
         statistics = await self._stub.ModelStatistics(service_pb2.ModelStatisticsRequest())
@@ -211,6 +215,10 @@ class TritonSystem:
             sizes = {int(b.batch_size): int(b.compute_infer.count) for b in model.batch_stats}
             if sizes:
                 counts[model.name] = sizes
+        if self.metrics_url:
+            from engines.bench.metrics import fetch_batch_counts
+
+            counts.update(await asyncio.to_thread(fetch_batch_counts, self.metrics_url))
         return counts
 
     async def close(self) -> None:
