@@ -45,8 +45,8 @@ _STATUS_PREFIX = re.compile(r"^\[([A-Z_]+)\] ")
 
 def _error(error: object) -> SynthesisError:
     """Recover the gRPC status: from the call, else from the stream message's prefix."""
-    message = error.message() if hasattr(error, "message") else str(error)  # type: ignore[attr-defined]
-    message = message or str(error)
+    get_message = getattr(error, "message", None)
+    message = (get_message() if callable(get_message) else None) or str(error)
     status = getattr(error, "status", None)
     code = status() if callable(status) else None
     if code:
@@ -103,11 +103,11 @@ def stream_tts(
             if remaining <= 0:
                 raise SynthesisError(f"no audio within {timeout_s:.0f} s", "DEADLINE_EXCEEDED")
             try:
-                result, error = events.get(timeout=remaining)
+                result, failure = events.get(timeout=remaining)
             except queue.Empty:
                 continue
-            if error is not None:
-                raise _error(error)
+            if failure is not None:
+                raise _error(failure)
             response = result.get_response()  # type: ignore[attr-defined]
             final = response.parameters.get("triton_final_response")
             audio = result.as_numpy("AUDIO")  # type: ignore[attr-defined]
