@@ -27,7 +27,7 @@ def test_any_piper_voice_from_a_path(tmp_path: Path) -> None:
 
 
 def test_missing_voices_and_configs_say_what_is_wrong(tmp_path: Path) -> None:
-    with pytest.raises(VoiceError, match="no voice named 'nobody'.*embedded voices: joe"):
+    with pytest.raises(VoiceError, match=r"no voice named 'nobody'.*embedded voices: joe"):
         load_voice("nobody")
     lonely = tmp_path / "lonely.onnx"
     lonely.write_bytes(b"not really onnx")
