@@ -25,9 +25,6 @@ import pytest
 import yaml
 from kmock._internal import enums, rendering
 
-# Read by voxfleet_operator.handlers at import: drift is corrected within a second here.
-os.environ.setdefault("VOXFLEET_RESYNC_SECONDS", "1")
-
 REAL_CLUSTER = bool(os.environ.get("VOXFLEET_E2E_KUBECONFIG"))
 NAMESPACE = "voxfleet-e2e" if REAL_CLUSTER else "default"
 
@@ -87,6 +84,8 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
                 meta["creationTimestamp"] = _now()
             elif request.action == enums.action.UPDATE:
                 self._script_update(request)
+        elif request.action == enums.action.UPDATE and isinstance(request.data, list):
+            self._script_json_patch(request)
         response = await super()._handle(request)
         if request.action in (enums.action.DELETE, enums.action.UPDATE):
             await self._collect_garbage()
@@ -110,7 +109,31 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
             if merged != current.get("spec"):
                 meta["generation"] = int(current["metadata"].get("generation") or 1) + 1
 
+    def _script_json_patch(self, request: rendering.Request) -> None:
+        # kopf removes finalizers with a JSON patch guarded by a `test` of resourceVersion; a
+        # real API server answers 422 when the test fails (kopf then retries on the next
+        # event), KMock would answer 500.
+        key = (request.resource, request.namespace, request.name)
+        if key not in self._objects or self._objects[key].deleted:
+            return
+        current = self._objects[key].raw["metadata"].get("resourceVersion")
+        for op in request.data:
+            if op.get("op") == "test" and op.get("path") == "/metadata/resourceVersion":
+                if op.get("value") != current:
+                    raise kmock.KubernetesError(
+                        status=422, reason="Invalid", message="resourceVersion test failed"
+                    )
+        request.data.append(
+            {
+                "op": "replace",
+                "path": "/metadata/resourceVersion",
+                "value": str(next(self._versions)),
+            }
+        )
+
     async def _collect_garbage(self) -> None:
+        # As Kubernetes' garbage collector: delete dependents whose owners are all gone, and
+        # drop the references to deleted owners from dependents that still have a live one.
         while True:
             alive = {
                 obj.raw["metadata"].get("uid") for obj in self._objects.values() if not obj.deleted
@@ -124,6 +147,12 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
                     ref.get("uid") in alive for ref in obj.raw["metadata"]["ownerReferences"]
                 )
             ]
+            for key, obj in list(self._objects.items()):
+                refs = [] if obj.deleted else obj.raw["metadata"].get("ownerReferences") or []
+                kept = [r for r in refs if r.get("uid") in alive]
+                if kept and len(kept) != len(refs):
+                    obj.patch({"metadata": {"ownerReferences": kept}})
+                    await self._buses[key[0]].put({"type": "MODIFIED", "object": obj.raw})
             if not orphans:
                 return
             for (resource, _, _), obj in orphans:
@@ -275,29 +304,33 @@ POOLS = {
 REPOSITORY_KEY = "e2e-repository-key"
 
 
-@pytest.fixture()
-async def operator(
-    api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[None]:
-    """kopf running the voxfleet handlers in this event loop, cluster-wide, until the test ends.
+@contextlib.asynccontextmanager
+async def running_operator(tmp_path: Path, resync_seconds: float) -> AsyncIterator[None]:
+    """kopf running the voxfleet handlers in this event loop, cluster-wide, until exit.
 
     Cluster-wide on purpose: KMock answers 500 to `GET /api/v1/namespaces`, which kopf needs
     to watch a namespace list.
     """
     import kopf
-    import voxfleet_operator.handlers  # noqa: F401  (registers the handlers)
+    from voxfleet_operator.handlers import build_registry
 
     pools = tmp_path / "pools.yaml"
     pools.write_text(yaml.safe_dump(POOLS))
     key = tmp_path / "repository-key"
     key.write_text(REPOSITORY_KEY + "\n")
-    monkeypatch.setenv("VOXFLEET_POOLS_FILE", str(pools))
-    monkeypatch.setenv("VOXFLEET_REPOSITORY_KEY_FILE", str(key))
-    monkeypatch.delenv("VOXFLEET_WATCH_NAMESPACES", raising=False)
+    os.environ["VOXFLEET_POOLS_FILE"] = str(pools)
+    os.environ["VOXFLEET_REPOSITORY_KEY_FILE"] = str(key)
+    os.environ.pop("VOXFLEET_WATCH_NAMESPACES", None)
     stop = asyncio.Event()
     ready = asyncio.Event()
     task = asyncio.create_task(
-        kopf.operator(clusterwide=True, standalone=True, stop_flag=stop, ready_flag=ready)
+        kopf.operator(
+            registry=build_registry(resync_seconds),
+            clusterwide=True,
+            standalone=True,
+            stop_flag=stop,
+            ready_flag=ready,
+        )
     )
     await asyncio.wait_for(ready.wait(), 10)
     try:
@@ -306,3 +339,14 @@ async def operator(
         stop.set()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(task, 10)
+
+
+@pytest.fixture()
+async def operator(
+    api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[None]:
+    """The operator with a short drift-correction interval (0.5 s)."""
+    for name in ("VOXFLEET_POOLS_FILE", "VOXFLEET_REPOSITORY_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)  # restored after the test
+    async with running_operator(tmp_path, resync_seconds=0.5):
+        yield

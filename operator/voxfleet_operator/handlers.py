@@ -1,12 +1,14 @@
 """kopf wiring: thin handlers around `reconcile.reconcile_voice`.
 
-Importing this module registers the handlers; `voxfleet operator` (runner.py) runs them.
+`build_registry()` registers the handlers on a fresh kopf registry, so that each run (the
+`voxfleet operator` command, or a test) chooses its own drift-correction interval.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -15,6 +17,7 @@ import kopf
 from voxfleet_operator.config import load_config
 from voxfleet_operator.kube import KubeClient
 from voxfleet_operator.reconcile import (
+    Peers,
     Runtime,
     peer_entry,
     reconcile_voice,
@@ -27,11 +30,21 @@ logger = logging.getLogger(__name__)
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 RESYNC_SECONDS_ENV = "VOXFLEET_RESYNC_SECONDS"
-# How often every voice is re-checked for drift (a deleted or edited child comes back).
-RESYNC_SECONDS = float(os.environ.get(RESYNC_SECONDS_ENV) or 30)
+DEFAULT_RESYNC_SECONDS = 30.0
 
 
-@kopf.on.startup()
+def resync_seconds() -> float:
+    """How often every voice is re-checked for drift (a deleted or edited child comes back)."""
+    raw = os.environ.get(RESYNC_SECONDS_ENV) or str(DEFAULT_RESYNC_SECONDS)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{RESYNC_SECONDS_ENV} must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"{RESYNC_SECONDS_ENV} must be positive, got {value}")
+    return value
+
+
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # Progress and diff-base live in annotations, never in status: status is the public API
     # (and a CRD with a typed status schema would prune kopf's fields anyway).
@@ -51,29 +64,33 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     )
 
 
-@kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime | None = getattr(memo, "runtime", None)
     if runtime is not None:
+        runtime.closed = True
         await runtime.client.close()
         await runtime.http.close()
 
 
-@kopf.index(*RESOURCE)
 def voices_by_namespace(body: kopf.Body, namespace: str | None, **_: Any) -> dict[str, Any] | None:
     entry = peer_entry(body)
     return None if entry is None or not namespace else {namespace: entry}
 
 
-def _entries(index: kopf.Index[str, Any] | None, namespace: str | None) -> list[dict[str, Any]]:
+def _peers(
+    index: kopf.Index[str, Any] | None, namespace: str | None, leaving: str | None = None
+) -> Peers:
     # kopf always passes the index; the default only satisfies kopf's handler protocols.
     assert index is not None
-    return list(index.get(namespace or "", []))
+    live = index
+
+    def read() -> list[Mapping[str, Any]]:
+        entries: list[Mapping[str, Any]] = list(live.get(namespace or "", []))
+        return [e for e in entries if e["metadata"]["name"] != leaving]
+
+    return read
 
 
-@kopf.on.create(*RESOURCE)
-@kopf.on.update(*RESOURCE, field="spec")
-@kopf.on.resume(*RESOURCE)
 async def reconcile(
     body: kopf.Body,
     namespace: str | None,
@@ -81,10 +98,9 @@ async def reconcile(
     voices_by_namespace: kopf.Index[str, Any] | None = None,
     **_: Any,
 ) -> None:
-    await reconcile_voice(memo.runtime, body, _entries(voices_by_namespace, namespace))
+    await reconcile_voice(memo.runtime, body, _peers(voices_by_namespace, namespace))
 
 
-@kopf.timer(*RESOURCE, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
 async def correct_drift(
     body: kopf.Body,
     namespace: str | None,
@@ -92,12 +108,11 @@ async def correct_drift(
     voices_by_namespace: kopf.Index[str, Any] | None = None,
     **_: Any,
 ) -> None:
-    if body.metadata.get("deletionTimestamp"):
+    if body.metadata.get("deletionTimestamp") or memo.runtime.closed:
         return
-    await reconcile_voice(memo.runtime, body, _entries(voices_by_namespace, namespace))
+    await reconcile_voice(memo.runtime, body, _peers(voices_by_namespace, namespace))
 
 
-@kopf.on.delete(*RESOURCE)
 async def delete(
     body: kopf.Body,
     name: str,
@@ -120,7 +135,31 @@ async def delete(
         # The pod is unlabelled already, so no new stream reaches it; the model stays loaded
         # until the pod restarts. Not worth blocking the deletion on.
         logger.warning(f"unloading {name}: {error}")
-    remaining = [
-        e for e in _entries(voices_by_namespace, namespace) if e["metadata"]["name"] != name
-    ]
-    await remove_from_pool(runtime, namespace, pool, remaining)
+    await remove_from_pool(
+        runtime, namespace, pool, _peers(voices_by_namespace, namespace, leaving=name)
+    )
+
+
+def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo | None:
+    """The service account inside a pod, else the kubeconfig (no client library needed)."""
+    return kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
+        settings=settings
+    )
+
+
+def build_registry(resync: float | None = None) -> kopf.OperatorRegistry:
+    """A kopf registry with every voxfleet handler; `resync` defaults to the environment's."""
+    interval = resync if resync is not None else resync_seconds()
+    registry = kopf.OperatorRegistry()
+    kopf.on.login(registry=registry)(login)
+    kopf.on.startup(registry=registry)(startup)
+    kopf.on.cleanup(registry=registry)(cleanup)
+    kopf.index(*RESOURCE, registry=registry)(voices_by_namespace)
+    kopf.on.create(*RESOURCE, registry=registry)(reconcile)
+    kopf.on.update(*RESOURCE, field="spec", registry=registry)(reconcile)
+    kopf.on.resume(*RESOURCE, registry=registry)(reconcile)
+    kopf.timer(*RESOURCE, interval=interval, initial_delay=interval, registry=registry)(
+        correct_drift
+    )
+    kopf.on.delete(*RESOURCE, registry=registry)(delete)
+    return registry

@@ -91,13 +91,9 @@ class KubeClient:
     async def connect(cls) -> KubeClient:
         """Log in the way kopf does: the service account in a pod, else the kubeconfig."""
         import kopf
-        from kopf._core.intents.piggybacking import (
-            login_with_kubeconfig,
-            login_with_service_account,
-        )
 
         settings = kopf.OperatorSettings()
-        info = login_with_service_account(settings=settings) or login_with_kubeconfig(
+        info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
             settings=settings
         )
         if info is None:

@@ -18,7 +18,7 @@ import aiohttp
 from voxfleet_operator.names import REPOSITORY_HEADER_KEY
 from voxfleet_operator.plan import Voice
 from voxfleet_operator.pools import Pool
-from voxfleet_operator.render.engine_job import ENGINE_CACHE_MOUNT, voice_argument
+from voxfleet_operator.render.engine_job import ENGINE_CACHE_MOUNT
 
 LOAD_TIMEOUT_SECONDS = 120
 
@@ -28,24 +28,29 @@ class LoadError(RuntimeError):
 
 
 def serving_plan(voice: Voice, pool: Pool, engine_key: str) -> dict[str, Any]:
-    """What the data plane needs to build the voice's stream model on a pool pod."""
+    """The data plane's `VoicePlan` (as JSON-ready fields) for one voice on one pool.
+
+    Assumed layout of the engine cache volume (see docs/operator.md): the build Job publishes
+    the voice's engines and its `.onnx.json` under `/engines/<engine key>/`.
+    """
     spec = voice.spec
+    engine_dir = f"{ENGINE_CACHE_MOUNT}/{engine_key}"
     return {
         "name": voice.name,
-        "voice": voice_argument(spec),
+        "engine_dir": engine_dir,
+        "voice_config_path": f"{engine_dir}/voice.onnx.json",
         "runtime": "tensorrt",
-        "precision": spec.precision.value,
-        "engine_cache": ENGINE_CACHE_MOUNT,
-        "engine_key": engine_key,
-        "gpu_product": pool.gpu_product,
-        "first_window_frames": spec.streaming.first_window_frames,
-        "steady_window_frames": spec.streaming.steady_window_frames,
-        "context_frames": spec.streaming.context_frames,
-        "max_batch_size": spec.batching.max_batch_size,
-        "max_queue_delay_ms": spec.batching.max_queue_delay_ms,
+        "windows": {
+            "first_window_frames": spec.streaming.first_window_frames,
+            "window_frames": spec.streaming.steady_window_frames,
+            "vocoder_context_frames": spec.streaming.context_frames,
+            "max_batch_windows": spec.batching.max_batch_size,
+        },
         "max_text_bytes": spec.limits.max_text_bytes,
-        "max_concurrent_streams": spec.limits.max_concurrent_streams,
-        "length_scale": round(1.0 / spec.speaking_rate, 6),
+        "max_streams": spec.limits.max_concurrent_streams,
+        # The data plane's `speaking_rate` multiplies the length scale (larger is slower);
+        # the API's speakingRate is a rate (larger is faster).
+        "speaking_rate": round(1.0 / spec.speaking_rate, 6),
     }
 
 
@@ -54,10 +59,10 @@ def model_repository_files(plan: Mapping[str, Any]) -> dict[str, bytes]:
 
     The single wiring point to the data plane's repository builder.
     """
-    from engines.repository import build_model_repository
+    from engines.repository import ServingPlan, build_model_repository
+    from engines.voice_plan import VoicePlan
 
-    files: dict[str, bytes] = build_model_repository(plan)  # type: ignore[arg-type]
-    return files
+    return build_model_repository(ServingPlan((VoicePlan.from_json(json.dumps(plan)),)))
 
 
 def load_request(model: str, files: Mapping[str, bytes]) -> dict[str, Any]:

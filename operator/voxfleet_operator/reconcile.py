@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +64,7 @@ class Runtime:
     client: KubeClient
     http: aiohttp.ClientSession
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    closed: bool = False
     _service_monitor: tuple[float, bool] | None = None
 
     def lock(self, namespace: str) -> asyncio.Lock:
@@ -99,6 +100,11 @@ def peer_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
     }
 
 
+# Reads the voices of a namespace as they are now (kopf's live index); called under the
+# namespace's lock, so the last writer of a shared child always saw the latest set of voices.
+Peers = Callable[[], list[Mapping[str, Any]]]
+
+
 @dataclass(frozen=True)
 class Peer:
     body: Mapping[str, Any]
@@ -119,28 +125,26 @@ def valid_peers(rt: Runtime, namespace: str, entries: Iterable[Mapping[str, Any]
     return sorted(peers, key=lambda p: p.voice.name)
 
 
-async def sync_shared(
-    rt: Runtime, namespace: str, entries: Iterable[Mapping[str, Any]]
-) -> dict[str, dict[str, Any]]:
+async def sync_shared(rt: Runtime, namespace: str, peers: Peers) -> dict[str, dict[str, Any]]:
     """The namespace's shared children (key Secret, each pool's objects), owned by its voices.
 
     Returns the live pool Deployments by pool name. Pools without voices lose their objects.
     """
     deployments: dict[str, dict[str, Any]] = {}
     async with rt.lock(namespace):
-        peers = valid_peers(rt, namespace, entries)
-        if not peers:
+        members = valid_peers(rt, namespace, peers())
+        if not members:
             return deployments
-        owners = [p.body for p in peers]
+        owners = [p.body for p in members]
         secret = build_repository_key_secret(namespace, rt.config.repository_key)
         await ensure(rt.client, with_owners(secret, owners))
         by_pool: dict[str, list[Peer]] = {}
-        for peer in peers:
+        for peer in members:
             by_pool.setdefault(peer.pool.name, []).append(peer)
         monitor = await rt.service_monitor_available()
-        for pool_name, members in sorted(by_pool.items()):
-            plan = plan_pool(members[0].pool, namespace, [m.voice for m in members])
-            pool_owners = [m.body for m in members]
+        for pool_name, pool_members in sorted(by_pool.items()):
+            plan = plan_pool(pool_members[0].pool, namespace, [m.voice for m in pool_members])
+            pool_owners = [m.body for m in pool_members]
             for child in render_pool(plan, rt.config.engine_cache_pvc, monitor):
                 _, live = await ensure(rt.client, with_owners(child, pool_owners))
                 if child["kind"] == "Deployment":
@@ -148,15 +152,12 @@ async def sync_shared(
     return deployments
 
 
-async def remove_from_pool(
-    rt: Runtime, namespace: str, pool: Pool, entries: Iterable[Mapping[str, Any]]
-) -> None:
+async def remove_from_pool(rt: Runtime, namespace: str, pool: Pool, peers: Peers) -> None:
     """After a voice leaves: re-own the shared children, or delete its pool's if it was last."""
-    remaining = [p for p in valid_peers(rt, namespace, entries) if p.pool.name == pool.name]
-    await sync_shared(rt, namespace, entries)
-    if remaining:
-        return
+    await sync_shared(rt, namespace, peers)
     async with rt.lock(namespace):
+        if any(p.pool.name == pool.name for p in valid_peers(rt, namespace, peers())):
+            return
         plan_objects = render_pool(
             plan_pool(pool, namespace, [_placeholder_voice(namespace, pool)]),
             rt.config.engine_cache_pvc,
@@ -353,9 +354,7 @@ async def write_status(rt: Runtime, body: Mapping[str, Any], new_status: dict[st
     return True
 
 
-async def reconcile_voice(
-    rt: Runtime, body: Mapping[str, Any], entries: Iterable[Mapping[str, Any]]
-) -> dict[str, Any]:
+async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) -> dict[str, Any]:
     """Bring one voice's world in line with its spec; returns the status it now has."""
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
@@ -375,12 +374,16 @@ async def reconcile_voice(
 
     pool = rt.config.pools.get(voice.spec.pool)
     key = engine_key(voice.spec, pool)
-    entries = list(entries)
-    if not any(e["metadata"]["name"] == name for e in entries):
-        own = peer_entry(body)
-        if own is not None:
-            entries.append(own)
-    deployments = await sync_shared(rt, namespace, entries)
+    own = peer_entry(body)
+
+    def peers_and_self() -> list[Mapping[str, Any]]:
+        # The index may not hold a voice created a moment ago; it is a peer all the same.
+        entries = peers()
+        if own is not None and not any(e["metadata"]["name"] == name for e in entries):
+            entries = [*entries, own]
+        return entries
+
+    deployments = await sync_shared(rt, namespace, peers_and_self)
     for child in render_voice(voice, rt.config.pools, rt.config.engine_cache_pvc):
         if child["kind"] != "Job":
             await ensure(rt.client, with_owners(child, [body]))

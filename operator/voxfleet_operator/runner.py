@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 
 from voxfleet_operator.config import WATCH_NAMESPACES_ENV
 
@@ -21,7 +22,17 @@ def run_operator(
 ) -> int:
     import kopf
 
-    import voxfleet_operator.handlers  # noqa: F401  (registers the handlers)
+    from voxfleet_operator.config import ConfigError, load_config
+    from voxfleet_operator.handlers import build_registry
+    from voxfleet_operator.pools import PoolsConfigError
+
+    # Fail before connecting anywhere when the configuration is wrong, with the reason.
+    try:
+        load_config()
+        registry = build_registry()
+    except (ConfigError, PoolsConfigError, ValueError) as error:
+        print(f"voxfleet operator: {error}", file=sys.stderr)
+        return 2
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -30,6 +41,7 @@ def run_operator(
     watched = watched_namespaces(namespaces)
     asyncio.run(
         kopf.operator(
+            registry=registry,
             standalone=True,  # one replica with a Recreate strategy: no peering needed
             clusterwide=not watched,
             namespaces=watched,

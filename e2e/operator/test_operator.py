@@ -1,0 +1,303 @@
+"""The operator end to end: TTSVoices in, children and status out, against a Kubernetes API.
+
+Runs against KMock by default (see operator_harness.py for what is scripted there); the same
+tests run on kind with VOXFLEET_E2E_KUBECONFIG (request counting is KMock-only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from operator_harness import REAL_CLUSTER, Api, eventually
+
+pytestmark = pytest.mark.kube
+
+VOICES = ("voxfleet.io/v1alpha1", "ttsvoices")
+CHILDREN = {
+    ("v1", "secrets"): "voxfleet-repository-key",
+    ("apps/v1", "deployments"): "voxfleet-triton-t4",
+    ("v1", "services"): "voxfleet-triton-t4-metrics",
+    ("autoscaling/v2", "horizontalpodautoscalers"): "voxfleet-triton-t4",
+    ("policy/v1", "poddisruptionbudgets"): "voxfleet-triton-t4",
+}
+
+
+def voice(name: str, **spec: Any) -> dict[str, Any]:
+    source = {"url": f"https://voices.example.com/{name}.onnx", "sha256": "ab" * 32}
+    return {
+        "apiVersion": "voxfleet.io/v1alpha1",
+        "kind": "TTSVoice",
+        "metadata": {"name": name},
+        "spec": {"source": source, **spec},
+    }
+
+
+async def status_of(api: Api, name: str) -> dict[str, Any]:
+    obj = await api.get(*VOICES, name)
+    return (obj or {}).get("status") or {}
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
+
+
+async def jobs_of(api: Api, name: str) -> list[dict[str, Any]]:
+    return [
+        j
+        for j in await api.list("batch/v1", "jobs")
+        if j["metadata"]["labels"].get("voxfleet.io/voice") == name
+    ]
+
+
+async def finish_job(api: Api, job: dict[str, Any], succeeded: bool, message: str = "") -> None:
+    """Play the Job controller (KMock has none): mark the engine-build Job done."""
+    kind = "Complete" if succeeded else "Failed"
+    reason = "Completed" if succeeded else "BackoffLimitExceeded"
+    cond = {"type": kind, "status": "True", "reason": reason, "message": message}
+    status = {"conditions": [cond], "succeeded" if succeeded else "failed": 1}
+    await api.patch("batch/v1", "jobs", job["metadata"]["name"], {"status": status}, "status")
+
+
+async def test_apply_creates_every_child_and_reports_status(api: Api, operator: None) -> None:
+    started = time.monotonic()
+    created = await api.create(*VOICES, voice("joe"))
+
+    async def all_children() -> bool:
+        for (group, plural), name in CHILDREN.items():
+            if await api.get(group, plural, name) is None:
+                return False
+        return bool(await api.get("v1", "services", "joe-tts")) and bool(await jobs_of(api, "joe"))
+
+    await eventually(all_children, timeout=5)
+    elapsed = time.monotonic() - started
+    print(f"apply -> all children: {elapsed:.2f} s")
+    assert elapsed < 2.0, f"children took {elapsed:.2f} s"
+
+    uid = created["metadata"]["uid"]
+    service = await api.get("v1", "services", "joe-tts")
+    assert service is not None
+    assert service["spec"]["selector"]["serving.voxfleet.io/joe"] == "true"
+    assert [r["uid"] for r in service["metadata"]["ownerReferences"]] == [uid]
+    deployment = await api.get("apps/v1", "deployments", "voxfleet-triton-t4")
+    assert deployment is not None
+    assert deployment["metadata"]["ownerReferences"][0]["uid"] == uid
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "Tesla-T4"
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    (job,) = await jobs_of(api, "joe")
+    assert job["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"] == "Tesla-T4"
+    # No ServiceMonitor: the emulator does not serve the monitoring.coreos.com API.
+    assert not [r for r in api.emulator or [] if "servicemonitors" in r.url.path]
+
+    status = await eventually(lambda: status_of(api, "joe"))
+    assert status["phase"] == "Building"
+    assert status["observedGeneration"] == 1
+    assert status["endpoint"] == "joe-tts.default.svc:8001"
+    assert condition(status, "EngineReady")["reason"] == "Building"
+    assert condition(status, "Scheduled")["status"] == "False"
+    assert condition(status, "Available")["status"] == "False"
+
+
+async def test_engine_job_success_then_failure_on_a_new_key(api: Api, operator: None) -> None:
+    await api.create(*VOICES, voice("joe"))
+    (job,) = await eventually(lambda: jobs_of(api, "joe"))
+    await finish_job(api, job, succeeded=True)
+
+    async def engine_ready() -> dict[str, Any] | None:
+        status = await status_of(api, "joe")
+        return status if condition(status, "EngineReady").get("status") == "True" else None
+
+    status = await eventually(engine_ready)
+    assert status["phase"] == "Pending"  # engines built, no pool pod yet
+    assert status["engineKey"] in job["metadata"]["name"] or job["metadata"]["name"].endswith(
+        status["engineKey"][:10]
+    )
+    # The cache entry's key is recorded: deleting the finished Job builds nothing again.
+    await api.delete("batch/v1", "jobs", job["metadata"]["name"])
+    await asyncio.sleep(1.5)
+    assert await jobs_of(api, "joe") == []
+
+    # A new precision is a new engine key: a new Job, whose failure is reported, not retried.
+    await api.patch(*VOICES, "joe", {"spec": {"precision": "fp32"}})
+    (job2,) = await eventually(lambda: jobs_of(api, "joe"))
+    assert job2["metadata"]["name"] != job["metadata"]["name"]
+    await finish_job(api, job2, succeeded=False, message="TensorRT: out of memory")
+
+    async def failed() -> dict[str, Any] | None:
+        status = await status_of(api, "joe")
+        return status if status.get("phase") == "Failed" else None
+
+    status = await eventually(failed)
+    engine = condition(status, "EngineReady")
+    assert engine["status"] == "False"
+    assert engine["reason"] == "BuildFailed"
+    assert "TensorRT: out of memory" in engine["message"]
+    assert status["observedGeneration"] == 2
+    await asyncio.sleep(1.5)
+    assert [j["metadata"]["name"] for j in await jobs_of(api, "joe")] == [job2["metadata"]["name"]]
+
+
+async def test_spec_change_updates_children_and_observed_generation(
+    api: Api, operator: None
+) -> None:
+    await api.create(*VOICES, voice("joe", autoscaling={"maxReplicas": 3}))
+
+    async def hpa_max(expected: int) -> bool:
+        hpa = await api.get("autoscaling/v2", "horizontalpodautoscalers", "voxfleet-triton-t4")
+        return bool(hpa) and hpa["spec"]["maxReplicas"] == expected
+
+    await eventually(lambda: hpa_max(3))
+    await api.patch(
+        *VOICES, "joe", {"spec": {"autoscaling": {"maxReplicas": 9, "targetQueueMs": 20}}}
+    )
+    # The pool's maxPods (4) caps the voice's wish (9).
+    await eventually(lambda: hpa_max(4))
+    hpa = await api.get("autoscaling/v2", "horizontalpodautoscalers", "voxfleet-triton-t4")
+    assert hpa is not None
+    targets = {m["pods"]["metric"]["name"]: m["pods"]["target"] for m in hpa["spec"]["metrics"]}
+    assert targets["voxfleet_queue_seconds"]["averageValue"] == "20m"
+
+    async def observed(generation: int) -> bool:
+        return (await status_of(api, "joe")).get("observedGeneration") == generation
+
+    await eventually(lambda: observed(2))
+
+    # Moving the voice to another pool moves its Service's selector and builds for that GPU.
+    await api.patch(*VOICES, "joe", {"spec": {"pool": "l4"}})
+    await eventually(lambda: observed(3))
+    service = await api.get("v1", "services", "joe-tts")
+    assert service is not None and service["spec"]["selector"]["voxfleet.io/pool"] == "l4"
+    assert await api.get("apps/v1", "deployments", "voxfleet-triton-l4") is not None
+    (job,) = await eventually(lambda: jobs_of(api, "joe"))
+    assert job["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-L4"
+
+
+async def test_deleted_or_edited_child_comes_back(api: Api, operator: None) -> None:
+    await api.create(*VOICES, voice("joe"))
+    await eventually(lambda: api.get("v1", "services", "joe-tts"))
+    await eventually(lambda: api.get("apps/v1", "deployments", "voxfleet-triton-t4"))
+
+    await api.delete("v1", "services", "joe-tts")
+    await api.patch(
+        "apps/v1",
+        "deployments",
+        "voxfleet-triton-t4",
+        {"spec": {"template": {"spec": {"terminationGracePeriodSeconds": 1}}}},
+    )
+
+    async def restored() -> bool:
+        deployment = await api.get("apps/v1", "deployments", "voxfleet-triton-t4")
+        grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        return bool(await api.get("v1", "services", "joe-tts")) and grace > 30
+
+    await eventually(restored, timeout=5)
+
+
+async def test_invalid_voice_fails_with_a_reason_and_no_retry_storm(
+    api: Api, operator: None
+) -> None:
+    bad = voice("bad", autoscaling={"minReplicas": 5, "maxReplicas": 2})
+    await api.create(*VOICES, bad)
+
+    async def failed() -> dict[str, Any] | None:
+        status = await status_of(api, "bad")
+        return status if status.get("phase") == "Failed" else None
+
+    status = await eventually(failed)
+    available = condition(status, "Available")
+    assert available["reason"] == "InvalidSpec"
+    assert "minReplicas must not exceed autoscaling.maxReplicas (5 > 2)" in available["message"]
+    assert await jobs_of(api, "bad") == []
+    if api.emulator is None:
+        return
+    writes_before = api.writes()
+    await asyncio.sleep(2.0)  # four drift-correction ticks
+    assert api.writes() == writes_before, "an invalid voice keeps being written"
+
+    await api.create(*VOICES, voice("lost", pool="a100"))
+    status = await eventually(lambda: status_of(api, "lost"))
+    assert condition(status, "Scheduled")["reason"] == "UnknownPool"
+    assert "known pools: t4, l4" in condition(status, "Scheduled")["message"]
+
+
+async def test_delete_clears_finalizer_and_releases_the_pool(api: Api, operator: None) -> None:
+    await api.create(*VOICES, voice("joe", autoscaling={"minReplicas": 2}))
+    await api.create(*VOICES, voice("amy"))
+
+    async def hpa_min(expected: int) -> bool:
+        hpa = await api.get("autoscaling/v2", "horizontalpodautoscalers", "voxfleet-triton-t4")
+        return bool(hpa) and hpa["spec"]["minReplicas"] == expected
+
+    async def shared_by_both() -> bool:
+        deployment = await api.get("apps/v1", "deployments", "voxfleet-triton-t4")
+        return bool(deployment) and len(deployment["metadata"]["ownerReferences"]) == 2
+
+    await eventually(shared_by_both)
+    await eventually(lambda: hpa_min(2))
+    joe = await api.get(*VOICES, "joe")
+    assert joe is not None and joe["metadata"]["finalizers"] == ["voxfleet.io/finalizer"]
+
+    await api.delete(*VOICES, "joe")
+    await eventually(lambda: _gone(api, *VOICES, "joe"))
+    await eventually(lambda: _gone(api, "v1", "services", "joe-tts"))
+    deployment = await api.get("apps/v1", "deployments", "voxfleet-triton-t4")
+    assert deployment is not None
+    assert [r["name"] for r in deployment["metadata"]["ownerReferences"]] == ["amy"]
+    await eventually(lambda: hpa_min(1))  # the pool now follows amy's bounds alone
+
+    await api.delete(*VOICES, "amy")
+    await eventually(lambda: _gone(api, *VOICES, "amy"))
+    for (group, plural), name in CHILDREN.items():
+        await eventually(lambda g=group, p=plural, n=name: _gone(api, g, p, n))
+
+
+async def _gone(api: Api, group: str, plural: str, name: str) -> bool:
+    return await api.get(group, plural, name) is None
+
+
+@pytest.mark.skipif(REAL_CLUSTER, reason="counts the emulator's requests")
+async def test_no_writes_once_converged(api: Api, operator: None, tmp_path: Path) -> None:
+    from voxfleet_operator.config import load_config
+    from voxfleet_operator.kube import KubeClient
+    from voxfleet_operator.reconcile import Runtime, peer_entry, reconcile_voice
+
+    await api.create(*VOICES, voice("joe"))
+    await api.create(*VOICES, voice("amy", pool="l4"))
+    (job,) = await eventually(lambda: jobs_of(api, "joe"))
+    await finish_job(api, job, succeeded=True)
+
+    async def converged() -> bool:
+        status = await status_of(api, "joe")
+        return condition(status, "EngineReady").get("status") == "True"
+
+    await eventually(converged)
+    await asyncio.sleep(1.0)  # let the timers of both voices settle too
+    assert api.emulator is not None
+    writes_before = api.writes()
+
+    import aiohttp
+
+    client = await KubeClient.connect()
+    async with aiohttp.ClientSession() as http:
+        runtime = Runtime(config=load_config(), client=client, http=http)
+        try:
+            for _ in range(20):
+                bodies = [await api.get(*VOICES, n) for n in ("joe", "amy")]
+                entries = [e for e in (peer_entry(b) for b in bodies if b) if e]
+                for body in bodies:
+                    assert body is not None
+                    await reconcile_voice(runtime, body, lambda e=entries: list(e))
+        finally:
+            await client.close()
+    await asyncio.sleep(1.0)  # and two more timer ticks of the running operator
+    writes = [
+        f"{r.method} {r.url.path}" for r in api.emulator if r.method in ("PATCH", "PUT", "POST")
+    ][writes_before:]
+    print(f"requests by 20 no-op reconciles x 2 voices: {client.requests}; writes: {len(writes)}")
+    assert writes == []
