@@ -85,7 +85,10 @@ def crd_text() -> str:
 
 
 def namespaced_install_text() -> str:
-    rendered = helm_template("--values", str(CHART / "ci" / "namespaced-values.yaml"))
+    # Without the `helm test` Pod: kubectl would start it at once.
+    rendered = helm_template(
+        "--skip-tests", "--values", str(CHART / "ci" / "namespaced-values.yaml")
+    )
     return _header("charts/voxfleet with charts/voxfleet/ci/namespaced-values.yaml") + rendered
 
 

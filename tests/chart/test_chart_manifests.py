@@ -4,7 +4,11 @@ install in manifests/ is valid and namespace-scoped."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -16,10 +20,12 @@ from chart_support import (
     CrdValidator,
     all_schema_problems,
     crd_from_chart,
+    helm_template,
     load_yaml_documents,
     run,
     tool,
 )
+from conftest import chart_pools_file
 
 MANIFESTS = ROOT / "manifests"
 
@@ -144,3 +150,24 @@ def test_adapter_values_snippet_holds_the_rules_of_the_configmap() -> None:
     configmap = load_yaml_documents(MANIFESTS / "prometheus-adapter-rules.yaml")[0]
     assert values["rules"]["custom"] == yaml.safe_load(configmap["data"]["config.yaml"])["rules"]
     assert configmap["metadata"]["namespace"] == "monitoring"
+
+
+def test_helm_test_pod_renders_a_voice_with_the_chart_pools(tmp_path: Path) -> None:
+    """The in-cluster `helm test`: its offline half (the operator image's `voxfleet render`
+    with the mounted pools file) runs here as is; its API half needs a cluster."""
+    (pod,) = [
+        o for o in helm_template("helm", "--set", "watchNamespaces={speech}") if o["kind"] == "Pod"
+    ]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["serviceAccountName"] == "voxfleet"
+    code = pod["spec"]["containers"][0]["args"][0]
+    assert "/apis/voxfleet.io/v1alpha1/namespaces/speech/ttsvoices" in code
+    offline, _api = code.split("account = ", 1)
+    pools = chart_pools_file(tmp_path)
+    offline = offline.replace("/etc/voxfleet/pools.yaml", str(pools))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(
+        [sys.executable, "-c", offline], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "the operator accepts the pools file; joe renders" in result.stdout
