@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -243,3 +244,18 @@ def crd_from_chart() -> Obj:
 
 def load_yaml_documents(path: Path) -> list[Obj]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def chart_pools_file(directory: Path, *helm_args: str) -> Path:
+    """The pools file exactly as the chart mounts it into the operator."""
+    objects = helm_template("helm", *helm_args)
+    configmap = next(c for c in by_kind(objects, "ConfigMap") if "pools.yaml" in c["data"])
+    path = directory / "pools.yaml"
+    path.write_text(configmap["data"]["pools.yaml"])
+    return path
+
+
+def voxfleet_render(*args: str) -> list[dict[str, Any]]:
+    result = run([sys.executable, "-m", "engines.cli", "render", *args])
+    assert result.returncode == 0, f"voxfleet render {' '.join(args)} failed:\n{result.stderr}"
+    return [d for d in yaml.safe_load_all(result.stdout) if d]

@@ -2,30 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from chart_support import ROOT, by_kind, helm_template, load_yaml_documents, run
+from chart_support import ROOT, chart_pools_file, load_yaml_documents, voxfleet_render
 
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
-
-
-def chart_pools_file(directory: Path, *helm_args: str) -> Path:
-    """The pools file exactly as the chart mounts it into the operator."""
-    objects = helm_template("helm", *helm_args)
-    configmap = next(c for c in by_kind(objects, "ConfigMap") if "pools.yaml" in c["data"])
-    path = directory / "pools.yaml"
-    path.write_text(configmap["data"]["pools.yaml"])
-    return path
-
-
-def voxfleet_render(*args: str) -> list[dict[str, Any]]:
-    result = run([sys.executable, "-m", "engines.cli", "render", *args])
-    assert result.returncode == 0, f"voxfleet render {' '.join(args)} failed:\n{result.stderr}"
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
 @pytest.fixture(scope="session")

@@ -14,10 +14,11 @@ from chart_support import (
     CrdValidator,
     all_schema_problems,
     by_kind,
+    chart_pools_file,
     crd_from_chart,
     helm_template,
+    voxfleet_render,
 )
-from conftest import chart_pools_file, voxfleet_render
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,13 @@ from chart_support import (
     ROOT,
     CrdValidator,
     all_schema_problems,
+    chart_pools_file,
     crd_from_chart,
     helm_template,
     load_yaml_documents,
     run,
     tool,
 )
-from conftest import chart_pools_file
 
 MANIFESTS = ROOT / "manifests"
 
