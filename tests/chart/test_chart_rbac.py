@@ -105,3 +105,17 @@ def test_crd_discovery_is_read_only_and_optional() -> None:
     assert len(role["rules"]) == 1
     objects = helm_template("helm", "--set", "crdDiscovery=false")
     assert [r["metadata"]["name"] for r in by_kind(objects, "ClusterRole")] == ["voxfleet"]
+
+
+def test_every_resource_the_operator_client_knows_is_granted(
+    cluster_rules: list[dict[str, Any]],
+) -> None:
+    """The operator's API client can only address the resources in its table; each of them
+    must be reachable with the chart's rules, or the operator fails with 403 in a cluster."""
+    from voxfleet_operator.kube import PLURALS
+    from voxfleet_operator.names import REPOSITORY_KEY_SECRET
+
+    for resource in PLURALS.values():
+        name = REPOSITORY_KEY_SECRET if resource.plural == "secrets" else None
+        verbs = allowed(cluster_rules, resource.group, resource.plural, name)
+        assert {"get"} <= verbs, f"{resource.group or 'core'}/{resource.plural}: {verbs}"
