@@ -90,3 +90,16 @@ def test_adapter_rule_gives_the_per_pod_mean(metric: str, tmp_path: Path) -> Non
 def test_rate_window_is_configurable() -> None:
     for rule in adapter_rules("--set", "prometheusAdapter.rules.rateWindow=3m"):
         assert rule["metricsQuery"].count("[3m]") == 2
+
+
+def test_rules_read_the_counters_the_stream_model_exports() -> None:
+    """The series names in the rules are families the Triton stream model registers."""
+    import re
+
+    from chart_support import ROOT
+
+    model = (ROOT / "engines" / "triton_model" / "model.py").read_text()
+    exported = set(re.findall(r'"(voxfleet_[a-z_]+)"', model))
+    for rule in adapter_rules():
+        used = set(re.findall(r"voxfleet_[a-z_]+", rule["seriesQuery"] + rule["metricsQuery"]))
+        assert used <= exported, f"not exported by the stream model: {used - exported}"
