@@ -4,12 +4,13 @@ rate window, summed across the voices the pod serves, and 0 (not NaN) for an idl
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from chart_support import by_kind, helm_template, run, tool
+from chart_support import ROOT, by_kind, helm_template, run, tool
 
 # Adapter template variables, expanded as prometheus-adapter does for a request like
 # GET .../namespaces/speech/pods/*/voxfleet_queue_seconds.
@@ -94,10 +95,6 @@ def test_rate_window_is_configurable() -> None:
 
 def test_rules_read_the_counters_the_stream_model_exports() -> None:
     """The series names in the rules are families the Triton stream model registers."""
-    import re
-
-    from chart_support import ROOT
-
     model = (ROOT / "engines" / "triton_model" / "model.py").read_text()
     exported = set(re.findall(r'"(voxfleet_[a-z_]+)"', model))
     for rule in adapter_rules():
