@@ -49,3 +49,9 @@ def test_bad_values_are_refused_with_a_readable_reason(
     error = helm_template_error(helm, "--values", str(file))
     for word in words:
         assert word in error, f"{word!r} missing from:\n{error}"
+
+
+@pytest.mark.parametrize("helm", HELMS)
+def test_clusters_older_than_1_30_are_refused(helm: str) -> None:
+    error = helm_template_error(helm, "--kube-version", "1.29.5")
+    assert "requires kubeVersion: >=1.30.0-0" in error
