@@ -1,0 +1,32 @@
+"""Vocoder batch counts read from a Triton metrics page."""
+
+from __future__ import annotations
+
+from engines.bench.metrics import parse_batch_counts
+from engines.bench.runner import batching_delta
+
+PAGE = """\
+# HELP nv_inference_count Number of inferences performed
+nv_inference_count{model="joe",version="1"} 12
+# TYPE voxfleet_vocoder_batches_total counter
+voxfleet_vocoder_batches_total{batch_size="1",model="joe"} 7
+voxfleet_vocoder_batches_total{model="joe",batch_size="4"} 3
+voxfleet_vocoder_batches_total{model="amy",batch_size="2"} 5
+voxfleet_live_streams{model="joe"} 2
+"""
+
+
+def test_batch_counts_per_model_and_size() -> None:
+    assert parse_batch_counts(PAGE) == {"joe (vocoder)": {1: 7, 4: 3}, "amy (vocoder)": {2: 5}}
+    assert parse_batch_counts("nv_inference_count 3\n") == {}
+
+
+def test_batching_delta_counts_only_the_run() -> None:
+    before = {"joe (vocoder)": {1: 7, 4: 3}, "idle": {1: 4}}
+    after = {"joe (vocoder)": {1: 9, 4: 5, 8: 1}, "idle": {1: 4}}
+    delta = batching_delta(before, after)
+    joe = delta["joe (vocoder)"]
+    assert joe["executions_by_batch_size"] == {"1": 2, "4": 2, "8": 1}
+    assert joe["mean_batch_size"] == (2 + 8 + 8) / 5
+    assert joe["max_batch_size"] == 8
+    assert "idle" not in delta

@@ -1,0 +1,99 @@
+"""Run statistics and goals from stream timelines."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from engines.bench.stats import (
+    RunSummary,
+    evaluate_goals,
+    percentile,
+    real_time_capacity,
+    summarise_run,
+)
+from engines.bench.timeline import Chunk, StreamRecord
+
+
+@pytest.mark.parametrize("q", [0, 50, 95, 99, 100])
+def test_percentile_matches_numpy_linear_interpolation(q: float) -> None:
+    values = [5.0, 1.0, 9.0, 3.0, 7.0, 2.0, 8.0]
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_percentile_of_nothing_is_nan_and_bad_q_is_refused() -> None:
+    assert math.isnan(percentile([], 95))
+    with pytest.raises(ValueError, match=r"0\.\.100"):
+        percentile([1.0], 101)
+
+
+def _stream(sent: float, first: float, chunks: int, samples: int, gap: float,
+            rate: int = 1000, error: str | None = None) -> StreamRecord:
+    arrivals = [Chunk(sent + first + i * gap, samples) for i in range(chunks)]
+    return StreamRecord("t", sent, rate, arrivals, arrivals[-1].arrival_s, error)
+
+
+def test_summary_reports_first_audio_underruns_rtf_and_throughput() -> None:
+    records = [
+        # on time: 4 x 250 ms every 200 ms; 1 s of audio in 0.1 + 0.6 = 0.7 s
+        _stream(0.0, 0.1, 4, 250, 0.2),
+        # underruns: 4 x 100 ms every 300 ms → three stalls; 0.4 s audio in 0.3 + 0.9 = 1.2 s
+        _stream(0.0, 0.3, 4, 100, 0.3),
+        _stream(0.0, 0.2, 1, 100, 0.0, error="ConnectionError: reset"),
+    ]
+    run = summarise_run("voxfleet", 2, records, wall_s=2.0)
+    assert run.streams == 2
+    assert run.errors == 1
+    assert run.first_audio_ms["p50"] == pytest.approx(200.0)
+    assert run.underruns == 3
+    assert run.underrun_streams == 1
+    assert run.underrun_rate == pytest.approx(0.5)
+    assert run.rtf == pytest.approx((0.7 + 1.2) / 1.4)
+    assert run.audio_seconds_per_second == pytest.approx(1.4 / 2.0)
+    assert run.chunks == 8
+    assert run.gap_ms["max"] == pytest.approx(300.0)
+
+
+def _run(system: str, concurrency: int, p95: float, underruns: int = 0, errors: int = 0
+         ) -> RunSummary:
+    return RunSummary(system, concurrency, {"p50": p95 / 2, "p95": p95, "p99": p95}, underruns,
+                      streams=10, rtf=0.1, audio_seconds_per_second=1.0, errors=errors)
+
+
+def test_capacity_is_the_highest_concurrency_without_underruns_within_the_bound() -> None:
+    runs = [
+        _run("voxfleet", 1, 120), _run("voxfleet", 8, 250), _run("voxfleet", 16, 280),
+        _run("voxfleet", 24, 350), _run("voxfleet", 32, 290, underruns=3),
+        _run("triton-naive", 1, 200), _run("triton-naive", 4, 900),
+    ]
+    assert real_time_capacity(runs, "voxfleet", 300) == 16
+    assert real_time_capacity(runs, "triton-naive", 300) == 1
+    assert real_time_capacity(runs, "piper", 300) == 0
+
+
+def test_a_run_with_failed_requests_does_not_hold_real_time() -> None:
+    assert real_time_capacity([_run("voxfleet", 4, 100, errors=1)], "voxfleet", 300) == 0
+
+
+def test_goals_report_ratios_and_verdicts() -> None:
+    runs = [
+        _run("piper", 1, 900), _run("voxfleet", 1, 150), _run("voxfleet", 16, 280),
+        _run("triton-naive", 1, 280), _run("triton-naive", 8, 290), _run("triton-naive", 16, 800),
+    ]
+    first, limit, versus = evaluate_goals(runs, machine_limit_streams=18.0)
+    assert first.ratio == pytest.approx(150 / 900) and first.met
+    assert limit.ratio == pytest.approx(16 / 18.0) and limit.met
+    assert versus.ratio == pytest.approx(2.0) and versus.met
+
+    slower = [_run("piper", 1, 400), _run("voxfleet", 1, 200), _run("voxfleet", 4, 250),
+              _run("triton-naive", 4, 280)]
+    first, limit, versus = evaluate_goals(slower, machine_limit_streams=18.0)
+    assert first.met is False and limit.met is False and versus.met is False
+    assert "voxfleet holds 4 streams" in limit.measured
+
+
+def test_goals_without_the_systems_they_compare_are_not_measured() -> None:
+    goals = evaluate_goals([_run("voxfleet", 1, 100)], machine_limit_streams=None)
+    assert [goal.met for goal in goals] == [None, None, None]
