@@ -54,7 +54,9 @@ def test_naive_baseline_batches_and_cuts_each_output_to_its_own_length(
         await system.connect()
         try:
             async def one(text: str) -> tuple[int, int]:
-                return [chunk async for chunk in system.open_stream(text)][0]
+                chunks = [chunk async for chunk in system.open_stream(text)]
+                assert len(chunks) == 1, "triton-naive answers in one piece"
+                return chunks[0]
 
             results = await asyncio.gather(one(long), one(short), one(short))
             return list(results), await system.batch_counts()
