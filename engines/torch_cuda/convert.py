@@ -82,6 +82,9 @@ class OnnxModule:
             model = onnx.load(str(model))
         check_supported(model)
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # "cuda" != "cuda:0" when devices are compared; results carry the index.
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.float_dtype = float_dtype
         self.input_names = [value.name for value in model.graph.input]
         self.output_names = [value.name for value in model.graph.output]
@@ -97,10 +100,26 @@ class OnnxModule:
             tensor = torch.from_numpy(np.array(array, copy=True))
             if tensor.is_floating_point():
                 self.device_constants[initializer.name] = tensor.to(self.device, float_dtype)
-            elif tensor.numel() <= 64:
-                self.host_constants[initializer.name] = tensor
             else:
-                self.device_constants[initializer.name] = tensor.to(self.device)
+                self.host_constants[initializer.name] = tensor
+        # Host values the device needs, by content: the same shapes give the same index
+        # tensors call after call, and a pageable host-to-device copy waits for the GPU.
+        self._uploads: dict[tuple[str, torch.dtype, tuple[int, ...], bytes], Tensor] = {}
+
+    def _upload(self, name: str, value: Tensor) -> Tensor:
+        if value.device == self.device:
+            return value
+        if value.numel() > 65536:
+            self.transfers += 1
+            return value.to(self.device)
+        key = (name, value.dtype, tuple(value.shape), value.numpy().tobytes())
+        cached = self._uploads.get(key)
+        if cached is None:
+            self.transfers += 1
+            if len(self._uploads) >= 4096:
+                self._uploads.clear()
+            cached = self._uploads[key] = value.to(self.device)
+        return cached
 
     def parameter_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.device_constants.values())
@@ -126,6 +145,8 @@ class OnnxModule:
                 # Data stays where it is; shape/axis arguments are read as Python ints.
                 on_host = bool(present) and present[0] in host
                 reads = [name for name in present[1:] if name not in host]
+                if node.op == "Gather" and not on_host:
+                    reads = []  # device data indexed by device indices: no read
                 self.transfers += len(reads)
                 args = [values[name] if name else None for name in node.inputs]
             else:
@@ -135,8 +156,7 @@ class OnnxModule:
                     if not name:
                         args.append(None)
                     elif not on_host and name in host:
-                        self.transfers += 1
-                        args.append(values[name].to(self.device))
+                        args.append(self._upload(name, values[name]))
                     else:
                         args.append(values[name])
             results = _OPS[node.op](self, node, args)
@@ -146,6 +166,10 @@ class OnnxModule:
                 on_host = all(name in host for name in present)
             elif node.op == "ConstantOfShape":
                 on_host = not results[0].is_floating_point()
+            if not on_host and any(r.device != self.device for r in results):
+                # e.g. a Range whose start is a host constant but whose limit is data
+                self.transfers += 1
+                results = [r.to(self.device) for r in results]
             for name, result in zip(node.outputs, results, strict=False):
                 values[name] = result
                 if on_host:
@@ -156,6 +180,7 @@ class OnnxModule:
 # Operators whose non-data arguments are shapes or axes: those stay on the host even when
 # the data is on the device (they are read with `_ints`, never computed with).
 _HOST_ARGUMENT_OPS = {
+    "Gather",
     "Reshape",
     "Expand",
     "Slice",
@@ -259,7 +284,12 @@ def _cast(module: OnnxModule, node: _Node, args: list[Any]) -> Sequence[Tensor]:
 def _gather(module: OnnxModule, node: _Node, args: list[Any]) -> Sequence[Tensor]:
     data, indices = args
     axis = _axis(int(node.attrs.get("axis", 0)), data.dim())
-    indices = indices.to(data.device)
+    if indices.dim() == 0 and indices.device.type == "cpu":
+        return [data.select(axis, int(indices))]  # a Python index: no copy to the device
+    if data.device.type == "cpu" and indices.device.type != "cpu":
+        indices = indices.cpu()
+    elif indices.device != data.device:
+        indices = module._upload(node.inputs[1], indices)
     indices = torch.where(indices < 0, indices + data.shape[axis], indices)
     picked = data.index_select(axis, indices.reshape(-1))
     shape = (*data.shape[:axis], *indices.shape, *data.shape[axis + 1 :])
@@ -543,16 +573,19 @@ def _conv_transpose(module: OnnxModule, node: _Node, args: list[Any]) -> Sequenc
     if "output_shape" in node.attrs:
         raise UnsupportedGraphError(f"{node.name}: ConvTranspose output_shape is not supported")
     begin, end = _conv_padding(node, spatial)
+    symmetric = begin == end
     out = _CONV_T[spatial](
         data,
         weight,
         bias,
         stride=list(node.attrs.get("strides", [1] * spatial)),
-        padding=0,
+        padding=begin if symmetric else 0,
         output_padding=list(node.attrs.get("output_padding", [0] * spatial)),
         groups=int(node.attrs.get("group", 1)),
         dilation=list(node.attrs.get("dilations", [1] * spatial)),
     )
+    if symmetric:
+        return [out]
     index = [slice(None), slice(None)] + [
         slice(begin[axis], out.shape[axis + 2] - end[axis]) for axis in range(spatial)
     ]

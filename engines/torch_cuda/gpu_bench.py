@@ -183,6 +183,18 @@ class _Listener:
     finished: float | None = None
     error: str | None = None
 
+    def late_chunks(self) -> int:
+        """Chunks that found the player silent (it resumes from each), as `voxfleet bench`."""
+        if not self.chunk_times:
+            return 0
+        late, playing_until = 0, self.chunk_times[0] + self.chunk_seconds[0]
+        for arrived, seconds in zip(self.chunk_times[1:], self.chunk_seconds[1:], strict=True):
+            if arrived > playing_until:
+                late += 1
+                playing_until = arrived
+            playing_until += seconds
+        return late
+
     def ran_dry(self, slack_seconds: float = 0.0) -> bool:
         """A chunk arrived after everything before it had played (playback from chunk 0)."""
         if not self.chunk_times:
@@ -269,6 +281,7 @@ def simulate_streams(
         )
     first_audio = sorted(lis.chunk_times[0] - lis.submitted for lis in measured if lis.chunk_times)
     dry = sum(1 for lis in measured if lis.ran_dry())
+    late_chunks = sum(lis.late_chunks() for lis in measured)
 
     def percentile(values: list[float], q: float) -> float | None:
         if not values:
@@ -284,6 +297,8 @@ def simulate_streams(
         "first_audio_ms_p50": percentile(first_audio, 0.50),
         "first_audio_ms_p95": percentile(first_audio, 0.95),
         "streams_ran_dry": dry,
+        "late_chunks": late_chunks,
+        "chunks": sum(len(lis.chunk_times) for lis in measured),
         "zero_underruns": dry == 0 and len(measured) > 0,
         "audio_seconds_per_second": round(audio_in_window / max(1e-9, ended - measure_from), 1),
         "vocoder_batch_histogram": {str(k): v for k, v in histogram.items()},
@@ -296,11 +311,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine-dir", type=Path, required=True)
     parser.add_argument("--corpus-ids", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--streams", default="250,500,1000,2000,3000")
-    parser.add_argument("--unbatched-streams", default="50,100,250")
+    parser.add_argument("--streams", default="250,500,1000,1500,2000,2500,3000")
+    parser.add_argument("--unbatched-streams", default="25,50,100")
     parser.add_argument("--seconds", type=float, default=15.0)
-    parser.add_argument("--max-batch-windows", type=int, default=256)
-    parser.add_argument("--max-encoder-batch", type=int, default=64)
+    parser.add_argument(
+        "--configs",
+        default="64x8,128x32",
+        help="scheduler configurations to run batched: WINDOWSxSENTENCES (most windows and "
+        "sentences per step); 64x8 is the stream model's default",
+    )
     parser.add_argument("--skip", default="", help="comma list of parts to skip")
     parser.add_argument("--quality-sentences", type=int, default=40)
     args = parser.parse_args(argv)
@@ -329,18 +348,20 @@ def main(argv: list[str] | None = None) -> int:
             print(row, flush=True)
         save()
     if "streams" not in skip:
-        tuned = WindowConfig(
-            max_batch_windows=args.max_batch_windows, max_encoder_batch=args.max_encoder_batch
-        )
         started = time.monotonic()
         result["graphs_warmed"] = stages.warmup(flow_frames=(96, 320), vocoder_frames=(32, 144))
         result["warmup_seconds"] = round(time.monotonic() - started, 1)
         print("warmup", result["graphs_warmed"], result["warmup_seconds"], flush=True)
         runs = result.setdefault("streams", [])
-        for label, windows, counts, batching in (
-            ("batched", tuned, args.streams, True),
-            ("unbatched", WindowConfig(), args.unbatched_streams, False),
-        ):
+        plans = []
+        for config in filter(None, args.configs.split(",")):
+            windows_per_step, sentences_per_step = (int(x) for x in config.split("x"))
+            windows = WindowConfig(
+                max_batch_windows=windows_per_step, max_encoder_batch=sentences_per_step
+            )
+            plans.append((f"batched-{config}", windows, args.streams, True))
+        plans.append(("unbatched", WindowConfig(), args.unbatched_streams, False))
+        for label, windows, counts, batching in plans:
             for count in filter(None, counts.split(",")):
                 row = simulate_streams(
                     stages, corpus, int(count), args.seconds, batching=batching, windows=windows

@@ -172,6 +172,13 @@ class TorchCudaStages:
                 f"the torch-cuda runtime runs fp16 or fp32, not {self.precision!r}"
             )
         dtype = DTYPES[self.precision]
+        if self.device.type == "cuda":
+            # Every graph is captured for one fixed shape: let cuDNN time its algorithms.
+            torch.backends.cudnn.benchmark = True
+        if self.precision == "fp32" and self.device.type == "cuda":
+            # TF32 matrix units would make "fp32" 1e-3-accurate, not fp32-accurate.
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
         missing = [
             s for s in ("encoder", "flow", "vocoder") if not (engine_dir / f"{s}.onnx").is_file()
         ]
@@ -217,6 +224,11 @@ class TorchCudaStages:
     def encode_tensor(
         self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, speaker_ids=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Pad phonemes to a multiple of 32 (exact: the encoder masks by length) so that
+        # calls repeat shapes and the uploads of shape-derived indices hit their cache.
+        padded = -(-ids.shape[1] // 32) * 32
+        if padded != ids.shape[1]:
+            ids = torch.nn.functional.pad(ids, (0, padded - ids.shape[1]))
         feeds = {
             "input": ids.to(self.device, torch.int64),
             "input_lengths": lengths.to(self.device, torch.int64),
