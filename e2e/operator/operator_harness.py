@@ -14,6 +14,7 @@ import contextlib
 import datetime
 import itertools
 import os
+import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -71,8 +72,17 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
     """
 
     _versions = itertools.count(1)
+    # Every write served, as "METHOD /path", for the tests' zero-write assertions.
+    writes: list[str]
 
     async def _handle(self, request: rendering.Request) -> Any:
+        if not hasattr(self, "writes"):
+            self.writes = []
+        if request.method in ("PATCH", "PUT", "POST"):
+            self.writes.append(f"{request.method} {request.url.path}")
+        # KMock matches each request against its whole request log, so serving N requests
+        # costs O(N^2); only the recent log matters here (counts are kept in `writes`).
+        del self._requests[:-64]
         if request.resource is not None and isinstance(request.data, dict):
             if request.action == enums.action.CREATE:
                 meta = request.data.setdefault("metadata", {})
@@ -227,10 +237,10 @@ class Api:
     async def delete(self, api: str, plural: str, name: str) -> None:
         await self.call("DELETE", self.path(api, plural, name))
 
-    def writes(self) -> int:
+    def writes(self) -> list[str]:
         """PATCH, PUT and POST requests the emulator has served so far (KMock only)."""
         assert self.emulator is not None
-        return sum(1 for r in self.emulator if r.method in ("PATCH", "PUT", "POST"))
+        return list(self.emulator.writes)
 
 
 async def eventually(
@@ -306,10 +316,11 @@ REPOSITORY_KEY = "e2e-repository-key"
 
 @contextlib.asynccontextmanager
 async def running_operator(tmp_path: Path, resync_seconds: float) -> AsyncIterator[None]:
-    """kopf running the voxfleet handlers in this event loop, cluster-wide, until exit.
+    """kopf running the voxfleet handlers cluster-wide in a thread of its own, until exit.
 
-    Cluster-wide on purpose: KMock answers 500 to `GET /api/v1/namespaces`, which kopf needs
-    to watch a namespace list.
+    A thread and event loop of its own, as `kopf run` has: at exit kopf waits for every task
+    of its loop, which must not include the emulator's. Cluster-wide on purpose: KMock answers
+    500 to `GET /api/v1/namespaces`, which kopf needs to watch a namespace list.
     """
     import kopf
     from voxfleet_operator.handlers import build_registry
@@ -321,24 +332,37 @@ async def running_operator(tmp_path: Path, resync_seconds: float) -> AsyncIterat
     os.environ["VOXFLEET_POOLS_FILE"] = str(pools)
     os.environ["VOXFLEET_REPOSITORY_KEY_FILE"] = str(key)
     os.environ.pop("VOXFLEET_WATCH_NAMESPACES", None)
-    stop = asyncio.Event()
-    ready = asyncio.Event()
-    task = asyncio.create_task(
-        kopf.operator(
-            registry=build_registry(resync_seconds),
-            clusterwide=True,
-            standalone=True,
-            stop_flag=stop,
-            ready_flag=ready,
-        )
-    )
-    await asyncio.wait_for(ready.wait(), 10)
+    stop = threading.Event()
+    ready = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(
+                kopf.operator(
+                    registry=build_registry(resync_seconds),
+                    clusterwide=True,
+                    standalone=True,
+                    stop_flag=stop,
+                    ready_flag=ready,
+                )
+            )
+        except BaseException as error:  # reported to the test below
+            errors.append(error)
+
+    thread = threading.Thread(target=run, name="kopf", daemon=True)
+    thread.start()
+    for _ in range(200):
+        if ready.is_set() or errors:
+            break
+        await asyncio.sleep(0.05)
     try:
+        assert not errors, f"the operator failed to start: {errors[0]!r}"
         yield
     finally:
         stop.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 10)
+        await asyncio.to_thread(thread.join, 15)
+    assert not errors, f"the operator crashed: {errors[0]!r}"
 
 
 @pytest.fixture()
