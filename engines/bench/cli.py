@@ -15,6 +15,9 @@ DEFAULT_CONCURRENCY = "1,4,16,32,64"
 
 
 def _concurrencies(value: str) -> list[int]:
+    """Levels from `1,4,16`; `auto` (an empty list) picks them around the measured limit."""
+    if value.strip() == "auto":
+        return []
     try:
         levels = [int(part) for part in value.split(",") if part.strip()]
     except ValueError:
@@ -86,7 +89,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"comma-separated, from {','.join(SYSTEMS)} (default all)")
     parser.add_argument("--concurrency", type=_concurrencies,
                         default=_concurrencies(DEFAULT_CONCURRENCY),
-                        help=f"comma-separated stream counts (default {DEFAULT_CONCURRENCY})")
+                        help=f"comma-separated stream counts (default {DEFAULT_CONCURRENCY}), "
+                             "or 'auto': 1, 2, 4 and levels around the measured machine limit")
     parser.add_argument("--duration", type=_positive, default=10.0,
                         help="seconds of load per point (default 10)")
     parser.add_argument("--drain", type=_positive, default=30.0,
@@ -98,6 +102,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--corpus", type=Path, help="sentence file (default: the shipped one)")
     parser.add_argument("--limit-sentences", type=int, default=16,
                         help="corpus sentences timed one-shot for the machine limit")
+    parser.add_argument("--profile", action="store_true",
+                        help="sample voxfleet's server with py-spy during one point (the first "
+                             "at or above 80%% of the machine limit) and report where it spends "
+                             "its time")
     parser.add_argument("--json", type=Path, help="write the results as JSON")
     parser.add_argument("--plot", type=Path, help="write a PNG plot")
     parser.add_argument("--markdown", type=Path,
@@ -130,7 +138,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     from engines.bench.corpus import cycle_sentences, load_corpus, sentence_order
     from engines.bench.machine import describe_machine, measure_one_shot_limit
     from engines.bench.runner import SweepSettings, run_sweep
-    from engines.bench.stats import evaluate_goals
+    from engines.bench.stats import auto_concurrencies, evaluate_goals, profile_level
     from engines.bench.systems import BenchSystemError, PiperSystem, TritonSystem
 
     sentences = sentence_order(load_corpus(args.corpus))
@@ -173,8 +181,12 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                        limit_audio_seconds=limit.audio_seconds)
         print(f"machine limit: one-shot RTF {limit.rtf:.4f} over {limit.audio_seconds:.0f} s "
               f"of audio → {limit.streams:.1f} real-time streams", file=sys.stderr)
-        settings = SweepSettings(args.concurrency, args.duration, args.drain,
-                                 args.skip_after_p95_ms)
+        levels = args.concurrency or auto_concurrencies(limit.streams)
+        profile = None
+        if args.profile and "voxfleet" in args.systems:
+            profile = ("voxfleet", profile_level(levels, limit.streams))
+        settings = SweepSettings(levels, args.duration, args.drain, args.skip_after_p95_ms,
+                                 profile=profile)
         runs = await run_sweep(systems, cycle_sentences(sentences), settings)
     finally:
         for system in systems:
@@ -183,7 +195,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "machine": machine,
         "settings": {
-            "concurrencies": list(args.concurrency),
+            "concurrencies": list(levels),
             "duration_s": args.duration,
             "drain_s": args.drain,
             "p95_bound_ms": args.p95_bound_ms,

@@ -1,7 +1,8 @@
 """docs/benchmarks.md from a benchmark's JSON (pure: text in, text out).
 
 The GPU section between `<!-- gpu:begin -->` and `<!-- gpu:end -->` is written by the GPU
-benchmark, not by this one; it is carried over verbatim from the previous page.
+benchmark, not by this one, and the analysis between `<!-- analysis:begin -->` and
+`<!-- analysis:end -->` by people; both are carried over verbatim from the previous page.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from typing import Any
 
 GPU_BEGIN = "<!-- gpu:begin -->"
 GPU_END = "<!-- gpu:end -->"
+# Findings written by people (profiles read, causes found) survive a rerun of `make bench`.
+ANALYSIS_BEGIN = "<!-- analysis:begin -->"
+ANALYSIS_END = "<!-- analysis:end -->"
 
 METHOD = """\
 ## How it is measured
@@ -31,8 +35,13 @@ METHOD = """\
   backend stubs) during the run over wall time (100 % = one core), and its peak resident set.
   For `piper` the "server" is the benchmark process itself. *Load generator CPU* is the
   benchmark process's own CPU while it drives a Triton system: it runs on the same cores.
+  *Other processes' CPU* is the machine's busy CPU minus both: work that was not part of the
+  benchmark (on a shared machine, the reason two runs of the same point differ).
 - **Batching**: Triton's per-model statistics (executions per batch size) read before and
-  after each run; the table shows the mean batch size of the model that does the work.
+  after each run. voxfleet's stream model is decoupled and batches inside itself (one vocoder
+  call for the windows of many streams), so Triton sees batch 1 there; its batches come from
+  the model's `voxfleet_vocoder_batches_total{batch_size=...}` counter on the metrics port,
+  when the model exports it.
 - **Machine limit**: 1 / RTF of one-shot, single-stream synthesis (the monolithic voice, whole
   sentences, one after another), measured at the start of the same run.
 - **Real-time streams** of a system: the highest measured concurrency with zero underruns, no
@@ -40,14 +49,19 @@ METHOD = """\
 """
 
 
-def gpu_section(previous: str | None) -> str:
-    """The GPU block of a previous page, verbatim; empty markers if it had none."""
+def kept_block(previous: str | None, begin_marker: str, end_marker: str) -> str:
+    """A marked block of a previous page, verbatim; empty markers if it had none."""
     if previous:
-        begin = previous.find(GPU_BEGIN)
-        end = previous.find(GPU_END, begin + len(GPU_BEGIN)) if begin >= 0 else -1
+        begin = previous.find(begin_marker)
+        end = previous.find(end_marker, begin + len(begin_marker)) if begin >= 0 else -1
         if begin >= 0 and end >= 0:
-            return previous[begin : end + len(GPU_END)]
-    return f"{GPU_BEGIN}\n{GPU_END}"
+            return previous[begin : end + len(end_marker)]
+    return f"{begin_marker}\n{end_marker}"
+
+
+def gpu_section(previous: str | None) -> str:
+    """The GPU block of a previous page (written by the GPU benchmark)."""
+    return kept_block(previous, GPU_BEGIN, GPU_END)
 
 
 def _num(value: Any, digits: int = 0, suffix: str = "") -> str:
@@ -58,26 +72,32 @@ def _num(value: Any, digits: int = 0, suffix: str = "") -> str:
 
 def _batching(run: dict[str, Any]) -> str:
     models = run.get("batching") or {}
+    vocoder = {name: info for name, info in models.items() if name.endswith("(vocoder)")}
+    if vocoder:
+        info = max(vocoder.values(), key=lambda item: item["mean_batch_size"])
+        return f"{info['mean_batch_size']:.1f} (max {info['max_batch_size']}), vocoder"
+    if run["system"].startswith("voxfleet"):
+        # Triton hands the decoupled stream model one request per call (batch 1); its batching
+        # happens inside, and only the model's own counter can show it.
+        return "not reported by the model"
     if not models:
         return "–"
-    # The batched stage is the model with the largest mean batch: a decoupled front model or a
-    # BLS caller executes once per request (batch 1) and says nothing about batching.
-    busiest = max(models.items(), key=lambda item: item[1]["mean_batch_size"])
-    return f"{busiest[1]['mean_batch_size']:.1f} (max {busiest[1]['max_batch_size']})"
+    info = max(models.values(), key=lambda item: item["mean_batch_size"])
+    return f"{info['mean_batch_size']:.1f} (max {info['max_batch_size']})"
 
 
 def runs_table(runs: Sequence[dict[str, Any]]) -> str:
     header = (
         "| system | streams in flight | requests | first audio p50 / p95 / p99 (ms) | "
         "underruns | underrun rate | RTF | audio s/s | server CPU | server RSS | "
-        "load generator CPU | mean batch |\n"
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|\n"
+        "load generator CPU | other processes' CPU | mean batch |\n"
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
     )
     rows = []
     for run in sorted(runs, key=lambda r: (r["concurrency"], _order(r["system"]))):
         if run.get("skipped"):
             rows.append(f"| {run['system']} | {run['concurrency']} | – | not run: "
-                        f"{run['skipped']} | | | | | | | | |")
+                        f"{run['skipped']} | | | | | | | | | |")
             continue
         fa = run["first_audio_ms"]
         server = run.get("server") or {}
@@ -89,7 +109,8 @@ def runs_table(runs: Sequence[dict[str, Any]]) -> str:
             f"{_num(run['rtf'], 3)} | {_num(run['audio_seconds_per_second'], 1)} | "
             f"{_num(server.get('cpu_percent'), 0, ' %')} | "
             f"{_num(server.get('peak_rss_mib'), 0, ' MiB')} | "
-            f"{_num((run.get('client') or {}).get('cpu_percent'), 0, ' %')} | {_batching(run)} |"
+            f"{_num((run.get('client') or {}).get('cpu_percent'), 0, ' %')} | "
+            f"{_num(run.get('other_cpu_percent'), 0, ' %')} | {_batching(run)} |"
         )
     return header + "\n".join(rows) + "\n"
 
@@ -98,6 +119,30 @@ def _order(system: str) -> int:
     from engines.bench.stats import SYSTEMS
 
     return SYSTEMS.index(system) if system in SYSTEMS else len(SYSTEMS)
+
+
+def profile_section(runs: Sequence[dict[str, Any]]) -> str:
+    profiled = [run for run in runs if run.get("profile")]
+    if not profiled:
+        return ""
+    lines = []
+    for run in profiled:
+        profile = run["profile"]
+        lines.append(f"### Where `{run['system']}`'s server spends its time "
+                     f"(concurrency {run['concurrency']})\n")
+        if profile.get("error"):
+            lines.append(f"Not profiled: {profile['error']}\n")
+            continue
+        lines.append(
+            f"py-spy, {profile['samples']} samples of the Python backend stub over "
+            f"{_num(profile.get('duration_s'))} s; share of samples with the function on the "
+            "stack:\n"
+        )
+        lines.append("| function | share of samples |\n|---|---:|")
+        lines += [f"| `{row['function']}` | {100 * row['share']:.0f} % |"
+                  for row in profile.get("inclusive", [])]
+        lines.append("")
+    return "\n".join(lines) + "\n"
 
 
 def goals_table(goals: Sequence[dict[str, Any]]) -> str:
@@ -138,6 +183,15 @@ def build_page(
         f"- machine limit: one-shot single-stream RTF {_num(machine.get('one_shot_rtf'), 4)} "
         f"→ {_num(limit, 1)} real-time streams",
     ]
+    others = [r["other_cpu_percent"] for r in result["runs"]
+              if isinstance(r.get("other_cpu_percent"), int | float)]
+    if others:
+        cores = machine.get("cores") or 1
+        parts.append(
+            f"- CPU used by other processes during the runs: median "
+            f"{sorted(others)[len(others) // 2]:.0f} %, max {max(others):.0f} % "
+            f"(of {100 * cores} %)"
+        )
     parts += [f"- {note}" for note in notes]
     parts += [
         "",
@@ -145,6 +199,10 @@ def build_page(
         goals_table(result.get("goals", [])),
         "### Runs\n",
         runs_table(result["runs"]),
+        profile_section(result["runs"]),
+        "### Analysis\n",
+        kept_block(previous, ANALYSIS_BEGIN, ANALYSIS_END),
+        "",
         f"![first-audio p95 and underrun rate against concurrency]({plot_name})\n"
         if plot_name else "",
         f"Raw results: [`{json_name}`]({json_name}).\n" if json_name else "",

@@ -119,3 +119,26 @@ class ResourceSampler:
             "cpu_percent": 100.0 * used / wall if wall > 0 else 0.0,
             "peak_rss_mib": self._peak_rss / 2**20,
         }
+
+
+class MachineCpuSampler:
+    """CPU busy on the whole machine between `start()` and `stop()` (100 % = one core)."""
+
+    def __init__(self) -> None:
+        self._start: tuple[float, float] = (0.0, 0.0)
+
+    @staticmethod
+    def _busy_and_total() -> tuple[float, float]:
+        times = psutil.cpu_times()
+        idle = times.idle + getattr(times, "iowait", 0.0)
+        total = sum(times)
+        return total - idle, total
+
+    def start(self) -> None:
+        self._start = self._busy_and_total()
+
+    def stop(self) -> float:
+        busy, total = self._busy_and_total()
+        elapsed = total - self._start[1]
+        cores = psutil.cpu_count() or 1
+        return 100.0 * cores * (busy - self._start[0]) / elapsed if elapsed > 0 else 0.0

@@ -12,10 +12,16 @@ import math
 import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from engines.bench.loadgen import run_closed_loop
-from engines.bench.resources import ProcessTree, ResourceSampler, own_process
+from engines.bench.resources import (
+    MachineCpuSampler,
+    ProcessTree,
+    ResourceSampler,
+    own_process,
+)
 from engines.bench.stats import RunSummary, summarise_run
 
 
@@ -41,6 +47,8 @@ class SweepSettings:
     drain_s: float = 30.0
     skip_after_p95_ms: float = 5000.0
     underrun_tolerance_s: float = 0.0
+    profile: tuple[str, int] | None = None  # (system, concurrency) to sample with py-spy
+    profile_dir: Path | None = None
 
 
 def batching_delta(
@@ -106,19 +114,39 @@ async def _measure(
     # The load generator shares the machine with the server: its own CPU is part of the story.
     client = ResourceSampler(own_process()) if tree is None or tree != own_process() else None
     before = await system.batch_counts()
+    machine = MachineCpuSampler()
+    machine.start()
     for each in (sampler, client):
         if each:
             each.start()
+    profiler = None
+    if settings.profile == (system.name, concurrency) and tree is not None:
+        import tempfile
+
+        from engines.bench.profile import Profiler
+
+        work = settings.profile_dir or Path(tempfile.mkdtemp(prefix="voxfleet-profile-"))
+        profiler = Profiler(tree, settings.duration_s, work)
+        profiler.start()
     result = await run_closed_loop(
         system.open_stream, sentences, concurrency, settings.duration_s, settings.drain_s
     )
     server = sampler.stop() if sampler else {}
     client_usage = client.stop() if client else {}
+    machine_cpu = machine.stop()
+    profile = profiler.stop() if profiler else {}
     after = await system.batch_counts()
     run = summarise_run(system.name, concurrency, result.records, result.wall_s,
                         settings.underrun_tolerance_s)
     run.server = server
     run.client = client_usage
+    run.profile = profile
+    run.machine_cpu_percent = machine_cpu
+    # What neither the server nor the load generator used: other work on a shared machine.
+    own = [usage.get("cpu_percent") for usage in (server, client_usage)]
+    run.other_cpu_percent = max(
+        0.0, machine_cpu - sum(value for value in own if isinstance(value, float))
+    )
     run.batching = batching_delta(before, after)
     return run
 

@@ -30,3 +30,23 @@ def test_batching_delta_counts_only_the_run() -> None:
     assert joe["mean_batch_size"] == (2 + 8 + 8) / 5
     assert joe["max_batch_size"] == 8
     assert "idle" not in delta
+
+
+def test_profile_summary_shares_per_function() -> None:
+    from engines.bench.profile import summarise_raw
+
+    raw = (
+        "thread (1): scheduler;Thread.run (threading.py:982);StreamScheduler.step "
+        "(engines/streaming.py:217);Session.run (onnxruntime/capi/session.py:395) 6\n"
+        "thread (1): scheduler;Thread.run (threading.py:982);StreamScheduler.step "
+        "(engines/streaming.py:217);_ResponseSink.audio (model.py:59) 2\n"
+        "thread (2): MainThread;TritonPythonModel.execute (model.py:230) 2\n"
+    )
+    summary = summarise_raw(raw)
+    assert summary["samples"] == 10
+    shares = {row["function"]: row["share"] for row in summary["inclusive"]}
+    assert shares["engines.streaming.StreamScheduler.step"] == 0.8
+    assert shares["onnxruntime Session.run"] == 0.6
+    assert shares["model.py TritonPythonModel.execute"] == 0.2
+    assert "threading.Thread.run" not in shares
+    assert summary["leaves"][0] == {"function": "onnxruntime Session.run", "share": 0.6}

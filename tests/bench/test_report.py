@@ -33,7 +33,7 @@ def test_page_has_machine_goals_runs_plot_and_json() -> None:
     page = build_page(_result(), "benchmarks-cpu.png", "benchmarks-cpu.json", "voxfleet bench")
     assert "Test CPU" in page and "2026-01-01 00:00 UTC" in page
     assert "| voxfleet | 4 | 40 | 101 / 180 / 210 | 0 |" in page
-    assert "3.2 (max 4)" in page
+    assert "3.2 (max 4), vocoder" in page
     assert "not run: saturated at concurrency 8" in page
     assert "| real-time streams vs machine limit | 4 of 20 | ratio ≥ 0.80 | **no** |" in page
     assert "![first-audio p95 and underrun rate against concurrency](benchmarks-cpu.png)" in page
@@ -48,6 +48,21 @@ def test_gpu_section_of_the_previous_page_is_kept_verbatim() -> None:
     assert gpu in page
     assert "old CPU table" not in page
     assert page.count(GPU_BEGIN) == 1
+
+
+def test_analysis_written_by_people_survives_a_rerun() -> None:
+    analysis = "<!-- analysis:begin -->\nThe vocoder is 56 % of samples.\n<!-- analysis:end -->"
+    page = build_page(_result(), "p.png", "r.json", "voxfleet bench",
+                      previous=f"# Old\n{analysis}\n")
+    assert analysis in page
+
+
+def test_voxfleet_without_vocoder_counts_does_not_claim_batch_1() -> None:
+    result = _result()
+    result["runs"][0]["batching"] = {"joe": {"mean_batch_size": 1.0, "max_batch_size": 1}}
+    page = build_page(result, "p.png", "r.json", "voxfleet bench")
+    assert "not reported by the model" in page
+    assert "1.0 (max 1)" not in page
 
 
 def test_markers_are_created_when_the_page_has_none() -> None:

@@ -97,3 +97,10 @@ def test_goals_report_ratios_and_verdicts() -> None:
 def test_goals_without_the_systems_they_compare_are_not_measured() -> None:
     goals = evaluate_goals([_run("voxfleet", 1, 100)], machine_limit_streams=None)
     assert [goal.met for goal in goals] == [None, None, None]
+
+
+def test_auto_levels_include_the_80_percent_point_of_the_limit() -> None:
+    from engines.bench.stats import auto_concurrencies
+
+    assert auto_concurrencies(17.3) == [1, 2, 4, 9, 14, 17, 26]
+    assert auto_concurrencies(0.5) == [1, 2, 4]

@@ -1,0 +1,136 @@
+"""Where a Triton Python model spends its time during a run: py-spy on the backend stubs.
+
+Only the stub processes are sampled (the Python that runs model.py); the summary is the
+share of samples in which each function was on the stack (inclusive), for the functions of
+the `engines` package and onnxruntime's `Session.run`, plus the busiest leaf frames.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from engines.bench.resources import ProcessTree
+
+_OURS = ("engines.", "onnxruntime", "model.py")
+_FRAME = re.compile(r"^(?P<function>.+?) \((?P<file>[^()]*?):(?P<line>\d+)\)$")
+
+
+def summarise_raw(text: str, top: int = 12) -> dict[str, Any]:
+    """py-spy's raw (collapsed stack) output → shares of samples per function."""
+    inclusive: Counter[str] = Counter()
+    leaves: Counter[str] = Counter()
+    samples = 0
+    for line in text.splitlines():
+        stack, _, count_text = line.strip().rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        samples += count
+        functions = []
+        for frame in stack.split(";"):
+            match = _FRAME.match(frame)
+            if match:  # thread and process header frames have no file
+                functions.append(_name(match["function"], match["file"]))
+        if functions:
+            leaves[functions[-1]] += count
+        for function in set(functions):
+            inclusive[function] += count
+
+    def share(counter: Counter[str], keep: Any) -> list[dict[str, Any]]:
+        rows = [(name, n) for name, n in counter.most_common() if keep(name)][:top]
+        return [{"function": name, "share": n / samples} for name, n in rows]
+
+    return {
+        "samples": samples,
+        "inclusive": share(inclusive, lambda name: name.startswith(_OURS)),
+        "leaves": share(leaves, lambda name: True),
+    }
+
+
+def _name(function: str, file: str) -> str:
+    path = file.replace("\\", "/")
+    if "onnxruntime/" in path:
+        return f"onnxruntime {function}"
+    marker = path.rfind("engines/")
+    if marker >= 0:
+        module = path[marker:].removesuffix(".py").replace("/", ".")
+        return f"{module}.{function}"
+    if path == "model.py" or path.endswith("/model.py"):  # the Triton model's own file
+        return f"model.py {function}"
+    return f"{Path(path).stem}.{function}"
+
+
+def _py_spy() -> str | None:
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def backend_stubs(tree: ProcessTree) -> list[int]:
+    stubs = []
+    for process in tree.processes():
+        try:
+            if "triton_python_backend_stub" in " ".join(process.cmdline()):
+                stubs.append(process.pid)
+        except psutil.Error:
+            continue
+    return stubs
+
+
+@dataclass
+class Profiler:
+    """py-spy record on every backend stub of a server, for `duration_s` seconds."""
+
+    tree: ProcessTree
+    duration_s: float
+    work_dir: Path
+    _running: list[tuple[subprocess.Popen[bytes], Path]] = field(default_factory=list)
+    error: str | None = None
+
+    def start(self) -> None:
+        executable = _py_spy()
+        if executable is None:
+            self.error = "py-spy is not installed (pip install py-spy)"
+            return
+        pids = backend_stubs(self.tree)
+        if not pids:
+            self.error = "no Python backend stub under the server process"
+            return
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        for pid in pids:
+            out = self.work_dir / f"py-spy-{pid}.txt"
+            command = [executable, "record", "--pid", str(pid), "--duration",
+                       str(max(1, int(self.duration_s))), "--rate", "50", "--format", "raw",
+                       "--nonblocking", "--output", str(out)]
+            process = subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE)
+            self._running.append((process, out))
+
+    def stop(self) -> dict[str, Any]:
+        if self.error:
+            return {"error": self.error}
+        texts = []
+        errors = []
+        for process, out in self._running:
+            try:
+                _, stderr = process.communicate(timeout=self.duration_s + 30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                _, stderr = process.communicate()
+            if out.exists():
+                texts.append(out.read_text(errors="replace"))
+            else:
+                errors.append(stderr.decode(errors="replace").strip()[-300:])
+        if not texts:
+            return {"error": "; ".join(errors) or "py-spy wrote nothing"}
+        summary = summarise_raw("\n".join(texts))
+        summary["duration_s"] = self.duration_s
+        return summary
