@@ -96,7 +96,7 @@ fi
 "$VOXFLEET" bench \
   --url "127.0.0.1:$VOX" --nobatch-url "127.0.0.1:$NOBATCH" --naive-url "127.0.0.1:$NAIVE" \
   --systems "${BENCH_SYSTEMS:-piper,triton-naive,voxfleet-nobatch,voxfleet}" \
-  --concurrency "${BENCH_CONCURRENCY:-auto}" --duration "${BENCH_DURATION:-10}" --profile \
+  --concurrency "${BENCH_CONCURRENCY:-auto}" --duration "${BENCH_DURATION:-10}" --profile --stage-costs \
   --json "$DOCS/benchmarks-cpu.json" --plot "$DOCS/benchmarks-cpu.png" \
   --markdown "$DOCS/benchmarks.md" "${NOTES[@]}"
 

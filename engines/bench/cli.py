@@ -106,6 +106,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="sample voxfleet's server with py-spy during one point (the first "
                              "at or above 80%% of the machine limit) and report where it spends "
                              "its time")
+    parser.add_argument("--stage-costs", action="store_true",
+                        help="also time the stream model's flow and vocoder windows at batch "
+                             "1, 4 and 8 on this machine (servers idle)")
     parser.add_argument("--json", type=Path, help="write the results as JSON")
     parser.add_argument("--plot", type=Path, help="write a PNG plot")
     parser.add_argument("--markdown", type=Path,
@@ -181,6 +184,11 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                        limit_audio_seconds=limit.audio_seconds)
         print(f"machine limit: one-shot RTF {limit.rtf:.4f} over {limit.audio_seconds:.0f} s "
               f"of audio → {limit.streams:.1f} real-time streams", file=sys.stderr)
+        stage_costs: list[dict[str, Any]] = []
+        if args.stage_costs:
+            from engines.bench.stage_costs import measure_voice_stage_costs
+
+            stage_costs = measure_voice_stage_costs(args.model)
         levels = args.concurrency or auto_concurrencies(limit.streams)
         profile = None
         if args.profile and "voxfleet" in args.systems:
@@ -202,6 +210,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             "systems": list(args.systems),
             "corpus_sentences": len(sentences),
         },
+        "stage_costs": stage_costs,
         "runs": [run.to_json() for run in runs],
         "goals": [vars(goal) for goal in goals],
     }

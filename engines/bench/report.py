@@ -145,6 +145,26 @@ def profile_section(runs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def stage_costs_section(costs: Sequence[dict[str, Any]]) -> str:
+    if not costs:
+        return ""
+    lines = [
+        "### Stage costs of the stream model's windows\n",
+        "The split voice's flow and vocoder timed alone at the stream model's window sizes "
+        "(context included), best of 3, before the sweep. One scheduler step that holds N "
+        "windows takes about N times the batch-1 time unless batching is cheaper per window; "
+        "a stream waits for a whole step between two chunks.\n",
+        "| stage | frames per item | batch | ms per call | ms per second of audio |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {c['stage']} | {c['frames']} | {c['batch']} | {c['ms']:.0f} | "
+        f"{c['ms_per_audio_second']:.0f} |"
+        for c in costs
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def goals_table(goals: Sequence[dict[str, Any]]) -> str:
     lines = ["| goal | measured | target | met |", "|---|---|---|---|"]
     for goal in goals:
@@ -200,6 +220,7 @@ def build_page(
         "### Runs\n",
         runs_table(result["runs"]),
         profile_section(result["runs"]),
+        stage_costs_section(result.get("stage_costs") or []),
         "### Analysis\n",
         kept_block(previous, ANALYSIS_BEGIN, ANALYSIS_END),
         "",

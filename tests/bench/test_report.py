@@ -68,3 +68,12 @@ def test_voxfleet_without_vocoder_counts_does_not_claim_batch_1() -> None:
 def test_markers_are_created_when_the_page_has_none() -> None:
     assert gpu_section(None) == f"{GPU_BEGIN}\n{GPU_END}"
     assert gpu_section("# no markers here") == f"{GPU_BEGIN}\n{GPU_END}"
+
+
+def test_stage_costs_table() -> None:
+    from engines.bench.report import stage_costs_section
+
+    table = stage_costs_section([{"stage": "vocoder, window", "frames": 144, "batch": 4,
+                                  "ms": 228.4, "ms_per_audio_second": 34.2}])
+    assert "| vocoder, window | 144 | 4 | 228 | 34 |" in table
+    assert stage_costs_section([]) == ""
