@@ -97,7 +97,10 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
         elif request.action == enums.action.UPDATE and isinstance(request.data, list):
             self._script_json_patch(request)
         response = await super()._handle(request)
-        if request.action in (enums.action.DELETE, enums.action.UPDATE):
+        # Owners disappear on DELETE, or on the JSON patch that removes their last finalizer.
+        if request.action == enums.action.DELETE or (
+            request.action == enums.action.UPDATE and isinstance(request.data, list)
+        ):
             await self._collect_garbage()
         return response
 

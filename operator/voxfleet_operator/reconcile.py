@@ -125,10 +125,13 @@ def valid_peers(rt: Runtime, namespace: str, entries: Iterable[Mapping[str, Any]
     return sorted(peers, key=lambda p: p.voice.name)
 
 
-async def sync_shared(rt: Runtime, namespace: str, peers: Peers) -> dict[str, dict[str, Any]]:
-    """The namespace's shared children (key Secret, each pool's objects), owned by its voices.
+async def sync_shared(
+    rt: Runtime, namespace: str, peers: Peers, pool: str | None = None
+) -> dict[str, dict[str, Any]]:
+    """The namespace's shared children (key Secret, pool objects), owned by its voices.
 
-    Returns the live pool Deployments by pool name. Pools without voices lose their objects.
+    Only `pool`'s objects when it is given (a voice's reconcile touches its own pool), every
+    pool's otherwise. Returns the live pool Deployments by pool name.
     """
     deployments: dict[str, dict[str, Any]] = {}
     async with rt.lock(namespace):
@@ -143,6 +146,8 @@ async def sync_shared(rt: Runtime, namespace: str, peers: Peers) -> dict[str, di
             by_pool.setdefault(peer.pool.name, []).append(peer)
         monitor = await rt.service_monitor_available()
         for pool_name, pool_members in sorted(by_pool.items()):
+            if pool is not None and pool_name != pool:
+                continue
             plan = plan_pool(pool_members[0].pool, namespace, [m.voice for m in pool_members])
             pool_owners = [m.body for m in pool_members]
             for child in render_pool(plan, rt.config.engine_cache_pvc, monitor):
@@ -154,7 +159,7 @@ async def sync_shared(rt: Runtime, namespace: str, peers: Peers) -> dict[str, di
 
 async def remove_from_pool(rt: Runtime, namespace: str, pool: Pool, peers: Peers) -> None:
     """After a voice leaves: re-own the shared children, or delete its pool's if it was last."""
-    await sync_shared(rt, namespace, peers)
+    await sync_shared(rt, namespace, peers, pool.name)
     async with rt.lock(namespace):
         if any(p.pool.name == pool.name for p in valid_peers(rt, namespace, peers())):
             return
@@ -383,7 +388,7 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
             entries = [*entries, own]
         return entries
 
-    deployments = await sync_shared(rt, namespace, peers_and_self)
+    deployments = await sync_shared(rt, namespace, peers_and_self, pool.name)
     for child in render_voice(voice, rt.config.pools, rt.config.engine_cache_pvc):
         if child["kind"] != "Job":
             await ensure(rt.client, with_owners(child, [body]))
