@@ -1,0 +1,71 @@
+"""Pools from the operator's configuration file, with errors that name the problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from voxfleet_operator.pools import PoolsConfigError, load_pools
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "pools.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_pools_file_with_defaults_filled_in(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "defaultPool: t4\n"
+        "pools:\n"
+        "  - name: t4\n"
+        "    nodeSelector: {cloud.google.com/gke-accelerator: nvidia-tesla-t4}\n"
+        "    tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]\n"
+        "  - {name: l4, gpuProduct: NVIDIA-L4, gpuMemory: 24Gi, gpusPerPod: 2, maxPods: 3}\n",
+    )
+    pools = load_pools(path)
+    assert pools.get(None).name == "t4"
+    t4 = pools.get("t4")
+    assert t4.gpu_product == "Tesla-T4" and t4.gpu_memory == "16Gi" and t4.gpus_per_pod == 1
+    assert t4.node_selector == {"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}
+    assert pools.get("l4").gpus_per_pod == 2 and pools.get("l4").max_pods == 3
+
+
+def test_env_var_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "defaultPool: a\npools: [{name: a, maxPods: 9}]\n")
+    monkeypatch.setenv("VOXFLEET_POOLS_FILE", str(path))
+    assert load_pools().get(None).max_pods == 9
+    monkeypatch.delenv("VOXFLEET_POOLS_FILE")
+    assert load_pools().get(None).name == "t4"  # built-in single T4 pool
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("defaultPool: x\npools: [{name: a}]\n", "defaultPool 'x' is not one of the pools: a"),
+        ("defaultPool: a\npools: [{name: a}, {name: a}]\n", "repeated: a"),
+        ("defaultPool: a\npools: []\n", "pools: List should have at least 1 item"),
+        ("defaultPool: a\npools: [{name: a, gpusPerPod: 0}]\n", "pools.0.gpusPerPod"),
+        ("defaultPool: a\npools: [{name: A_B}]\n", "pools.0.name: String should match"),
+        ("defaultPool: a\npools: [{name: a, gpu: 1}]\n", "pools.0.gpu: Extra inputs"),
+        ("- a\n- b\n", "expected a mapping with defaultPool and pools"),
+        ("pools: [\n", "is not valid YAML"),
+    ],
+)
+def test_bad_pools_files_are_rejected_with_the_reason(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(PoolsConfigError) as caught:
+        load_pools(path)
+    assert message in str(caught.value)
+    assert str(path) in str(caught.value)
+
+
+def test_missing_file_and_unknown_pool(tmp_path: Path) -> None:
+    with pytest.raises(PoolsConfigError, match="cannot read pools file"):
+        load_pools(tmp_path / "absent.yaml")
+    pools = load_pools(write(tmp_path, "defaultPool: a\npools: [{name: a}, {name: b}]\n"))
+    with pytest.raises(KeyError, match="pool 'c' is not configured; known pools: a, b"):
+        pools.get("c")

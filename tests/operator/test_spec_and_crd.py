@@ -1,0 +1,196 @@
+"""The TTSVoice API: defaults, rejections users can act on, and the CRD generated from it."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from typing import Any
+
+import celpy
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from pydantic import ValidationError
+from voxfleet_operator.crd import build_crd
+from voxfleet_operator.spec import TTSVoiceSpec
+from voxfleet_operator.voices import describe_validation_error
+
+URL_SOURCE = {"url": "https://voices.example.com/joe.onnx", "sha256": "ab" * 32}
+
+
+def spec_schema() -> dict[str, Any]:
+    crd = build_crd()
+    schema: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema["properties"]["spec"]  # type: ignore[no-any-return]
+
+
+def test_minimal_voice_gets_the_documented_defaults() -> None:
+    spec = TTSVoiceSpec.model_validate({"source": URL_SOURCE})
+    assert spec.pool is None  # the operator's default pool
+    assert spec.precision.value == "fp16"
+    assert (spec.streaming.first_window_frames, spec.streaming.steady_window_frames) == (16, 32)
+    assert spec.streaming.context_frames == 8
+    assert (spec.batching.max_batch_size, spec.batching.max_queue_delay_ms) == (8, 5)
+    assert (spec.limits.max_text_bytes, spec.limits.max_concurrent_streams) == (4096, 64)
+    assert spec.speaking_rate == 1.0
+    assert (spec.autoscaling.min_replicas, spec.autoscaling.max_replicas) == (1, 4)
+    assert spec.autoscaling.target_first_audio_p95_ms == 300
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"source": {}}, "exactly one of pvc or url, got neither"),
+        (
+            {"source": {**URL_SOURCE, "pvc": {"claimName": "v", "path": "joe.onnx"}}},
+            "exactly one of pvc or url, got ['pvc', 'url']",
+        ),
+        ({"source": {"url": "https://x/j.onnx"}}, "source.url needs source.sha256"),
+        (
+            {"source": URL_SOURCE, "autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
+            "minReplicas must not exceed autoscaling.maxReplicas (5 > 2)",
+        ),
+        (
+            {"source": URL_SOURCE, "streaming": {"firstWindowFrames": 64}},
+            "firstWindowFrames must not exceed streaming.steadyWindowFrames (64 > 32)",
+        ),
+        (
+            {
+                "source": URL_SOURCE,
+                "batching": {"maxBatchSize": 64},
+                "streaming": {"steadyWindowFrames": 256},
+            },
+            "= 17408 frames, the limit is 8192",
+        ),
+        (
+            {
+                "source": URL_SOURCE,
+                "batching": {"maxBatchSize": 16},
+                "limits": {"maxConcurrentStreams": 4},
+            },
+            "maxBatchSize must not exceed limits.maxConcurrentStreams (16 > 4)",
+        ),
+        ({"source": URL_SOURCE, "speakingRate": 9}, "speakingRate: Input should be less"),
+        ({"source": URL_SOURCE, "precision": "int4"}, "spec.precision: Input should be"),
+        ({"source": URL_SOURCE, "colour": "blue"}, "spec.colour: Extra inputs"),
+    ],
+)
+def test_invalid_specs_say_what_is_wrong(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        TTSVoiceSpec.model_validate(spec)
+    assert message in describe_validation_error(caught.value)
+
+
+def test_crd_identity_printer_columns_and_status() -> None:
+    crd = build_crd()
+    assert crd["metadata"]["name"] == "ttsvoices.voxfleet.io"
+    names = crd["spec"]["names"]
+    assert (names["kind"], names["plural"], names["shortNames"]) == (
+        "TTSVoice",
+        "ttsvoices",
+        ["ttsv"],
+    )
+    assert crd["spec"]["scope"] == "Namespaced"
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Phase", "Pool", "Endpoint", "Ready", "Age"]
+    # The CRD itself is a valid object for the API server's own schema.
+    kubernetes_validate.validate(crd, "1.30", strict=True)
+
+
+def _walk(node: dict[str, Any], path: str = "spec") -> Any:
+    yield path, node
+    for name, child in (node.get("properties") or {}).items():
+        yield from _walk(child, f"{path}.{name}")
+    if "items" in node:
+        yield from _walk(node["items"], f"{path}[]")
+
+
+def test_schema_is_structural_and_documented() -> None:
+    for path, node in _walk(spec_schema()):
+        assert "type" in node, f"{path} has no type"
+        assert "description" in node, f"{path} has no description"
+        forbidden = {"$ref", "anyOf", "allOf", "additionalProperties", "title"} & set(node)
+        assert not forbidden, f"{path} has {forbidden}"
+        if node.get("type") == "string" and "x-kubernetes-validations" in node:
+            assert "maxLength" in node  # CEL cost estimation needs bounded strings
+
+
+def _default(schema: dict[str, Any], value: Any) -> Any:
+    """Apply schema defaults the way the API server does (before CEL runs)."""
+    if schema.get("type") != "object" or not isinstance(value, dict):
+        return value
+    out = dict(value)
+    for name, prop in (schema.get("properties") or {}).items():
+        if name not in out and "default" in prop:
+            out[name] = copy.deepcopy(prop["default"])
+        if name in out:
+            out[name] = _default(prop, out[name])
+    return out
+
+
+def _cel_failures(schema: dict[str, Any], value: Any) -> list[str]:
+    env = celpy.Environment()
+    failures = []
+    for rule in schema.get("x-kubernetes-validations") or []:
+        program = env.program(env.compile(rule["rule"]))
+        if not program.evaluate({"self": celpy.json_to_cel(value)}):
+            failures.append(rule["message"])
+    for name, prop in (schema.get("properties") or {}).items():
+        if isinstance(value, dict) and name in value:
+            failures += _cel_failures(prop, value[name])
+    return failures
+
+
+CROSS_FIELD_CASES = [
+    {"source": URL_SOURCE},
+    {"source": {"pvc": {"claimName": "voices", "path": "en/joe.onnx"}}},
+    {"source": {}},
+    {"source": {**URL_SOURCE, "pvc": {"claimName": "v", "path": "j.onnx"}}},
+    {"source": {"url": "https://x/j.onnx"}},
+    {"source": URL_SOURCE, "autoscaling": {"minReplicas": 3, "maxReplicas": 3}},
+    {"source": URL_SOURCE, "autoscaling": {"minReplicas": 4, "maxReplicas": 3}},
+    {"source": URL_SOURCE, "streaming": {"firstWindowFrames": 32}},
+    {"source": URL_SOURCE, "streaming": {"firstWindowFrames": 33}},
+    {
+        "source": URL_SOURCE,
+        "batching": {"maxBatchSize": 64},
+        "streaming": {"steadyWindowFrames": 96, "contextFrames": 16},
+    },
+    {
+        "source": URL_SOURCE,
+        "batching": {"maxBatchSize": 64},
+        "streaming": {"steadyWindowFrames": 96, "contextFrames": 17},
+    },
+    {"source": URL_SOURCE, "batching": {"maxBatchSize": 65}},
+    {"source": URL_SOURCE, "batching": {"maxBatchSize": 8}, "limits": {"maxConcurrentStreams": 7}},
+]
+
+
+@pytest.mark.parametrize("spec", CROSS_FIELD_CASES)
+def test_cel_rules_and_operator_validation_agree(spec: dict[str, Any]) -> None:
+    """The API server (OpenAPI + CEL) and the operator accept and reject the same voices."""
+    schema = spec_schema()
+    defaulted = _default(schema, spec)
+    plain = yaml.safe_load(yaml.safe_dump(schema).replace("x-kubernetes-validations", "x-cel"))
+    try:
+        jsonschema.validate(defaulted, plain)
+        server_accepts = not _cel_failures(schema, defaulted)
+    except jsonschema.ValidationError:
+        server_accepts = False
+    try:
+        TTSVoiceSpec.model_validate(spec)
+        operator_accepts = True
+    except ValidationError:
+        operator_accepts = False
+    assert server_accepts == operator_accepts
+
+
+def test_voxfleet_crd_prints_the_generated_crd() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "engines.cli", "crd"], capture_output=True, text=True, check=True
+    )
+    assert yaml.safe_load(result.stdout) == build_crd()
