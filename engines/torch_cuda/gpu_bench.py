@@ -349,7 +349,11 @@ def main(argv: list[str] | None = None) -> int:
         save()
     if "streams" not in skip:
         started = time.monotonic()
-        result["graphs_warmed"] = stages.warmup(flow_frames=(96, 320), vocoder_frames=(32, 144))
+        result["graphs_warmed"] = stages.warmup(
+            flow_frames=(96, 320),
+            vocoder_frames=(32, 144),
+            encoder_phonemes=range(32, 32 * (1 + max(len(ids) for ids in corpus) // 32) + 1, 32),
+        )
         result["warmup_seconds"] = round(time.monotonic() - started, 1)
         print("warmup", result["graphs_warmed"], result["warmup_seconds"], flush=True)
         runs = result.setdefault("streams", [])

@@ -24,9 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from engines.torch_cuda import acoustic
+from engines.torch_cuda.acoustic import EncoderCore
 from engines.torch_cuda.convert import OnnxModule
 
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+ENCODER_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -46,7 +49,10 @@ def bucket_for(batch: int, buckets: Sequence[int]) -> int:
 class _Captured:
     graph: torch.cuda.CUDAGraph
     inputs: dict[str, torch.Tensor]
-    output: torch.Tensor
+    outputs: list[torch.Tensor]
+
+
+StageFunction = Callable[[dict[str, torch.Tensor]], list[torch.Tensor]]
 
 
 class GraphedStage:
@@ -54,62 +60,82 @@ class GraphedStage:
 
     def __init__(
         self,
-        module: OnnxModule,
+        module: OnnxModule | None,
         batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
         use_graphs: bool = True,
         max_graphs: int = 256,
         pool: Any = None,
         frame_multiple: int = 1,
+        function: StageFunction | None = None,
+        device: torch.device | None = None,
     ) -> None:
         self.module = module
+        if function is None:
+            assert module is not None
+            onnx_module = module
+
+            def function(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+                return onnx_module(**inputs)
+
+        self.function = function
+        if device is None:
+            assert module is not None
+            device = module.device
+        self.device = device
         self.buckets = tuple(sorted(batch_buckets))
         # Frames are padded (zeros, on the right) up to a multiple of this, so that the few
         # window widths the stream model sends share graphs; outputs are cut back.
         self.frame_multiple = frame_multiple
-        self.use_graphs = use_graphs and module.device.type == "cuda"
+        self.use_graphs = use_graphs and self.device.type == "cuda"
         self.max_graphs = max_graphs
         self.pool = pool
         self.graphs: dict[tuple[int, tuple[tuple[int, ...], ...]], _Captured] = {}
         self.batch_histogram: dict[int, int] = {}
         self._lock = threading.Lock()
 
-    def _eager(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.module(**inputs)[0]
+    def _transfers(self) -> int:
+        return self.module.transfers if self.module is not None else 0
 
     def _capture(self, bucket: int, inputs: dict[str, torch.Tensor]) -> _Captured:
         static = {
             name: torch.zeros((bucket, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
             for name, tensor in inputs.items()
         }
-        side = torch.cuda.Stream(device=self.module.device)
-        side.wait_stream(torch.cuda.current_stream(self.module.device))
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):  # cuDNN picks its algorithms here, outside the capture
-                self._eager(static)
-        torch.cuda.current_stream(self.module.device).wait_stream(side)
-        transfers = self.module.transfers
+                self.function(static)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        transfers = self._transfers()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            output = self._eager(static)
-        if self.module.transfers != transfers:
+            outputs = self.function(static)
+        if self._transfers() != transfers:
             raise TorchCudaError("the stage moved values between host and device while captured")
-        return _Captured(graph=graph, inputs=static, output=output)
+        return _Captured(graph=graph, inputs=static, outputs=list(outputs))
 
     def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.run(inputs)[0]
+
+    def run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         frames = next(iter(inputs.values())).shape[-1]
         padded = -(-frames // self.frame_multiple) * self.frame_multiple
         if padded == frames:
             return self._run(inputs)
-        output = self._run(
+        outputs = self._run(
             {
                 name: torch.nn.functional.pad(t, (0, padded - frames)) if t.dim() == 3 else t
                 for name, t in inputs.items()
             }
         )
-        per_frame = output.shape[-1] // padded
-        return output[..., : frames * per_frame]
+        cut = []
+        for output in outputs:
+            per_frame = output.shape[-1] // padded
+            cut.append(output[..., : frames * per_frame])
+        return cut
 
-    def _run(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         batch = next(iter(inputs.values())).shape[0]
         largest = self.buckets[-1]
         if batch > largest:
@@ -117,24 +143,24 @@ class GraphedStage:
                 self._run({name: t[start : start + largest] for name, t in inputs.items()})
                 for start in range(0, batch, largest)
             ]
-            return torch.cat(parts)
+            return [torch.cat(column) for column in zip(*parts, strict=True)]
         bucket = bucket_for(batch, self.buckets)
         with self._lock:
             self.batch_histogram[batch] = self.batch_histogram.get(batch, 0) + 1
             if not self.use_graphs:
-                return self._eager(inputs)
+                return list(self.function(inputs))
             shape_key = tuple(tuple(t.shape[1:]) for t in inputs.values())
             captured = self.graphs.get((bucket, shape_key))
             if captured is None:
                 if len(self.graphs) >= self.max_graphs:
-                    return self._eager(inputs)
+                    return list(self.function(inputs))
                 captured = self._capture(bucket, inputs)
                 self.graphs[(bucket, shape_key)] = captured
             for name, tensor in inputs.items():
                 captured.inputs[name][:batch].copy_(tensor)
             captured.graph.replay()
-            # The next replay overwrites the static output: hand out a copy.
-            return captured.output[:batch].clone()
+            # The next replay overwrites the static outputs: hand out copies.
+            return [output[:batch].clone() for output in captured.outputs]
 
 
 def _read_precision(engine_dir: Path) -> str:
@@ -189,15 +215,39 @@ class TorchCudaStages:
             )
         self.encoder = OnnxModule(engine_dir / "encoder.onnx", self.device, torch.float32)
         pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" and use_graphs else None
+        # The encoder's fixed-shape part as torch modules, graphed per (batch, phonemes); the
+        # node-by-node port stays for graphs without the Piper weight names (multi-speaker).
+        self.encoder_core: EncoderCore | None = None
+        self.encoder_stage: GraphedStage | None = None
+        try:
+            self.encoder_core = acoustic.from_onnx(engine_dir / "encoder.onnx", self.device)
+        except acoustic.NotPiperVits:
+            pass
+        if self.encoder_core is not None:
+            core = self.encoder_core
+
+            def encoder_function(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+                return list(core(inputs["ids"], inputs["lengths"], inputs["noise"]))
+
+            self.encoder_stage = GraphedStage(
+                None,
+                ENCODER_BATCH_BUCKETS,
+                use_graphs,
+                pool=pool,
+                function=encoder_function,
+                device=self.device,
+            )
+        self.flow_module = OnnxModule(engine_dir / "flow.onnx", self.device, dtype)
+        self.vocoder_module = OnnxModule(engine_dir / "vocoder.onnx", self.device, dtype)
         self.flow_stage = GraphedStage(
-            OnnxModule(engine_dir / "flow.onnx", self.device, dtype),
+            self.flow_module,
             batch_buckets,
             use_graphs,
             pool=pool,
             frame_multiple=flow_frame_multiple,
         )
         self.vocoder_stage = GraphedStage(
-            OnnxModule(engine_dir / "vocoder.onnx", self.device, dtype),
+            self.vocoder_module,
             batch_buckets,
             use_graphs,
             pool=pool,
@@ -229,6 +279,20 @@ class TorchCudaStages:
         padded = -(-ids.shape[1] // 32) * 32
         if padded != ids.shape[1]:
             ids = torch.nn.functional.pad(ids, (0, padded - ids.shape[1]))
+        if self.encoder_stage is not None:
+            self._speaker(self.encoder, ids.shape[0], speaker_ids)  # refuses speaker ids != 0
+            noise_scale, length_scale, noise_w = (float(v) for v in scales.reshape(-1)[:3])
+            noise = torch.randn(ids.shape[0], 2, ids.shape[1], device=self.device) * noise_w
+            with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False):
+                # Durations are ceil()ed: TF32 convolutions could move frame boundaries.
+                m_p, logs_p, x_mask, logw = self.encoder_stage.run(
+                    {
+                        "ids": ids.to(self.device, torch.int64),
+                        "lengths": lengths.to(self.device, torch.int64),
+                        "noise": noise,
+                    }
+                )
+            return acoustic.expand(m_p, logs_p, x_mask, logw, length_scale, noise_scale)
         feeds = {
             "input": ids.to(self.device, torch.int64),
             "input_lengths": lengths.to(self.device, torch.int64),
@@ -241,15 +305,15 @@ class TorchCudaStages:
     def flow_tensor(
         self, prior: torch.Tensor, mask: torch.Tensor, speaker_ids=None
     ) -> torch.Tensor:
-        dtype = self.flow_stage.module.float_dtype
+        dtype = self.flow_module.float_dtype
         feeds = {"prior": prior.to(self.device, dtype), "mask": mask.to(self.device, dtype)}
-        feeds.update(self._speaker(self.flow_stage.module, prior.shape[0], speaker_ids))
+        feeds.update(self._speaker(self.flow_module, prior.shape[0], speaker_ids))
         return self.flow_stage(feeds)
 
     def vocode_tensor(self, latent: torch.Tensor, speaker_ids=None) -> torch.Tensor:
-        dtype = self.vocoder_stage.module.float_dtype
+        dtype = self.vocoder_module.float_dtype
         feeds = {"latent": latent.to(self.device, dtype)}
-        feeds.update(self._speaker(self.vocoder_stage.module, latent.shape[0], speaker_ids))
+        feeds.update(self._speaker(self.vocoder_module, latent.shape[0], speaker_ids))
         audio = self.vocoder_stage(feeds)
         return audio.reshape(audio.shape[0], -1)
 
@@ -276,8 +340,15 @@ class TorchCudaStages:
         flow_frames: Sequence[int],
         vocoder_frames: Sequence[int],
         batches: Sequence[int] | None = None,
+        encoder_phonemes: Sequence[int] = (),
     ) -> int:
         """Capture the graphs of these shapes now rather than on first use; returns a count."""
+        if self.encoder_stage is not None:
+            scales = torch.tensor([0.667, 1.0, 0.8])
+            for phonemes in encoder_phonemes:
+                for batch in self.encoder_stage.buckets:
+                    ids = torch.full((batch, phonemes), 20, dtype=torch.int64)
+                    self.encode_tensor(ids, torch.full((batch,), phonemes), scales)
         batches = batches or self.flow_stage.buckets
         channels = 192
         for frames in flow_frames:
@@ -289,7 +360,8 @@ class TorchCudaStages:
                 self.vocode_tensor(torch.zeros(batch, channels, frames, device=self.device))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return len(self.flow_stage.graphs) + len(self.vocoder_stage.graphs)
+        encoder_graphs = len(self.encoder_stage.graphs) if self.encoder_stage else 0
+        return len(self.flow_stage.graphs) + len(self.vocoder_stage.graphs) + encoder_graphs
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:

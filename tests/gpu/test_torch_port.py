@@ -166,3 +166,74 @@ def test_torch_cuda_entry_records_its_precision(tmp_path: Path) -> None:
 
     assert _read_precision(entry.path) == "fp16"
     assert {info["stage"] for info in entry.files.values()} == {"encoder", "flow", "vocoder", ""}
+
+
+def _padded_batch(sentences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.zeros((len(sentences), max(map(len, sentences))), dtype=np.int64)
+    for row, sentence in enumerate(sentences):
+        ids[row, : len(sentence)] = sentence
+    return ids, np.array([len(s) for s in sentences], dtype=np.int64)
+
+
+def test_encoder_modules_match_onnxruntime(stage_dir: Path, corpus_ids: list[list[int]]) -> None:
+    from engines.torch_cuda import acoustic
+
+    ids, lengths = _padded_batch([corpus_ids[0], corpus_ids[5], corpus_ids[9]])
+    scales = np.array([0.0, 1.0, 0.0], dtype=np.float32)
+    feeds = {"input": ids, "input_lengths": lengths, "scales": scales}
+    prior, mask = session(stage_dir / "encoder.onnx").run(None, feeds)
+    core = acoustic.from_onnx(stage_dir / "encoder.onnx", torch.device("cpu"))
+    with torch.no_grad():
+        outputs = core(
+            torch.from_numpy(ids), torch.from_numpy(lengths), torch.zeros(3, 2, ids.shape[1])
+        )
+        got_prior, got_mask = acoustic.expand(*outputs, length_scale=1.0, noise_scale=0.0)
+    assert np.array_equal(got_mask.numpy(), mask)  # the same durations, frame for frame
+    assert relative_error(got_prior.numpy(), prior) < 1e-4
+
+
+def test_encoder_modules_match_the_graph_with_noise(
+    stage_dir: Path, corpus_ids: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same noise into both: checks the spline away from 0, where noise 0 never goes."""
+    from engines.torch_cuda import acoustic, convert
+
+    ids, lengths = _padded_batch([corpus_ids[1], corpus_ids[2]])
+    z = torch.randn(2, 2, ids.shape[1], generator=torch.Generator().manual_seed(3))
+    core = acoustic.from_onnx(stage_dir / "encoder.onnx", torch.device("cpu"))
+    with torch.no_grad():
+        outputs = core(torch.from_numpy(ids), torch.from_numpy(lengths), z * 0.8)
+        prior, mask = acoustic.expand(
+            *outputs,
+            length_scale=1.0,
+            noise_scale=0.667,
+            generator=torch.Generator().manual_seed(7),
+        )
+    noises = [z, torch.randn(prior.shape, generator=torch.Generator().manual_seed(7))]
+
+    def replay_noise(module: object, node: object, args: list) -> list:
+        return [noises.pop(0).reshape(args[0].shape)]
+
+    monkeypatch.setitem(convert._OPS, "RandomNormalLike", replay_noise)
+    graph_prior, graph_mask = OnnxModule(stage_dir / "encoder.onnx")(
+        input=torch.from_numpy(ids),
+        input_lengths=torch.from_numpy(lengths),
+        scales=torch.tensor([0.667, 1.0, 0.8]),
+    )
+    assert torch.equal(mask, graph_mask)
+    assert torch.allclose(prior, graph_prior, atol=1e-4)
+
+
+def test_runtime_encode_pads_phonemes_without_changing_the_result(
+    stage_dir: Path, corpus_ids: list[list[int]]
+) -> None:
+    ids, lengths = _padded_batch([corpus_ids[3], corpus_ids[4]])
+    scales = np.array([0.0, 1.0, 0.0], dtype=np.float32)
+    expected_prior, expected_mask = session(stage_dir / "encoder.onnx").run(
+        None, {"input": ids, "input_lengths": lengths, "scales": scales}
+    )
+    stages = TorchCudaStages(stage_dir, device="cpu", precision="fp32")
+    assert stages.encoder_stage is not None  # the joe voice takes the module path
+    prior, mask = stages.encode(ids, lengths, scales)
+    assert np.array_equal(mask, expected_mask)
+    assert relative_error(prior, expected_prior) < 1e-4
