@@ -114,6 +114,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--markdown", type=Path,
                         help="rewrite this page (e.g. docs/benchmarks.md) with table and plot, "
                              "keeping its GPU section")
+    parser.add_argument("--from-json", type=Path, metavar="FILE",
+                        help="run nothing: redraw --plot and rewrite --markdown from a previous "
+                             "--json file")
     parser.add_argument("--note", action="append", default=[],
                         help="a line to add under the machine description (repeatable)")
     parser.set_defaults(func=run_bench)
@@ -125,11 +128,25 @@ def run_bench(args: argparse.Namespace) -> int:
     from engines.bench.corpus import CorpusError
     from engines.bench.systems import BenchSystemError
 
+    if args.from_json:
+        try:
+            result = json.loads(args.from_json.read_text("utf-8"))
+        except (OSError, ValueError) as error:
+            print(f"voxfleet bench: cannot read results {args.from_json}: {error}",
+                  file=sys.stderr)
+            return 1
+        # Never overwrite the results being rendered; link the page to them instead.
+        args.json, args.json_link = None, args.from_json
+        _write_outputs(args, result)
+        return 0
     try:
         result = asyncio.run(_bench(args))
     except (BenchSystemError, CorpusError) as error:
         print(f"voxfleet bench: {error}", file=sys.stderr)
         return 1
+    result["command"] = (
+        " ".join(["voxfleet", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else "voxfleet bench"
+    )
     _write_outputs(args, result)
     for goal in result["goals"]:
         verdict = {True: "met", False: "MISSED", None: "not measured"}[goal["met"]]
@@ -257,12 +274,12 @@ def _write_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
         from engines.bench.report import build_page
 
         previous = args.markdown.read_text("utf-8") if args.markdown.exists() else None
+        json_link = args.json or getattr(args, "json_link", None)
         page = build_page(
             _json_safe(result),
             plot_name=_relative(args.plot, args.markdown) if args.plot else "",
-            json_name=_relative(args.json, args.markdown) if args.json else "",
-            command=" ".join(["voxfleet", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"]
-            else "voxfleet bench",
+            json_name=_relative(json_link, args.markdown) if json_link else "",
+            command=result.get("command", "voxfleet bench"),
             previous=previous,
             notes=args.note,
         )

@@ -140,7 +140,7 @@ def profile_section(runs: Sequence[dict[str, Any]]) -> str:
         )
         lines.append("| function | share of samples |\n|---|---:|")
         lines += [f"| `{row['function']}` | {100 * row['share']:.0f} % |"
-                  for row in profile.get("inclusive", [])]
+                  for row in profile.get("inclusive", []) if row["share"] >= 0.005]
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -219,14 +219,14 @@ def build_page(
         goals_table(result.get("goals", [])),
         "### Runs\n",
         runs_table(result["runs"]),
+        f"![first-audio p95 and underrun rate against concurrency]({plot_name})\n"
+        if plot_name else "",
+        f"Raw results: [`{json_name}`]({json_name}).\n" if json_name else "",
         profile_section(result["runs"]),
         stage_costs_section(result.get("stage_costs") or []),
         "### Analysis\n",
         kept_block(previous, ANALYSIS_BEGIN, ANALYSIS_END),
         "",
-        f"![first-audio p95 and underrun rate against concurrency]({plot_name})\n"
-        if plot_name else "",
-        f"Raw results: [`{json_name}`]({json_name}).\n" if json_name else "",
         METHOD,
         "## GPU\n",
         gpu_section(previous),
