@@ -74,12 +74,19 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
     _versions = itertools.count(1)
     # Every write served, as "METHOD /path", for the tests' zero-write assertions.
     writes: list[str]
+    # Paths whose next PATCHes answer 409 Conflict, as a busy API server sometimes does.
+    conflicts: dict[str, int]
 
     async def _handle(self, request: rendering.Request) -> Any:
         if not hasattr(self, "writes"):
-            self.writes = []
+            self.writes, self.conflicts = [], {}
         if request.method in ("PATCH", "PUT", "POST"):
             self.writes.append(f"{request.method} {request.url.path}")
+        if request.method == "PATCH" and self.conflicts.get(request.url.path, 0) > 0:
+            self.conflicts[request.url.path] -= 1
+            raise kmock.KubernetesError(
+                status=409, reason="Conflict", message="the object has been modified"
+            )
         # KMock matches each request against its whole request log, so serving N requests
         # costs O(N^2); only the recent log matters here (counts are kept in `writes`).
         del self._requests[:-64]

@@ -299,3 +299,58 @@ async def test_no_writes_once_converged(api: Api, operator: None, tmp_path: Path
     writes = api.writes()[len(writes_before) :]
     print(f"requests by 20 no-op reconciles x 2 voices: {client.requests}; writes: {len(writes)}")
     assert writes == []
+
+
+@pytest.mark.skipif(REAL_CLUSTER, reason="scripts the emulator")
+async def test_conflicts_are_retried_and_service_monitor_follows_its_crd(
+    api: Api, tmp_path: Path
+) -> None:
+    import kmock
+    from operator_harness import running_operator
+
+    assert api.emulator is not None
+    api.emulator.resources["monitoring.coreos.com/v1/servicemonitors"] = kmock.ResourceInfo(
+        kind="ServiceMonitor", namespaced=True
+    )
+    # A Secret of that name that the operator does not manage (Helm's) is left alone.
+    await api.create(
+        "v1",
+        "secrets",
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": "voxfleet-repository-key",
+                "labels": {"app.kubernetes.io/managed-by": "Helm"},
+            },
+            "data": {"repository-key": "aGVsbQ=="},
+        },
+    )
+    async with running_operator(tmp_path, resync_seconds=0.5):
+        await api.create(*VOICES, voice("joe"))
+        monitor = await eventually(
+            lambda: api.get("monitoring.coreos.com/v1", "servicemonitors", "voxfleet-triton-t4")
+        )
+        assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+        await api.patch(
+            "apps/v1",
+            "deployments",
+            "voxfleet-triton-t4",
+            {"spec": {"template": {"spec": {"terminationGracePeriodSeconds": 1}}}},
+        )
+        # The operator's next two patches of it are refused with 409 Conflict.
+        path = Api.path("apps/v1", "deployments", "voxfleet-triton-t4")
+        api.emulator.conflicts[path] = 2
+
+        async def restored() -> bool:
+            deployment = await api.get("apps/v1", "deployments", "voxfleet-triton-t4")
+            return bool(deployment) and (
+                deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 30
+            )
+
+        await eventually(restored, timeout=5)
+        assert api.emulator.conflicts[path] == 0  # both conflicts were met and retried
+        secret = await api.get("v1", "secrets", "voxfleet-repository-key")
+        assert secret is not None and secret["data"] == {"repository-key": "aGVsbQ=="}
+        assert "ownerReferences" not in secret["metadata"]

@@ -21,6 +21,7 @@ from voxfleet_operator.config import OperatorConfig
 from voxfleet_operator.kube import PLURALS, KubeClient, Resource
 from voxfleet_operator.names import (
     ENGINE_KEY_LABEL,
+    MANAGED_BY,
     VOICE_LABEL,
     endpoint,
     engine_job_name,
@@ -51,6 +52,7 @@ TTSVOICES = PLURALS[("voxfleet.io/v1alpha1", "TTSVoice")]
 JOBS = PLURALS[("batch/v1", "Job")]
 PODS = PLURALS[("v1", "Pod")]
 DEPLOYMENTS = PLURALS[("apps/v1", "Deployment")]
+SECRETS = PLURALS[("v1", "Secret")]
 LOADED_PREFIX = "loaded.voxfleet.io/"
 SERVICE_MONITOR_API = "/apis/monitoring.coreos.com/v1"
 SERVICE_MONITOR_RECHECK_SECONDS = 300.0
@@ -139,8 +141,7 @@ async def sync_shared(
         if not members:
             return deployments
         owners = [p.body for p in members]
-        secret = build_repository_key_secret(namespace, rt.config.repository_key)
-        await ensure(rt.client, with_owners(secret, owners))
+        await sync_key_secret(rt, namespace, owners)
         by_pool: dict[str, list[Peer]] = {}
         for peer in members:
             by_pool.setdefault(peer.pool.name, []).append(peer)
@@ -155,6 +156,21 @@ async def sync_shared(
                 if child["kind"] == "Deployment":
                     deployments[pool_name] = live
     return deployments
+
+
+async def sync_key_secret(rt: Runtime, namespace: str, owners: list[Mapping[str, Any]]) -> None:
+    """The namespace's copy of the repository key, unless someone else manages that Secret.
+
+    In the chart's own namespace the Secret comes from Helm; taking it over would let the
+    garbage collector delete it with the last voice.
+    """
+    secret = build_repository_key_secret(namespace, rt.config.repository_key)
+    live = await rt.client.get(SECRETS, namespace, secret["metadata"]["name"])
+    if live is not None:
+        labels = (live.get("metadata") or {}).get("labels") or {}
+        if labels.get("app.kubernetes.io/managed-by") != MANAGED_BY:
+            return
+    await ensure(rt.client, with_owners(secret, owners))
 
 
 async def remove_from_pool(rt: Runtime, namespace: str, pool: Pool, peers: Peers) -> None:
