@@ -155,7 +155,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
-    from engines.bench.corpus import cycle_sentences, load_corpus, sentence_order
+    from engines.bench.corpus import load_corpus, sentence_order
     from engines.bench.machine import describe_machine, measure_one_shot_limit
     from engines.bench.runner import SweepSettings, run_sweep
     from engines.bench.stats import auto_concurrencies, evaluate_goals, profile_level
@@ -212,7 +212,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             profile = ("voxfleet", profile_level(levels, limit.streams))
         settings = SweepSettings(levels, args.duration, args.drain, args.skip_after_p95_ms,
                                  profile=profile)
-        runs = await run_sweep(systems, cycle_sentences(sentences), settings)
+        runs = await run_sweep(systems, sentences, settings)
     finally:
         for system in systems:
             await system.close()

@@ -21,8 +21,9 @@ METHOD = """\
 ## How it is measured
 
 - **Load**: closed loop. Each of N workers holds one request open and sends the next corpus
-  sentence as soon as the previous one has ended (all systems see the same sentences in the
-  same order). Starts are spread over the first second. No new request starts after the run's
+  sentence as soon as the previous one has ended. Every run starts at the top of the same
+  fixed shuffle of the corpus, so all systems and levels get the same sentences in the same
+  order. Starts are spread over the first second. No new request starts after the run's
   duration; open ones may finish.
 - **First audio**: request sent → first non-empty audio chunk received. For `piper` and
   `triton-naive` that is when the whole sentence is ready, because that is all they offer.

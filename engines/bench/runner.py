@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from engines.bench.corpus import cycle_sentences
 from engines.bench.loadgen import run_closed_loop
 from engines.bench.resources import (
     MachineCpuSampler,
@@ -80,7 +81,7 @@ async def _warm_up(system: BenchSystem, text: str) -> None:
 
 async def run_sweep(
     systems: Sequence[BenchSystem],
-    sentences: Iterator[str],
+    sentences: Sequence[str],
     settings: SweepSettings,
     log: TextIO = sys.stderr,
 ) -> list[RunSummary]:
@@ -107,7 +108,7 @@ async def run_sweep(
 
 
 async def _measure(
-    system: BenchSystem, concurrency: int, sentences: Iterator[str], settings: SweepSettings
+    system: BenchSystem, concurrency: int, sentences: Sequence[str], settings: SweepSettings
 ) -> RunSummary:
     tree = system.server()
     sampler = ResourceSampler(tree) if tree is not None else None
@@ -128,8 +129,11 @@ async def _measure(
         work = settings.profile_dir or Path(tempfile.mkdtemp(prefix="voxfleet-profile-"))
         profiler = Profiler(tree, settings.duration_s, work)
         profiler.start()
+    # Every run starts at the top of the same sentence order, so that systems and levels are
+    # compared on the same text (a faster system simply gets further down the list).
     result = await run_closed_loop(
-        system.open_stream, sentences, concurrency, settings.duration_s, settings.drain_s
+        system.open_stream, cycle_sentences(sentences), concurrency, settings.duration_s,
+        settings.drain_s,
     )
     server = sampler.stop() if sampler else {}
     client_usage = client.stop() if client else {}

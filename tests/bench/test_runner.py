@@ -1,0 +1,61 @@
+"""The sweep: same sentences for every run, saturated systems stop climbing."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import AsyncIterator
+
+from engines.bench.runner import SweepSettings, run_sweep
+
+
+class FakeSystem:
+    """Answers in one chunk after `delay_s` per open stream (a saturating server)."""
+
+    streaming = False
+
+    def __init__(self, name: str, delay_s: float) -> None:
+        self.name = name
+        self.delay_s = delay_s
+        self.open = 0
+        self.texts_per_run: list[list[str]] = []
+        self.prepared: list[int] = []
+
+    async def prepare(self, concurrency: int) -> None:
+        self.prepared.append(concurrency)
+        self.texts_per_run.append([])
+
+    async def open_stream(self, text: str) -> AsyncIterator[tuple[int, int]]:
+        self.texts_per_run[-1].append(text)
+        self.open += 1
+        try:
+            await asyncio.sleep(self.delay_s * self.open)
+            yield 22050, 22050
+        finally:
+            self.open -= 1
+
+    def server(self) -> None:
+        return None
+
+    async def batch_counts(self) -> dict[str, dict[int, int]]:
+        return {}
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_saturated_system_is_skipped_at_higher_levels_and_text_order_restarts() -> None:
+    fast, slow = FakeSystem("voxfleet", 0.001), FakeSystem("piper", 0.03)
+    settings = SweepSettings([1, 2, 4], duration_s=0.15, skip_after_p95_ms=50)
+    runs = await run_sweep([slow, fast], ["one", "two", "three"], settings, log=io.StringIO())
+    by_key = {(run.system, run.concurrency): run for run in runs}
+    assert fast.prepared == [1, 2, 4]
+    assert slow.prepared == [1, 2]  # p95 at 2 streams ≈ 60 ms > 50 ms: saturated
+    assert by_key[("piper", 4)].skipped and "saturated at concurrency 2" in str(
+        by_key[("piper", 4)].skipped)
+    assert by_key[("voxfleet", 4)].skipped is None and by_key[("voxfleet", 4)].streams > 0
+    # After the warm-up sentence, each run begins at the top of the same order.
+    for system in (slow, fast):
+        for texts in system.texts_per_run:
+            measured = [text for text in texts if text in {"one", "two", "three"}]
+            assert measured[:2] == ["one", "two"]
