@@ -54,6 +54,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     )
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.posting.level = logging.WARNING
+    # A voice being deleted waits for its drift timer's pass in flight to end; check for
+    # that often instead of kopf's default minute.
+    settings.background.cancellation_polling = 0.5
     settings.watching.server_timeout = 300
     # kopf's own retries for a crashing handler back off; a voice never waits forever.
     settings.queueing.error_delays = [1, 2, 5, 10, 30, 60, 120]
