@@ -78,6 +78,14 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
     conflicts: dict[str, int]
 
     async def _handle(self, request: rendering.Request) -> Any:
+        try:
+            return await self._serve(request)
+        finally:
+            # KMock matches each request against its whole request log, so serving N requests
+            # would cost O(N^2); the log keeps only requests in flight (counts: `writes`).
+            self._requests[:] = [r for r in self._requests if r is not request]
+
+    async def _serve(self, request: rendering.Request) -> Any:
         if not hasattr(self, "writes"):
             self.writes, self.conflicts = [], {}
         if request.method in ("PATCH", "PUT", "POST"):
@@ -87,9 +95,6 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
             raise kmock.KubernetesError(
                 status=409, reason="Conflict", message="the object has been modified"
             )
-        # KMock matches each request against its whole request log, so serving N requests
-        # costs O(N^2); only the recent log matters here (counts are kept in `writes`).
-        del self._requests[:-64]
         if request.resource is not None and isinstance(request.data, dict):
             if request.action == enums.action.CREATE:
                 meta = request.data.setdefault("metadata", {})
