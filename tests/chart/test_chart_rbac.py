@@ -102,7 +102,11 @@ def test_crd_discovery_is_read_only_and_optional() -> None:
         "list",
         "watch",
     }
-    assert len(role["rules"]) == 1
+    assert len(role["rules"]) == 1  # cluster-wide, kopf never lists namespaces
+    objects = helm_template("helm", "--set", "watchNamespaces={speech}")
+    (role,) = [r for r in by_kind(objects, "ClusterRole")]
+    assert allowed(role["rules"], "", "namespaces") == {"list", "watch"}
+    assert len(role["rules"]) == 2
     objects = helm_template("helm", "--set", "crdDiscovery=false")
     assert [r["metadata"]["name"] for r in by_kind(objects, "ClusterRole")] == ["voxfleet"]
 
