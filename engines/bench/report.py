@@ -95,10 +95,10 @@ def runs_table(runs: Sequence[dict[str, Any]]) -> str:
         "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
     )
     rows = []
+    skipped: dict[str, list[dict[str, Any]]] = {}
     for run in sorted(runs, key=lambda r: (r["concurrency"], _order(r["system"]))):
         if run.get("skipped"):
-            rows.append(f"| {run['system']} | {run['concurrency']} | – | not run: "
-                        f"{run['skipped']} | | | | | | | | | |")
+            skipped.setdefault(run["system"], []).append(run)
             continue
         fa = run["first_audio_ms"]
         server = run.get("server") or {}
@@ -113,7 +113,12 @@ def runs_table(runs: Sequence[dict[str, Any]]) -> str:
             f"{_num((run.get('client') or {}).get('cpu_percent'), 0, ' %')} | "
             f"{_num(run.get('other_cpu_percent'), 0, ' %')} | {_batching(run)} |"
         )
-    return header + "\n".join(rows) + "\n"
+    notes = [
+        f"- `{system}` not run at {', '.join(str(r['concurrency']) for r in points)}: "
+        f"{points[0]['skipped']}"
+        for system, points in sorted(skipped.items(), key=lambda item: _order(item[0]))
+    ]
+    return header + "\n".join(rows) + "\n" + ("\n" + "\n".join(notes) + "\n" if notes else "")
 
 
 def _order(system: str) -> int:

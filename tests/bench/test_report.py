@@ -34,7 +34,7 @@ def test_page_has_machine_goals_runs_plot_and_json() -> None:
     assert "Test CPU" in page and "2026-01-01 00:00 UTC" in page
     assert "| voxfleet | 4 | 40 | 101 / 180 / 210 | 0 |" in page
     assert "3.2 (max 4), vocoder" in page
-    assert "not run: saturated at concurrency 8" in page
+    assert "- `piper` not run at 16: saturated at concurrency 8" in page
     assert "| real-time streams vs machine limit | 4 of 20 | ratio ≥ 0.80 | **no** |" in page
     assert "![first-audio p95 and underrun rate against concurrency](benchmarks-cpu.png)" in page
     assert "(benchmarks-cpu.json)" in page
