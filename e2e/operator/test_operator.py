@@ -354,3 +354,78 @@ async def test_conflicts_are_retried_and_service_monitor_follows_its_crd(
         secret = await api.get("v1", "secrets", "voxfleet-repository-key")
         assert secret is not None and secret["data"] == {"repository-key": "aGVsbQ=="}
         assert "ownerReferences" not in secret["metadata"]
+
+
+@pytest.mark.skipif(REAL_CLUSTER, reason="plays the kubelet with a local tritonserver")
+@pytest.mark.triton
+async def test_voice_is_loaded_onto_ready_pool_pods_through_the_keyed_api(
+    api: Api, operator: None, tmp_path: Path
+) -> None:
+    """A real tritonserver with the pool's flags stands in as the pool pod's container.
+
+    The engines the load points at (`/engines/<key>`, TensorRT) cannot exist here, so Triton
+    refuses the model; what is checked is the operator's side: it finds the ready pool pod,
+    calls the repository API with the key (a wrong key would be HTTP 403, not a model
+    error), reports Triton's own message, and does not label the pod as serving.
+    """
+    from operator_harness import REPOSITORY_KEY
+    from voxfleet_operator.render.pool import KEY_ENV, triton_args
+
+    from engines.triton_server import TritonServer
+
+    own = ("--model-repository", "--grpc-port", "--http-port", "--metrics-port", "--exit-timeout")
+    args = [
+        a.replace(f"$({KEY_ENV})", REPOSITORY_KEY) for a in triton_args() if not a.startswith(own)
+    ]
+    (tmp_path / "models").mkdir()
+    (tmp_path / "triton").mkdir()
+    with TritonServer(tmp_path / "models", extra_args=args, work_dir=tmp_path / "triton") as triton:
+        await api.create(*VOICES, voice("joe"))
+        (job,) = await eventually(lambda: jobs_of(api, "joe"))
+        await finish_job(api, job, succeeded=True)
+        labels = {"app.kubernetes.io/name": "voxfleet-triton", "voxfleet.io/pool": "t4"}
+        running = {
+            "phase": "Running",
+            "podIP": "127.0.0.1",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }
+        for name, status in (("pod-ready", running), ("pod-starting", {"phase": "Pending"})):
+            await api.create(
+                "v1",
+                "pods",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": name, "labels": labels},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "triton",
+                                "image": "triton",
+                                "ports": [{"name": "http", "containerPort": triton.http_port}],
+                            }
+                        ]
+                    },
+                    "status": status,
+                },
+            )
+
+        async def load_failed() -> dict[str, Any] | None:
+            status = await status_of(api, "joe")
+            return status if condition(status, "Available").get("reason") == "LoadFailed" else None
+
+        status = await eventually(load_failed)
+    message = condition(status, "Available")["message"]
+    assert message.startswith("pod pod-ready: ")
+    assert "HTTP 400" in message and "403" not in message  # the key was accepted
+    assert "pod-starting" not in message  # a pod that is not ready is left alone
+    assert condition(status, "Scheduled")["status"] == "True"
+    pod = await api.get("v1", "pods", "pod-ready")
+    assert pod is not None and "serving.voxfleet.io/joe" not in pod["metadata"]["labels"]
+    # A refused load is retried with back-off, not on every drift pass (0.5 s here).
+    loads = [line for line in triton_log(triton) if "loading: joe:1" in line]
+    assert len(loads) == 1, loads
+
+
+def triton_log(server: Any) -> list[str]:
+    return list(Path(server.log_path).read_text(errors="replace").splitlines())

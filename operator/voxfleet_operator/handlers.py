@@ -63,7 +63,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.runtime = Runtime(
         config=load_config(),
         client=await KubeClient.connect(),
-        http=aiohttp.ClientSession(),
+        # No keep-alive to Triton pods: an idle connection would hold a stopping pod's
+        # HTTP server open until Triton's exit timeout.
+        http=aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)),
     )
 
 

@@ -56,6 +56,9 @@ SECRETS = PLURALS[("v1", "Secret")]
 LOADED_PREFIX = "loaded.voxfleet.io/"
 SERVICE_MONITOR_API = "/apis/monitoring.coreos.com/v1"
 SERVICE_MONITOR_RECHECK_SECONDS = 300.0
+# A load Triton refused is tried again after 5 s, 10 s, 20 s ... at most every 5 minutes.
+LOAD_RETRY_FIRST_SECONDS = 5.0
+LOAD_RETRY_MAX_SECONDS = 300.0
 
 
 @dataclass
@@ -67,6 +70,10 @@ class Runtime:
     http: aiohttp.ClientSession
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     closed: bool = False
+    # (namespace, pod, voice, marker) -> (failures so far, retry not before, last error)
+    load_failures: dict[tuple[str, str, str, str], tuple[int, float, str]] = field(
+        default_factory=dict
+    )
     _service_monitor: tuple[float, bool] | None = None
 
     def lock(self, namespace: str) -> asyncio.Lock:
@@ -308,14 +315,23 @@ async def sync_pods(
             continue
         if not engine_ready:
             continue
+        attempt = (voice.namespace, meta["name"], voice.name, marker)
+        failures, retry_at, last_error = rt.load_failures.get(attempt, (0, 0.0, ""))
+        if time.monotonic() < retry_at:
+            errors.append(last_error)
+            continue
         try:
             if body is None:
                 body = loading.load_request(voice.name, loading.model_repository_files(plan))
             url = f"http://{pod['status']['podIP']}:{_http_port(pod)}"
             await loading.load_voice(rt.http, url, voice.name, body, rt.config.repository_key)
         except Exception as error:  # an import, a refusal or a network error: all reported
-            errors.append(f"pod {meta['name']}: {error}")
+            message = f"pod {meta['name']}: {error}"
+            delay = min(LOAD_RETRY_FIRST_SECONDS * 2**failures, LOAD_RETRY_MAX_SECONDS)
+            rt.load_failures[attempt] = (failures + 1, time.monotonic() + delay, message)
+            errors.append(message)
             continue
+        rt.load_failures.pop(attempt, None)
         await rt.client.patch(
             PODS,
             voice.namespace,
