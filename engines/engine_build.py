@@ -238,9 +238,12 @@ def build_engines(
 
             onnx_dir = out_dir / "onnx"
             stage_onnx = split_voice(model_path, onnx_dir)
-            files = build_plans(
-                stage_onnx, out_dir, key, calibration_ids=calibration_ids, target=target
-            )
+            ids = calibration_ids
+            if precision == "int8" and not ids:
+                from engines.tensorrt.build import corpus_ids
+
+                ids = corpus_ids(model_path.with_name(model_path.name + ".json"))
+            files = build_plans(stage_onnx, out_dir, key, calibration_ids=ids, target=target)
             shutil.rmtree(onnx_dir)
         else:
             stage_onnx = split_voice(model_path, out_dir)
