@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU benchmark with real Triton: two tritonservers from the nvidia-pytriton wheel, the
+# torch-cuda runtime (with and without cross-stream batching), `voxfleet bench` against them.
+# Usage (repository root, CUDA PyTorch machine, wheels in .whl/ or already in /tmp/site):
+#   OUT=results bash tests/gpu/triton_session.sh [CONCURRENCY]
+set -uo pipefail
+OUT=${OUT:-gpu-results}
+CONCURRENCY=${1:-100,250,500,1000,2000}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export VOXFLEET_CACHE=/tmp/voxfleet-cache
+python3 -c 'from engines.serving import plan_local_voices; plan_local_voices(["joe"], None, "torch-cuda")' || exit 1
+python3 -m engines.torch_cuda.serve_gpu --voice joe --grpc-port 18000 >"$OUT/triton-batched.log" 2>&1 &
+P1=$!
+python3 -m engines.torch_cuda.serve_gpu --voice joe --grpc-port 18010 --no-batching \
+    >"$OUT/triton-nobatch.log" 2>&1 &
+P2=$!
+for port in 18002 18012; do
+    for _ in $(seq 1 300); do
+        curl -fsS "http://127.0.0.1:$port/v2/health/ready" >/dev/null 2>&1 && break
+        sleep 1
+    done
+done
+curl -fsS http://127.0.0.1:18002/v2/health/ready && echo "batched ready" || tail -n 30 "$OUT/triton-batched.log"
+curl -fsS http://127.0.0.1:18012/v2/health/ready && echo "nobatch ready" || tail -n 30 "$OUT/triton-nobatch.log"
+timeout 420 python3 -m engines.cli bench --url 127.0.0.1:18000 --nobatch-url 127.0.0.1:18010 \
+    --systems voxfleet-nobatch,voxfleet --concurrency "$CONCURRENCY" --duration 10 --drain 15 \
+    --p95-bound-ms 150 --json "$OUT/bench-gpu.json" \
+    --note "torch-cuda runtime, FP16 flow+vocoder, CUDA graphs; scheduler 128 windows / 32 sentences per step" \
+    2>&1 | tee "$OUT/bench.log"
+kill -TERM $P1 $P2 2>/dev/null; wait $P1 $P2 2>/dev/null
+find /tmp -name 'tritonserver.log' -newer "$OUT/bench.log" -o -name 'tritonserver.log' 2>/dev/null | head -2 | while read -r f; do tail -n 40 "$f" > "$OUT/$(basename "$(dirname "$f")")-tritonserver-tail.log"; done
