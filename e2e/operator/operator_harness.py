@@ -389,3 +389,13 @@ async def operator(
         monkeypatch.delenv(name, raising=False)  # restored after the test
     async with running_operator(tmp_path, resync_seconds=0.5):
         yield
+        if REAL_CLUSTER:
+            # A real cluster outlives the test: delete its voices while the operator still
+            # runs to release their finalizers.
+            for item in await api.list("voxfleet.io/v1alpha1", "ttsvoices"):
+                await api.delete("voxfleet.io/v1alpha1", "ttsvoices", item["metadata"]["name"])
+
+            async def no_voices() -> bool:
+                return not await api.list("voxfleet.io/v1alpha1", "ttsvoices")
+
+            await eventually(no_voices, timeout=60)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_harness import REAL_CLUSTER, Api, eventually
+from operator_harness import NAMESPACE, REAL_CLUSTER, Api, eventually
 
 pytestmark = pytest.mark.kube
 
@@ -98,12 +98,13 @@ async def test_apply_creates_every_child_and_reports_status(api: Api, operator: 
     status = await eventually(lambda: status_of(api, "joe"))
     assert status["phase"] == "Building"
     assert status["observedGeneration"] == 1
-    assert status["endpoint"] == "joe-tts.default.svc:8001"
+    assert status["endpoint"] == f"joe-tts.{NAMESPACE}.svc:8001"
     assert condition(status, "EngineReady")["reason"] == "Building"
     assert condition(status, "Scheduled")["status"] == "False"
     assert condition(status, "Available")["status"] == "False"
 
 
+@pytest.mark.skipif(REAL_CLUSTER, reason="plays the Job controller")
 async def test_engine_job_success_then_failure_on_a_new_key(api: Api, operator: None) -> None:
     await api.create(*VOICES, voice("joe"))
     (job,) = await eventually(lambda: jobs_of(api, "joe"))
@@ -176,6 +177,30 @@ async def test_spec_change_updates_children_and_observed_generation(
     assert await api.get("apps/v1", "deployments", "voxfleet-triton-l4") is not None
     (job,) = await eventually(lambda: jobs_of(api, "joe"))
     assert job["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-L4"
+
+
+async def test_existing_child_is_adopted_and_patched_not_duplicated(
+    api: Api, operator: None
+) -> None:
+    stale = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "joe-tts", "labels": {"keep": "me"}},
+        "spec": {"selector": {"app": "something-else"}, "ports": [{"name": "grpc", "port": 8001}]},
+    }
+    await api.create("v1", "services", stale)
+    created = await api.create(*VOICES, voice("joe"))
+
+    async def adopted() -> dict[str, Any] | None:
+        service = await api.get("v1", "services", "joe-tts")
+        refs = (service or {}).get("metadata", {}).get("ownerReferences") or []
+        return service if [r["uid"] for r in refs] == [created["metadata"]["uid"]] else None
+
+    service = await eventually(adopted)
+    assert service["spec"]["selector"]["serving.voxfleet.io/joe"] == "true"
+    assert "app" not in service["spec"]["selector"]  # merge patch: ours replaces the map
+    names = [s["metadata"]["name"] for s in await api.list("v1", "services")]
+    assert names.count("joe-tts") == 1
 
 
 async def test_deleted_or_edited_child_comes_back(api: Api, operator: None) -> None:

@@ -9,18 +9,24 @@ from voxfleet_operator.kube import ApiError, KubeClient, resource_of
 
 Outcome = Literal["created", "patched", "unchanged"]
 
+# Maps whose extra keys change meaning (a selector with one more label selects other pods),
+# so they must match exactly, unlike the rest of an object where the server adds defaults.
+EXACT_MAPS = frozenset({"selector", "matchLabels", "nodeSelector"})
 
-def is_subset(desired: Any, live: Any) -> bool:
+
+def is_subset(desired: Any, live: Any, key: str | None = None) -> bool:
     """Whether `live` already holds everything in `desired`.
 
     The API server adds defaults and status to what we send, so the live object is compared
     as a superset: every key we render must be there with the same value; lists must have
-    the same length, element by element.
+    the same length, element by element. Selectors must match exactly.
     """
     if isinstance(desired, Mapping):
         if not isinstance(live, Mapping):
             return False
-        return all(k in live and is_subset(v, live[k]) for k, v in desired.items())
+        if key in EXACT_MAPS and set(live) - set(desired):
+            return False
+        return all(k in live and is_subset(v, live[k], k) for k, v in desired.items())
     if isinstance(desired, list):
         if not isinstance(live, list) or len(desired) != len(live):
             return False
@@ -52,12 +58,24 @@ def with_owners(obj: dict[str, Any], owners: Sequence[Mapping[str, Any]]) -> dic
     return {**obj, "metadata": meta}
 
 
-def _patch_of(desired: Mapping[str, Any]) -> dict[str, Any]:
+def _with_removals(desired: Any, live: Any, key: str | None = None) -> Any:
+    """`desired` as a merge patch over `live`: extra keys of exact maps are set to null."""
+    if not isinstance(desired, Mapping):
+        return desired
+    live_map = live if isinstance(live, Mapping) else {}
+    patch = {k: _with_removals(v, live_map.get(k), k) for k, v in desired.items()}
+    if key in EXACT_MAPS:
+        patch.update({k: None for k in live_map if k not in desired})
+    return patch
+
+
+def _patch_of(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
     # apiVersion/kind/name/namespace identify the object; everything else is ours to set.
     patch = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind")}
     meta = {k: v for k, v in desired["metadata"].items() if k not in ("name", "namespace")}
     patch["metadata"] = meta
-    return patch
+    result: dict[str, Any] = _with_removals(patch, live)
+    return result
 
 
 async def ensure(client: KubeClient, desired: dict[str, Any]) -> tuple[Outcome, dict[str, Any]]:
@@ -78,4 +96,4 @@ async def ensure(client: KubeClient, desired: dict[str, Any]) -> tuple[Outcome, 
                 raise
     if is_subset(desired, live):
         return "unchanged", live
-    return "patched", await client.patch(resource, namespace, name, _patch_of(desired))
+    return "patched", await client.patch(resource, namespace, name, _patch_of(desired, live))

@@ -52,6 +52,25 @@ def test_live_objects_with_server_defaults_need_no_patch() -> None:
     assert not is_subset({"a": True}, {"a": 1})  # a boolean is not a number
 
 
+def test_selectors_must_match_exactly_and_extra_keys_are_removed() -> None:
+    from voxfleet_operator.children import _patch_of
+
+    desired = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "s", "namespace": "n"},
+        "spec": {"selector": {"voice": "joe"}},
+    }
+    live = {
+        "metadata": {"name": "s", "labels": {"x": "1"}},
+        "spec": {"selector": {"voice": "joe", "app": "other"}, "clusterIP": "10.0.0.1"},
+    }
+    assert not is_subset(desired, live)  # one more label would select other pods
+    patch = _patch_of(desired, live)
+    assert patch["spec"] == {"selector": {"voice": "joe", "app": None}}
+    assert "labels" not in patch["metadata"]  # other labels on the object are not ours
+
+
 def test_shared_children_have_no_single_controller() -> None:
     obj = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "n"}}
 
