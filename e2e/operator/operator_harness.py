@@ -45,11 +45,21 @@ RESOURCES: dict[str, kmock.ResourceInfo] = {
         subresources={"status"},
         verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
     ),
-    "batch/v1/jobs": kmock.ResourceInfo(kind="Job", namespaced=True, subresources={"status"}),
+    "batch/v1/jobs": kmock.ResourceInfo(
+        kind="Job",
+        namespaced=True,
+        subresources={"status"},
+        verbs={"get", "list", "watch", "create", "patch", "delete"},
+    ),
     "apps/v1/deployments": kmock.ResourceInfo(kind="Deployment", namespaced=True),
     "v1/services": kmock.ResourceInfo(kind="Service", namespaced=True),
     "v1/secrets": kmock.ResourceInfo(kind="Secret", namespaced=True),
-    "v1/pods": kmock.ResourceInfo(kind="Pod", namespaced=True, subresources={"status"}),
+    "v1/pods": kmock.ResourceInfo(
+        kind="Pod",
+        namespaced=True,
+        subresources={"status"},
+        verbs={"get", "list", "watch", "create", "patch", "delete"},
+    ),
     "v1/events": kmock.ResourceInfo(kind="Event", namespaced=True),
     "autoscaling/v2/horizontalpodautoscalers": kmock.ResourceInfo(
         kind="HorizontalPodAutoscaler", namespaced=True

@@ -384,16 +384,18 @@ async def test_conflicts_are_retried_and_service_monitor_follows_its_crd(
 @pytest.mark.skipif(REAL_CLUSTER, reason="plays the kubelet with a local tritonserver")
 @pytest.mark.triton
 async def test_voice_is_loaded_onto_ready_pool_pods_through_the_keyed_api(
-    api: Api, operator: None, tmp_path: Path
+    api: Api, tmp_path: Path
 ) -> None:
     """A real tritonserver with the pool's flags stands in as the pool pod's container.
 
     The engines the load points at (`/engines/<key>`, TensorRT) cannot exist here, so Triton
     refuses the model; what is checked is the operator's side: it finds the ready pool pod,
     calls the repository API with the key (a wrong key would be HTTP 403, not a model
-    error), reports Triton's own message, and does not label the pod as serving.
+    error), reports Triton's own message, and does not label the pod as serving. The drift
+    timer is set to a minute: the finished Job and the ready pod are acted on as their
+    events arrive.
     """
-    from operator_harness import REPOSITORY_KEY
+    from operator_harness import REPOSITORY_KEY, running_operator
     from voxfleet_operator.render.pool import KEY_ENV, triton_args
 
     from engines.triton_server import TritonServer
@@ -404,53 +406,64 @@ async def test_voice_is_loaded_onto_ready_pool_pods_through_the_keyed_api(
     ]
     (tmp_path / "models").mkdir()
     (tmp_path / "triton").mkdir()
-    with TritonServer(tmp_path / "models", extra_args=args, work_dir=tmp_path / "triton") as triton:
-        await api.create(*VOICES, voice("joe"))
-        (job,) = await eventually(lambda: jobs_of(api, "joe"))
-        await finish_job(api, job, succeeded=True)
-        labels = {"app.kubernetes.io/name": "voxfleet-triton", "voxfleet.io/pool": "t4"}
-        running = {
+    triton = TritonServer(tmp_path / "models", extra_args=args, work_dir=tmp_path / "triton")
+    with triton:
+        async with running_operator(tmp_path, resync_seconds=60):
+            await api.create(*VOICES, voice("joe"))
+            (job,) = await eventually(lambda: jobs_of(api, "joe"))
+            await finish_job(api, job, succeeded=True)
+
+            async def engine_ready() -> bool:
+                status = await status_of(api, "joe")
+                return condition(status, "EngineReady").get("status") == "True"
+
+            await eventually(engine_ready, timeout=5)
+            for name, ready in (("pod-ready", True), ("pod-starting", False)):
+                await api.create("v1", "pods", pool_pod(name, triton.http_port, ready))
+
+            async def load_failed() -> dict[str, Any] | None:
+                status = await status_of(api, "joe")
+                available = condition(status, "Available")
+                return status if available.get("reason") == "LoadFailed" else None
+
+            status = await eventually(load_failed, timeout=5)
+            pod = await api.get("v1", "pods", "pod-ready")
+    message = condition(status, "Available")["message"]
+    assert message.startswith("pod pod-ready: ")
+    assert "HTTP 400" in message and "403" not in message  # the key was accepted
+    assert "load failed for model 'joe'" in message  # Triton's own words
+    assert "pod-starting" not in message  # a pod that is not ready is left alone
+    assert condition(status, "Scheduled")["status"] == "True"
+    assert pod is not None and "serving.voxfleet.io/joe" not in pod["metadata"]["labels"]
+    # A refused load is retried with back-off, not on every event or pass.
+    log = Path(triton.log_path).read_text(errors="replace")
+    assert log.count("loading: joe:1") == 1
+
+
+def pool_pod(name: str, http_port: int, ready: bool) -> dict[str, Any]:
+    """A pool pod as the kubelet would report it, its Triton at 127.0.0.1:`http_port`."""
+    status: dict[str, Any] = {"phase": "Pending"}
+    if ready:
+        status = {
             "phase": "Running",
             "podIP": "127.0.0.1",
             "conditions": [{"type": "Ready", "status": "True"}],
         }
-        for name, status in (("pod-ready", running), ("pod-starting", {"phase": "Pending"})):
-            await api.create(
-                "v1",
-                "pods",
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {"app.kubernetes.io/name": "voxfleet-triton", "voxfleet.io/pool": "t4"},
+        },
+        "spec": {
+            "containers": [
                 {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "metadata": {"name": name, "labels": labels},
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "triton",
-                                "image": "triton",
-                                "ports": [{"name": "http", "containerPort": triton.http_port}],
-                            }
-                        ]
-                    },
-                    "status": status,
-                },
-            )
-
-        async def load_failed() -> dict[str, Any] | None:
-            status = await status_of(api, "joe")
-            return status if condition(status, "Available").get("reason") == "LoadFailed" else None
-
-        status = await eventually(load_failed)
-    message = condition(status, "Available")["message"]
-    assert message.startswith("pod pod-ready: ")
-    assert "HTTP 400" in message and "403" not in message  # the key was accepted
-    assert "pod-starting" not in message  # a pod that is not ready is left alone
-    assert condition(status, "Scheduled")["status"] == "True"
-    pod = await api.get("v1", "pods", "pod-ready")
-    assert pod is not None and "serving.voxfleet.io/joe" not in pod["metadata"]["labels"]
-    # A refused load is retried with back-off, not on every drift pass (0.5 s here).
-    loads = [line for line in triton_log(triton) if "loading: joe:1" in line]
-    assert len(loads) == 1, loads
-
-
-def triton_log(server: Any) -> list[str]:
-    return list(Path(server.log_path).read_text(errors="replace").splitlines())
+                    "name": "triton",
+                    "image": "triton",
+                    "ports": [{"name": "http", "containerPort": http_port}],
+                }
+            ]
+        },
+        "status": status,
+    }

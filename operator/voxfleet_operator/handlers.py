@@ -16,10 +16,15 @@ import kopf
 
 from voxfleet_operator.config import load_config
 from voxfleet_operator.kube import KubeClient
+from voxfleet_operator.names import POOL_LABEL, VOICE_LABEL
 from voxfleet_operator.reconcile import (
+    LOADED_PREFIX,
+    TTSVOICES,
     Peers,
     Runtime,
     peer_entry,
+    pod_load_marker,
+    pod_ready,
     reconcile_voice,
     remove_from_pool,
     unload_from_pods,
@@ -118,6 +123,62 @@ async def correct_drift(
     await reconcile_voice(memo.runtime, body, _peers(voices_by_namespace, namespace))
 
 
+async def _reconcile_named(
+    runtime: Runtime, namespace: str, names: list[str], index: kopf.Index[str, Any] | None
+) -> None:
+    for name in names:
+        body = await runtime.client.get(TTSVOICES, namespace, name)
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        await reconcile_voice(runtime, body, _peers(index, namespace))
+
+
+async def engine_job_changed(
+    body: kopf.Body,
+    namespace: str | None,
+    memo: Any,
+    voices_by_namespace: kopf.Index[str, Any] | None = None,
+    **_: Any,
+) -> None:
+    """A finished engine build moves its voice on now, not at the next drift pass."""
+    conditions = (body.get("status") or {}).get("conditions") or []
+    finished = any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions
+    )
+    voice = (body.metadata.labels or {}).get(VOICE_LABEL)
+    if finished and voice and namespace and not memo.runtime.closed:
+        await _reconcile_named(memo.runtime, namespace, [voice], voices_by_namespace)
+
+
+async def pool_pod_changed(
+    body: kopf.Body,
+    namespace: str | None,
+    memo: Any,
+    voices_by_namespace: kopf.Index[str, Any] | None = None,
+    **_: Any,
+) -> None:
+    """A pool pod that is ready without its voices (new, or restarted) gets them now.
+
+    This is what makes a scale-up serve as soon as the new pod is ready.
+    """
+    runtime: Runtime = memo.runtime
+    pool = (body.metadata.labels or {}).get(POOL_LABEL)
+    if not pool or not namespace or runtime.closed or not pod_ready(body):
+        return
+    annotations = body.metadata.annotations or {}
+    suffix = pod_load_marker("", body)
+    missing = []
+    for entry in _peers(voices_by_namespace, namespace)():
+        name = entry["metadata"]["name"]
+        try:
+            voice_pool = runtime.config.pools.get((entry.get("spec") or {}).get("pool")).name
+        except KeyError:
+            continue
+        if voice_pool == pool and not annotations.get(LOADED_PREFIX + name, "").endswith(suffix):
+            missing.append(name)
+    await _reconcile_named(runtime, namespace, sorted(missing), voices_by_namespace)
+
+
 async def delete(
     body: kopf.Body,
     name: str,
@@ -167,4 +228,10 @@ def build_registry(resync: float | None = None) -> kopf.OperatorRegistry:
         correct_drift
     )
     kopf.on.delete(*RESOURCE, registry=registry)(delete)
+    kopf.on.event("batch", "v1", "jobs", labels={VOICE_LABEL: kopf.PRESENT}, registry=registry)(
+        engine_job_changed
+    )
+    kopf.on.event(
+        "", "v1", "pods", labels={"app.kubernetes.io/name": "voxfleet-triton"}, registry=registry
+    )(pool_pod_changed)
     return registry

@@ -258,7 +258,7 @@ async def sync_engine(
 # --- pods ----------------------------------------------------------------------------------
 
 
-def _pod_ready(pod: Mapping[str, Any]) -> bool:
+def pod_ready(pod: Mapping[str, Any]) -> bool:
     status = pod.get("status") or {}
     if status.get("phase") != "Running" or not status.get("podIP"):
         return False
@@ -298,7 +298,7 @@ async def sync_pods(
     pods = await rt.client.list(PODS, voice.namespace, selector)
     plan = loading.serving_plan(voice, pool, key)
     digest = loading.load_digest(plan)
-    ready = [p for p in pods if _pod_ready(p)]
+    ready = [p for p in pods if pod_ready(p)]
     serving = 0
     errors: list[str] = []
     body: dict[str, Any] | None = None
@@ -368,7 +368,7 @@ async def unload_from_pods(rt: Runtime, name: str, namespace: str, pool: Pool) -
                 }
             },
         )
-        if _pod_ready(pod):
+        if pod_ready(pod):
             url = f"http://{pod['status']['podIP']}:{_http_port(pod)}"
             try:
                 await loading.unload_voice(rt.http, url, name, rt.config.repository_key)
