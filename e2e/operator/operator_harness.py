@@ -117,7 +117,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
             elif request.action == enums.action.UPDATE:
                 self._script_update(request)
         elif request.action == enums.action.UPDATE and isinstance(request.data, list):
-            self._script_json_patch(request)
+            await self._script_json_patch(request)
         response = await super()._handle(request)
         # Owners disappear on DELETE, or on the JSON patch that removes their last finalizer.
         if request.action == enums.action.DELETE or (
@@ -144,10 +144,13 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
             if merged != current.get("spec"):
                 meta["generation"] = int(current["metadata"].get("generation") or 1) + 1
 
-    def _script_json_patch(self, request: rendering.Request) -> None:
-        # kopf removes finalizers with a JSON patch guarded by a `test` of resourceVersion; a
-        # real API server answers 422 when the test fails (kopf then retries on the next
-        # event), KMock would answer 500.
+    async def _script_json_patch(self, request: rendering.Request) -> None:
+        # kopf adds and removes finalizers with a JSON patch guarded by a `test` of
+        # resourceVersion; a real API server answers 422 when the test fails, and kopf retries
+        # on the next watch event, which a real watch (resumed from a resourceVersion) always
+        # delivers for the newer version. KMock would answer 500, and its watches replay
+        # current objects instead of resuming, so kopf can miss that version: answer 422 and
+        # send the current object again.
         key = (request.resource, request.namespace, request.name)
         if key not in self._objects or self._objects[key].deleted:
             return
@@ -155,6 +158,8 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
         for op in request.data:
             if op.get("op") == "test" and op.get("path") == "/metadata/resourceVersion":
                 if op.get("value") != current:
+                    raw = self._objects[key].raw
+                    await self._buses[key[0]].put({"type": "MODIFIED", "object": raw})
                     raise kmock.KubernetesError(
                         status=422, reason="Invalid", message="resourceVersion test failed"
                     )
