@@ -123,3 +123,24 @@ def test_every_resource_the_operator_client_knows_is_granted(
         name = REPOSITORY_KEY_SECRET if resource.plural == "secrets" else None
         verbs = allowed(cluster_rules, resource.group, resource.plural, name)
         assert {"get"} <= verbs, f"{resource.group or 'core'}/{resource.plural}: {verbs}"
+
+
+def test_every_resource_kopf_watches_is_listable_and_watchable(
+    cluster_rules: list[dict[str, Any]],
+) -> None:
+    """kopf lists and watches every resource a handler is registered for (TTSVoices, and the
+    Jobs and Pods the operator reacts to); a 403 there stops the operator in a cluster.
+    kopf keeps its handlers in private registries (kopf 1.45); the test reads them."""
+    from voxfleet_operator.handlers import build_registry
+
+    registry = build_registry()
+    watched: set[tuple[str, str]] = set()
+    for name in ("_indexing", "_watching", "_changing", "_spawning"):
+        for handler in getattr(registry, name).get_all_handlers():
+            selector = handler.selector
+            resource = selector.plural or selector.any_name
+            assert resource, f"cannot tell which resource {selector} watches"
+            watched.add((selector.group or "", resource))
+    assert ("voxfleet.io", "ttsvoices") in watched
+    for group, resource in sorted(watched):
+        assert {"list", "watch"} <= allowed(cluster_rules, group, resource), (group, resource)
