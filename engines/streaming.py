@@ -4,19 +4,23 @@ Nothing here knows about Triton: the Triton model (engines/triton_model/model.py
 `StreamScheduler.submit` and turns `StreamSink` calls into decoupled responses, and the tests
 drive the same scheduler in-process.
 
-Per stream and sentence, the encoder runs once (ids → prior frames), then the flow and the
-vocoder run in windows. Window k of a sentence decodes frames [start_k, end_k); its flow chunk
-is computed one vocoder context ahead, so the vocoder always has real right context. Each
-window carries `flow_context_frames` / `vocoder_context_frames` of context on both sides,
-zero-padded (mask 0) outside the sentence exactly as a one-shot decode pads its edges.
-Every step takes the ready windows of all live streams (new streams' first windows first, then
-the streams with the least audio buffered ahead of playback), runs one batched flow call and
-one batched vocoder call, and sends every decoded window at once.
+Per stream and sentence, the encoder runs once (ids → prior frames); then the flow and the
+vocoder run in windows. A stream's windows grow from `first_window_frames` (short, for first
+audio) by doubling up to `window_frames`, so the second chunk is due soon after the first and
+steady windows keep the context overhead small. Window k decodes frames [start, end); its flow
+chunk is computed one vocoder context ahead, so the vocoder always has real right context.
+Every window carries context on both sides, zero-padded (mask 0) outside the sentence exactly as
+a one-shot decode pads its edges, so a window's shape is one of a few sizes.
+
+Each step picks windows earliest-deadline-first: a started stream's deadline is the moment its
+buffered audio runs out, a new stream's is shortly after it arrived. Windows are added while the
+step's estimated cost (measured per frame, per stage, as it runs) still lets every chosen stream
+get its audio before its deadline, then one batched flow call and one batched vocoder call run
+per window size, and every decoded window is sent at once.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 import threading
@@ -32,38 +36,75 @@ from engines.runtime import StageRuntime
 
 LOGGER = logging.getLogger(__name__)
 LATENT_CHANNELS = 192
+# A new stream's first audio is due this long after it arrives (after its encoder call).
+FIRST_AUDIO_TARGET_S = 0.05
+# Never shrink a step below this on account of streams that are already late: a late stream
+# is best helped by a step that still makes progress for everyone.
+MIN_STEP_BUDGET_S = 0.03
 
 
 @dataclass(frozen=True)
 class WindowConfig:
     """Streaming windows in latent frames (one frame = hop samples, 256 at 22,050 Hz ≈ 11.6 ms).
 
-    Defaults come from `voxfleet` measurements on the joe voice (docs/streaming.md): a small
-    first window for first-audio latency, larger steady windows so the context overhead stays
-    small, and enough context for > 40 dB SNR against a one-shot decode.
+    Defaults come from measurements on the joe voice (docs/streaming.md,
+    `scripts/measure_windows.py`): a 16-frame first window for first-audio latency, windows
+    doubling up to 128 frames so the context overhead stays small, and enough context for
+    > 50 dB SNR against a one-shot decode (8 vocoder and 24 flow frames; fewer flow frames
+    fall below 40 dB).
     """
 
     first_window_frames: int = 16
     window_frames: int = 128
     vocoder_context_frames: int = 8
     flow_context_frames: int = 24
-    flow_chunk_frames: int = 256
     max_batch_windows: int = 64
     max_encoder_batch: int = 8
+    # A step's estimated length; new streams wait at most about this long for the next step.
+    max_step_ms: int = 60
 
     def __post_init__(self) -> None:
         for name in (
-            "flow_chunk_frames",
             "first_window_frames",
             "window_frames",
             "max_batch_windows",
             "max_encoder_batch",
+            "max_step_ms",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("vocoder_context_frames", "flow_context_frames"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.first_window_frames > self.window_frames:
+            raise ValueError(
+                f"first_window_frames ({self.first_window_frames}) must not exceed "
+                f"window_frames ({self.window_frames})"
+            )
+
+    def window_sizes(self) -> list[int]:
+        """The window sizes in use: first, doubled, ..., steady."""
+        sizes, size = [], self.first_window_frames
+        while size < self.window_frames:
+            sizes.append(size)
+            size *= 2
+        return [*sizes, self.window_frames]
+
+    def size_class(self, frames: int, flow: bool = False) -> int:
+        """The smallest window (or flow chunk) size holding `frames`: calls batch per size.
+
+        The flow runs two windows ahead, in chunks twice the window's size: half the calls,
+        half the context overhead of running it window by window.
+        """
+        scale = 2 if flow else 1
+        for size in self.window_sizes():
+            if frames <= size * scale:
+                return size * scale
+        return self.window_frames * scale
+
+
+class StreamCancelled(Exception):
+    """The client went away; the stream is closed without audio."""
 
 
 @dataclass(frozen=True)
@@ -95,13 +136,8 @@ class _SentenceState:
     prior: np.ndarray  # [192, T]
     latent: np.ndarray  # [192, T], filled as the flow runs
     frames: int
-    first_window_frames: int
     flowed: int = 0
     vocoded: int = 0
-
-    def next_window(self, window_frames: int) -> tuple[int, int]:
-        size = self.first_window_frames if self.vocoded == 0 else window_frames
-        return self.vocoded, min(self.frames, self.vocoded + size)
 
 
 @dataclass
@@ -123,6 +159,20 @@ class Stream:
             return 0.0
         return self.audio_seconds_sent - (now - self.first_audio_at)
 
+    def deadline(self) -> float:
+        if self.first_audio_at is None:
+            return self.arrived + FIRST_AUDIO_TARGET_S
+        return self.first_audio_at + self.audio_seconds_sent
+
+
+@dataclass
+class _Window:
+    """One stream's work in a step: a flow chunk (maybe empty) and a vocoder window."""
+
+    stream: Stream
+    flow: tuple[int, int]
+    decode: tuple[int, int]
+
 
 @dataclass
 class SchedulerStats:
@@ -134,6 +184,21 @@ class SchedulerStats:
     queue_count: int = 0
     underrun_risk_streams: int = 0
     vocoder_batches: dict[int, int] = field(default_factory=dict)
+
+
+class _CostModel:
+    """Seconds per frame per row of each stage, from the calls it has seen (moving average)."""
+
+    def __init__(self) -> None:
+        # Conservative starting points (a 2-core CPU); replaced after the first calls.
+        self.per_frame = {"flow": 2e-4, "vocoder": 8e-4}
+
+    def observe(self, stage: str, seconds: float, rows: int, width: int) -> None:
+        sample = seconds / max(1, rows * width)
+        self.per_frame[stage] = 0.8 * self.per_frame[stage] + 0.2 * sample
+
+    def estimate(self, stage: str, width: int) -> float:
+        return self.per_frame[stage] * width
 
 
 class StreamScheduler:
@@ -154,6 +219,7 @@ class StreamScheduler:
         self.windows = windows or WindowConfig()
         self.batching = cross_stream_batching
         self.stats = SchedulerStats()
+        self.costs = _CostModel()
         self._on_step = on_step
         self._incoming: deque[Stream] = deque()
         self._streams: dict[int, Stream] = {}
@@ -203,21 +269,25 @@ class StreamScheduler:
                     self.stats.streams_total += 1
             try:
                 self.step()
-            except Exception as error:  # a broken step must not take other voices down
+            except Exception as error:  # a broken step must not take the model down
                 LOGGER.exception("scheduler step failed")
                 for stream in list(self._streams.values()):
                     self._close(stream, RuntimeError(f"synthesis failed: {error}"))
+                self._publish_stats()
 
     def step(self) -> None:
         self._drop_cancelled()
         self._encode_pending()
         selected = self._select_windows()
-        if selected:
-            if self.batching:
-                self._run_windows(selected)
-            else:
-                for stream in selected:
-                    self._run_windows([stream])
+        if self.batching:
+            groups: dict[tuple[int, int], list[_Window]] = {}
+            for window in selected:
+                groups.setdefault(self._shape(window), []).append(window)
+            batches = list(groups.values())
+        else:
+            batches = [[window] for window in selected]
+        for batch in batches:
+            self._run_windows(batch)
         self._publish_stats()
 
     def _close(self, stream: Stream, error: Exception | None = None) -> None:
@@ -230,89 +300,123 @@ class StreamScheduler:
     def _drop_cancelled(self) -> None:
         for stream in list(self._streams.values()):
             if stream.sink.cancelled():
-                self._streams.pop(stream.stream_id, None)
+                # The final flag still goes out: Triton holds a request (and will not unload
+                # the model) until its stream is finished.
+                self._close(stream, StreamCancelled("the client cancelled the stream"))
 
-    # -- encoder: one call per group of sentences sharing scales ------------------------------
+    # -- encoder: batches of sentences of similar length sharing scales ------------------------
     def _encode_pending(self) -> None:
         waiting = [s for s in self._streams.values() if s.current is None]
         for stream in [s for s in waiting if not s.sentences]:
             self._close(stream)
         waiting = [s for s in waiting if s.sentences]
-        # New streams (no audio yet) first: their first sentence is on the first-audio path.
-        waiting.sort(key=lambda s: (s.first_audio_at is not None, s.arrived))
+        # The streams whose audio is due first go first; new streams are on the first-audio path.
+        waiting.sort(key=Stream.deadline)
         waiting = waiting[: self.windows.max_encoder_batch if self.batching else 1]
         groups: dict[tuple[float, float, float, int], list[Stream]] = {}
         for stream in waiting:
             key = (*stream.params.scales(), stream.params.speaker_id)
             groups.setdefault(key, []).append(stream)
         for (noise, length, noise_w, _), streams in groups.items():
-            sentences = [stream.sentences.popleft() for stream in streams]
-            longest = max(len(s.ids) for s in sentences)
-            ids = np.zeros((len(sentences), longest), dtype=np.int64)
-            for row, sentence in enumerate(sentences):
-                ids[row, : len(sentence.ids)] = sentence.ids
-            lengths = np.array([len(s.ids) for s in sentences], dtype=np.int64)
-            speakers = np.array([s.params.speaker_id for s in streams], dtype=np.int64)
-            prior, mask = self.runtime.encode(
-                ids, lengths, np.array([noise, length, noise_w], dtype=np.float32), speakers
+            # Padding a short sentence to a long one costs the long one's time; split at 1.25x.
+            streams.sort(key=lambda s: len(s.sentences[0].ids))
+            batch: list[Stream] = []
+            for stream in streams:
+                if batch and len(stream.sentences[0].ids) > 1.25 * len(batch[0].sentences[0].ids):
+                    self._encode(batch, (noise, length, noise_w))
+                    batch = []
+                batch.append(stream)
+            self._encode(batch, (noise, length, noise_w))
+
+    def _encode(self, streams: list[Stream], scales: tuple[float, float, float]) -> None:
+        sentences = [stream.sentences.popleft() for stream in streams]
+        longest = max(len(s.ids) for s in sentences)
+        ids = np.zeros((len(sentences), longest), dtype=np.int64)
+        for row, sentence in enumerate(sentences):
+            ids[row, : len(sentence.ids)] = sentence.ids
+        lengths = np.array([len(s.ids) for s in sentences], dtype=np.int64)
+        speakers = np.array([s.params.speaker_id for s in streams], dtype=np.int64)
+        prior, mask = self.runtime.encode(
+            ids, lengths, np.array(scales, dtype=np.float32), speakers
+        )
+        frames = mask[:, 0, :].sum(axis=1).astype(np.int64)
+        now = time.monotonic()
+        for row, stream in enumerate(streams):
+            count = int(frames[row])
+            stream.current = _SentenceState(
+                prior=np.ascontiguousarray(prior[row, :, :count]),
+                latent=np.zeros((LATENT_CHANNELS, count), dtype=np.float32),
+                frames=count,
             )
-            frames = mask[:, 0, :].sum(axis=1).astype(np.int64)
-            for row, stream in enumerate(streams):
-                count = int(frames[row])
-                first = (
-                    self.windows.first_window_frames
-                    if stream.first_audio_at is None and stream.windows_sent == 0
-                    else self.windows.window_frames
-                )
-                stream.current = _SentenceState(
-                    prior=np.ascontiguousarray(prior[row, :, :count]),
-                    latent=np.zeros((LATENT_CHANNELS, count), dtype=np.float32),
-                    frames=count,
-                    first_window_frames=first,
-                )
-                stream.window_ready_at = time.monotonic()
+            stream.window_ready_at = now
 
     # -- window selection ---------------------------------------------------------------------
-    def _select_windows(self) -> list[Stream]:
-        now = time.monotonic()
-        ready = [s for s in self._streams.values() if s.current is not None]
-        limit = self.windows.max_batch_windows if self.batching else len(ready)
-        return heapq.nsmallest(
-            limit,
-            ready,
-            key=lambda s: (s.first_audio_at is not None, s.buffered_seconds(now), s.arrived),
-        )
-
-    # -- flow + vocoder for one batch of windows -----------------------------------------------
-    def _run_windows(self, streams: list[Stream]) -> None:
+    def _next_window(self, stream: Stream) -> _Window:
         cfg = self.windows
-        started = time.monotonic()
-        for stream in streams:
-            if stream.window_ready_at is not None:
-                self.stats.queue_seconds_sum += started - stream.window_ready_at
-                self.stats.queue_count += 1
-        flow_ranges = []
-        for stream in streams:
-            state = stream.current
-            assert state is not None
-            _, end = state.next_window(cfg.window_frames)
-            needed = min(state.frames, end + cfg.vocoder_context_frames)
-            if state.flowed >= needed:
-                flow_ranges.append((state.flowed, state.flowed))
-            elif state.flowed == 0 and state.first_window_frames == cfg.first_window_frames:
-                # The stream's very first chunk: only what the first window needs.
-                flow_ranges.append((0, needed))
-            else:
-                target = min(state.frames, max(needed, state.flowed + cfg.flow_chunk_frames))
-                flow_ranges.append((state.flowed, target))
-        self._flow(streams, flow_ranges)
-        windows = [s.current.next_window(cfg.window_frames) for s in streams if s.current]
-        audio = self._vocode(streams, windows)
+        state = stream.current
+        assert state is not None
+        size = min(cfg.window_frames, cfg.first_window_frames << min(stream.windows_sent, 16))
+        start, end = state.vocoded, min(state.frames, state.vocoded + size)
+        needed = min(state.frames, end + cfg.vocoder_context_frames)
+        if state.flowed >= needed:
+            return _Window(stream, (state.flowed, state.flowed), (start, end))
+        flow_end = min(state.frames, max(needed, state.flowed + 2 * size))
+        return _Window(stream, (state.flowed, flow_end), (start, end))
+
+    def _shape(self, window: _Window) -> tuple[int, int]:
+        flow_frames = window.flow[1] - window.flow[0]
+        decode = self.windows.size_class(window.decode[1] - window.decode[0])
+        return (self.windows.size_class(flow_frames, flow=True) if flow_frames else 0, decode)
+
+    def _cost(self, window: _Window) -> float:
+        flow_width, decode_width = self._shape(window)
+        cost = self.costs.estimate(
+            "vocoder", decode_width + 2 * self.windows.vocoder_context_frames
+        )
+        if flow_width:
+            cost += self.costs.estimate("flow", flow_width + 2 * self.windows.flow_context_frames)
+        return cost
+
+    def _select_windows(self) -> list[_Window]:
+        """Earliest deadline first, as many as keep every chosen stream on time.
+
+        A step is also kept under `max_step_ms` (by the cost model), so a stream that arrives
+        while others race ahead of playback waits one short step, not one long one.
+        """
         now = time.monotonic()
-        for stream, (_, end), pcm in zip(streams, windows, audio, strict=True):
-            state = stream.current
+        ready = sorted(
+            (s for s in self._streams.values() if s.current is not None), key=Stream.deadline
+        )
+        limit = self.windows.max_batch_windows if self.batching else len(ready)
+        chosen: list[_Window] = []
+        step_cost, budget = 0.0, self.windows.max_step_ms / 1000
+        for stream in ready:
+            window = self._next_window(stream)
+            cost = self._cost(window)
+            slack = max(stream.deadline() - now, MIN_STEP_BUDGET_S)
+            if chosen and step_cost + cost > min(budget, slack):
+                continue  # it waits a step; a later stream may still fit
+            chosen.append(window)
+            step_cost += cost
+            budget = min(budget, slack)
+            if len(chosen) >= limit:
+                break
+        return chosen
+
+    # -- flow + vocoder for one batch of same-shaped windows -----------------------------------
+    def _run_windows(self, windows: list[_Window]) -> None:
+        started = time.monotonic()
+        for window in windows:
+            if window.stream.window_ready_at is not None:
+                self.stats.queue_seconds_sum += started - window.stream.window_ready_at
+                self.stats.queue_count += 1
+        self._flow([w for w in windows if w.flow[1] > w.flow[0]])
+        audio = self._vocode(windows)
+        now = time.monotonic()
+        for window, pcm in zip(windows, audio, strict=True):
+            stream, state = window.stream, window.stream.current
             assert state is not None
-            state.vocoded = end
+            state.vocoded = window.decode[1]
             if stream.first_audio_at is None:
                 stream.first_audio_at = now
                 self.stats.first_audio_seconds_sum += now - stream.arrived
@@ -322,58 +426,65 @@ class StreamScheduler:
             stream.window_ready_at = now
             try:
                 stream.sink.audio(pcm)
-            except Exception:
+            except Exception as error:
                 LOGGER.debug("sending to stream %s failed; dropping it", stream.stream_id)
-                self._streams.pop(stream.stream_id, None)
+                self._close(stream, StreamCancelled(f"the stream could not be sent: {error}"))
                 continue
             if state.vocoded >= state.frames:
                 stream.current = None
                 if not stream.sentences:
                     self._close(stream)
 
-    def _flow(self, streams: list[Stream], ranges: list[tuple[int, int]]) -> None:
-        context = self.windows.flow_context_frames
-        todo = [(s, a, b) for s, (a, b) in zip(streams, ranges, strict=True) if b > a]
-        if not todo:
+    def _flow(self, windows: list[_Window]) -> None:
+        if not windows:
             return
-        width = max(b - a for _, a, b in todo) + 2 * context
-        prior = np.zeros((len(todo), LATENT_CHANNELS, width), dtype=np.float32)
-        mask = np.zeros((len(todo), 1, width), dtype=np.float32)
-        for row, (stream, start, end) in enumerate(todo):
-            state = stream.current
+        context = self.windows.flow_context_frames
+        width = 2 * context + max(
+            self.windows.size_class(w.flow[1] - w.flow[0], flow=True) for w in windows
+        )
+        prior = np.zeros((len(windows), LATENT_CHANNELS, width), dtype=np.float32)
+        mask = np.zeros((len(windows), 1, width), dtype=np.float32)
+        for row, window in enumerate(windows):
+            state = window.stream.current
             assert state is not None
+            start, end = window.flow
             lo, hi = max(0, start - context), min(state.frames, end + context)
             offset = lo - (start - context)
             prior[row, :, offset : offset + hi - lo] = state.prior[:, lo:hi]
             mask[row, 0, offset : offset + hi - lo] = 1.0
-        speakers = np.array([s.params.speaker_id for s, _, _ in todo], dtype=np.int64)
+        speakers = np.array([w.stream.params.speaker_id for w in windows], dtype=np.int64)
+        started = time.perf_counter()
         latent = self.runtime.flow(prior, mask, speakers)
-        for row, (stream, start, end) in enumerate(todo):
-            state = stream.current
+        self.costs.observe("flow", time.perf_counter() - started, len(windows), width)
+        for row, window in enumerate(windows):
+            state = window.stream.current
             assert state is not None
+            start, end = window.flow
             state.latent[:, start:end] = latent[row, :, context : context + end - start]
             state.flowed = end
 
-    def _vocode(self, streams: list[Stream], windows: list[tuple[int, int]]) -> list[np.ndarray]:
+    def _vocode(self, windows: list[_Window]) -> list[np.ndarray]:
         context = self.windows.vocoder_context_frames
-        width = max(end - start for start, end in windows) + 2 * context
-        latent = np.zeros((len(streams), LATENT_CHANNELS, width), dtype=np.float32)
-        for row, (stream, (start, end)) in enumerate(zip(streams, windows, strict=True)):
-            state = stream.current
+        sizes = [w.decode[1] - w.decode[0] for w in windows]
+        width = max(self.windows.size_class(size) for size in sizes) + 2 * context
+        latent = np.zeros((len(windows), LATENT_CHANNELS, width), dtype=np.float32)
+        for row, window in enumerate(windows):
+            state = window.stream.current
             assert state is not None
+            start, end = window.decode
             lo, hi = max(0, start - context), min(state.frames, end + context)
             offset = lo - (start - context)
             latent[row, :, offset : offset + hi - lo] = state.latent[:, lo:hi]
-        speakers = np.array([s.params.speaker_id for s in streams], dtype=np.int64)
+        speakers = np.array([w.stream.params.speaker_id for w in windows], dtype=np.int64)
+        started = time.perf_counter()
         audio = self.runtime.vocode(latent, speakers)
-        self.stats.vocoder_batches[len(streams)] = (
-            self.stats.vocoder_batches.get(len(streams), 0) + 1
-        )
-        out = []
-        for row, (start, end) in enumerate(windows):
-            samples = audio[row, context * self.hop : (context + end - start) * self.hop]
-            out.append(to_pcm16(samples))
-        return out
+        self.costs.observe("vocoder", time.perf_counter() - started, len(windows), width)
+        batches = self.stats.vocoder_batches
+        batches[len(windows)] = batches.get(len(windows), 0) + 1
+        return [
+            to_pcm16(audio[row, context * self.hop : (context + size) * self.hop])
+            for row, size in enumerate(sizes)
+        ]
 
     def _publish_stats(self) -> None:
         now = time.monotonic()

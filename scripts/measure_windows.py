@@ -37,7 +37,6 @@ CONFIGS = [
     WindowConfig(window_frames=64),
     WindowConfig(first_window_frames=8),
     WindowConfig(first_window_frames=32),
-    WindowConfig(flow_chunk_frames=128),
 ]
 
 
@@ -86,9 +85,9 @@ def main() -> None:
     print(f"joe voice, reference sentence ({seconds:.2f} s of audio), {date.today()}, "
           f"{platform.processor() or platform.machine()}, onnxruntime CPU, median of {args.repeat}")
     print()
-    print("| first | window | vocoder ctx | flow ctx | flow chunk | SNR dB | first audio ms | RTF |")
-    print("|---|---|---|---|---|---|---|---|")
-    print(f"| one-shot | | | | | ref | {oneshot * 1000:.0f} | {oneshot / seconds:.3f} |")
+    print("| first | window | vocoder ctx | flow ctx | SNR dB | first audio ms | RTF |")
+    print("|---|---|---|---|---|---|---|")
+    print(f"| one-shot | | | | ref | {oneshot * 1000:.0f} | {oneshot / seconds:.3f} |")
     for config in CONFIGS:
         scheduler = StreamScheduler(stages, voice.config.sample_rate, windows=config)
         scheduler.start()
@@ -105,7 +104,7 @@ def main() -> None:
         print(
             f"| {config.first_window_frames} | {config.window_frames} | "
             f"{config.vocoder_context_frames} | {config.flow_context_frames} | "
-            f"{config.flow_chunk_frames} | {snr_db(audio, reference):.1f} | "
+            f"{snr_db(audio, reference):.1f} | "
             f"{np.median(firsts) * 1000:.0f} | {np.median(totals) / seconds:.3f} |"
         )
 

@@ -51,7 +51,7 @@ def measure_stage_costs(
     shapes = [
         ("vocoder, first window", windows.first_window_frames, windows.vocoder_context_frames),
         ("vocoder, window", windows.window_frames, windows.vocoder_context_frames),
-        ("flow, chunk", windows.flow_chunk_frames, windows.flow_context_frames),
+        ("flow, chunk", windows.window_frames, windows.flow_context_frames),
     ]
     costs = []
     for stage, frames, context in shapes:

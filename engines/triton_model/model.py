@@ -20,7 +20,13 @@ import triton_python_backend_utils as pb_utils
 
 from engines.frontend import text_to_sentences
 from engines.runtime import load_stages
-from engines.streaming import SchedulerStats, StreamScheduler, StreamSink, SynthesisParams
+from engines.streaming import (
+    SchedulerStats,
+    StreamCancelled,
+    StreamScheduler,
+    StreamSink,
+    SynthesisParams,
+)
 from engines.voice import VoiceConfig
 from engines.voice_plan import VoicePlan
 
@@ -66,7 +72,7 @@ class _ResponseSink(StreamSink):
         )
 
     def finish(self, error: Exception | None = None) -> None:
-        if error is None:
+        if error is None or isinstance(error, StreamCancelled):
             self._sender.send(flags=FINAL)
         elif isinstance(error, RequestError):
             self._sender.send(_error_response(str(error), error.status, error.code), flags=FINAL)
