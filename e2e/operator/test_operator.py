@@ -175,6 +175,11 @@ async def test_spec_change_updates_children_and_observed_generation(
     service = await api.get("v1", "services", "joe-tts")
     assert service is not None and service["spec"]["selector"]["voxfleet.io/pool"] == "l4"
     assert await api.get("apps/v1", "deployments", "voxfleet-triton-l4") is not None
+    # joe was the t4 pool's only voice: that pool's objects go with it.
+    await eventually(lambda: _gone(api, "apps/v1", "deployments", "voxfleet-triton-t4"))
+    await eventually(
+        lambda: _gone(api, "autoscaling/v2", "horizontalpodautoscalers", "voxfleet-triton-t4")
+    )
     (job,) = await eventually(lambda: jobs_of(api, "joe"))
     assert job["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-L4"
 

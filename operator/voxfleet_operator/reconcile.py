@@ -203,6 +203,23 @@ def _placeholder_voice(namespace: str, pool: Pool) -> Voice:
     return Voice(name="placeholder", namespace=namespace, spec=spec)
 
 
+async def leave_previous_pool(
+    rt: Runtime, body: Mapping[str, Any], voice: Voice, pool: Pool, peers: Peers
+) -> None:
+    """After a move to another pool: unload from the old pool's pods and release it."""
+    previous = (body.get("status") or {}).get("pool")
+    if not previous or previous == pool.name:
+        return
+    try:
+        old_pool = rt.config.pools.get(previous)
+    except KeyError:
+        return  # the pool left the configuration; nothing of it is rendered any more
+    errors = await unload_from_pods(rt, voice.name, voice.namespace, old_pool)
+    for error in errors:
+        logger.warning("unloading %s from pool %s: %s", voice.name, previous, error)
+    await remove_from_pool(rt, voice.namespace, old_pool, peers)
+
+
 # --- engines -------------------------------------------------------------------------------
 
 
@@ -421,6 +438,7 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
         return entries
 
     deployments = await sync_shared(rt, namespace, peers_and_self, pool.name)
+    await leave_previous_pool(rt, body, voice, pool, peers)
     for child in render_voice(voice, rt.config.pools, rt.config.engine_cache_pvc):
         if child["kind"] != "Job":
             await ensure(rt.client, with_owners(child, [body]))
