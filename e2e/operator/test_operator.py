@@ -295,7 +295,8 @@ async def _gone(api: Api, group: str, plural: str, name: str) -> bool:
 async def test_no_writes_once_converged(api: Api, operator: None, tmp_path: Path) -> None:
     from voxfleet_operator.config import load_config
     from voxfleet_operator.kube import KubeClient
-    from voxfleet_operator.reconcile import Runtime, peer_entry, reconcile_voice
+    from voxfleet_operator.reconcile import reconcile_voice
+    from voxfleet_operator.runtime import Runtime, peer_entry
 
     await api.create(*VOICES, voice("joe"))
     await api.create(*VOICES, voice("amy", pool="l4"))

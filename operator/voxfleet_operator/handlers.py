@@ -17,18 +17,10 @@ import kopf
 from voxfleet_operator.config import load_config
 from voxfleet_operator.kube import KubeClient
 from voxfleet_operator.names import POOL_LABEL, VOICE_LABEL
-from voxfleet_operator.reconcile import (
-    LOADED_PREFIX,
-    TTSVOICES,
-    Peers,
-    Runtime,
-    peer_entry,
-    pod_load_marker,
-    pod_ready,
-    reconcile_voice,
-    remove_from_pool,
-    unload_from_pods,
-)
+from voxfleet_operator.pods import LOADED_PREFIX, pod_load_marker, pod_ready, unload_from_pods
+from voxfleet_operator.reconcile import reconcile_voice
+from voxfleet_operator.runtime import TTSVOICES, Peers, Runtime, peer_entry
+from voxfleet_operator.shared import remove_from_pool
 from voxfleet_operator.spec import GROUP, PLURAL, VERSION
 
 logger = logging.getLogger(__name__)

@@ -232,3 +232,15 @@ def test_rendered_core_objects_are_valid_kubernetes(version: str) -> None:
     ]
     for obj in render_voices(voices, POOLS, "c", service_monitor=False, repository_key="k"):
         kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize("service_monitor", [True, False])
+def test_pool_deletion_names_every_object_render_makes(service_monitor: bool) -> None:
+    from voxfleet_operator.kube import resource_of
+    from voxfleet_operator.render import render_pool
+    from voxfleet_operator.shared import pool_object_names
+
+    rendered = render_pool(plan_pool(T4, "tts", [make_voice()]), "c", service_monitor)
+    assert sorted((resource_of(o).plural, o["metadata"]["name"]) for o in rendered) == sorted(
+        (resource.plural, name) for resource, name in pool_object_names("t4", service_monitor)
+    )

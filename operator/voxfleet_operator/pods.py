@@ -1,0 +1,137 @@
+"""Pool pods: load a voice onto the ready ones through Triton, label them, unload on exit."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from voxfleet_operator import loading
+from voxfleet_operator.names import pool_selector, serving_label
+from voxfleet_operator.plan import Voice
+from voxfleet_operator.pools import Pool
+from voxfleet_operator.runtime import PODS, Runtime
+
+LOADED_PREFIX = "loaded.voxfleet.io/"
+# A load Triton refused is tried again after 5 s, 10 s, 20 s ... at most every 5 minutes.
+LOAD_RETRY_FIRST_SECONDS = 5.0
+LOAD_RETRY_MAX_SECONDS = 300.0
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running" or not status.get("podIP"):
+        return False
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+
+
+def _http_port(pod: Mapping[str, Any]) -> int:
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == "http":
+                return int(port["containerPort"])
+    return 8000
+
+
+def _restarts(pod: Mapping[str, Any]) -> int:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return sum(int(s.get("restartCount") or 0) for s in statuses)
+
+
+def pod_load_marker(digest: str, pod: Mapping[str, Any]) -> str:
+    """What a pod's annotation must say for the voice to count as loaded on it now.
+
+    A restarted Triton container has lost its loaded models although the pod keeps its
+    labels, so the restart count is part of the marker.
+    """
+    return f"{digest}.r{_restarts(pod)}"
+
+
+async def sync_pods(
+    rt: Runtime, voice: Voice, pool: Pool, key: str, engine_ready: bool
+) -> tuple[int, int, list[str]]:
+    """Load the voice on ready pool pods that lack it; return (ready pods, serving, errors)."""
+    selector = ",".join(f"{k}={v}" for k, v in pool_selector(pool.name).items())
+    pods = await rt.client.list(PODS, voice.namespace, selector)
+    plan = loading.serving_plan(voice, pool, key)
+    digest = loading.load_digest(plan)
+    ready = [p for p in pods if pod_ready(p)]
+    serving = 0
+    errors: list[str] = []
+    body: dict[str, Any] | None = None
+    for pod in ready:
+        meta = pod["metadata"]
+        marker = pod_load_marker(digest, pod)
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        if (
+            annotations.get(LOADED_PREFIX + voice.name) == marker
+            and labels.get(serving_label(voice.name)) == "true"
+        ):
+            serving += 1
+            continue
+        if not engine_ready:
+            continue
+        attempt = (voice.namespace, meta["name"], voice.name, marker)
+        failures, retry_at, last_error = rt.load_failures.get(attempt, (0, 0.0, ""))
+        if time.monotonic() < retry_at:
+            errors.append(last_error)
+            continue
+        try:
+            if body is None:
+                body = loading.load_request(voice.name, loading.model_repository_files(plan))
+            url = f"http://{pod['status']['podIP']}:{_http_port(pod)}"
+            await loading.load_voice(rt.http, url, voice.name, body, rt.config.repository_key)
+        except Exception as error:  # an import, a refusal or a network error: all reported
+            message = f"pod {meta['name']}: {error}"
+            delay = min(LOAD_RETRY_FIRST_SECONDS * 2**failures, LOAD_RETRY_MAX_SECONDS)
+            rt.load_failures[attempt] = (failures + 1, time.monotonic() + delay, message)
+            errors.append(message)
+            continue
+        rt.load_failures.pop(attempt, None)
+        await rt.client.patch(
+            PODS,
+            voice.namespace,
+            meta["name"],
+            {
+                "metadata": {
+                    "labels": {serving_label(voice.name): "true"},
+                    "annotations": {LOADED_PREFIX + voice.name: marker},
+                }
+            },
+        )
+        serving += 1
+    return len(ready), serving, errors
+
+
+async def unload_from_pods(rt: Runtime, name: str, namespace: str, pool: Pool) -> list[str]:
+    selector = ",".join(f"{k}={v}" for k, v in pool_selector(pool.name).items())
+    errors = []
+    for pod in await rt.client.list(PODS, namespace, selector):
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        if serving_label(name) not in labels and LOADED_PREFIX + name not in annotations:
+            continue
+        # Unlabel first so that the Service stops routing new streams before the unload.
+        await rt.client.patch(
+            PODS,
+            namespace,
+            meta["name"],
+            {
+                "metadata": {
+                    "labels": {serving_label(name): None},
+                    "annotations": {LOADED_PREFIX + name: None},
+                }
+            },
+        )
+        if pod_ready(pod):
+            url = f"http://{pod['status']['podIP']}:{_http_port(pod)}"
+            try:
+                await loading.unload_voice(rt.http, url, name, rt.config.repository_key)
+            except loading.LoadError as error:
+                errors.append(str(error))
+    return errors
