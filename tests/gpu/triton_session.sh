@@ -13,6 +13,9 @@ if compgen -G ".whl/*.whl" >/dev/null; then
         --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# Only the tritonserver binary and backends of the nvidia-pytriton wheel are used; its own
+# client (pyzmq, sh, ...) is not, so a bare environment may lack what its __init__ imports.
+python3 -c 'import pytriton' 2>/dev/null || : > /tmp/site/pytriton/__init__.py
 export VOXFLEET_CACHE=/tmp/voxfleet-cache
 python3 -c 'from engines.serving import plan_local_voices; plan_local_voices(["joe"], None, "torch-cuda")' || exit 1
 python3 -m engines.torch_cuda.serve_gpu --voice joe --grpc-port 18000 >"$OUT/triton-batched.log" 2>&1 &
@@ -23,12 +26,13 @@ P2=$!
 for port in 18002 18012; do
     for _ in $(seq 1 300); do
         curl -fsS "http://127.0.0.1:$port/v2/health/ready" >/dev/null 2>&1 && break
+        kill -0 $P1 2>/dev/null && kill -0 $P2 2>/dev/null || break  # a server died
         sleep 1
     done
 done
-curl -fsS http://127.0.0.1:18002/v2/health/ready && echo "batched ready" || tail -n 30 "$OUT/triton-batched.log"
-curl -fsS http://127.0.0.1:18012/v2/health/ready && echo "nobatch ready" || tail -n 30 "$OUT/triton-nobatch.log"
-timeout 420 python3 -m engines.cli bench --url 127.0.0.1:18000 --nobatch-url 127.0.0.1:18010 \
+curl -fsS http://127.0.0.1:18002/v2/health/ready && echo "batched ready" || { tail -n 30 "$OUT/triton-batched.log"; exit 1; }
+curl -fsS http://127.0.0.1:18012/v2/health/ready && echo "nobatch ready" || { tail -n 30 "$OUT/triton-nobatch.log"; exit 1; }
+timeout 380 python3 -m engines.cli bench --url 127.0.0.1:18000 --nobatch-url 127.0.0.1:18010 \
     --systems voxfleet-nobatch,voxfleet --concurrency "$CONCURRENCY" --duration 10 --drain 15 \
     --p95-bound-ms 150 --json "$OUT/bench-gpu.json" \
     --note "torch-cuda runtime, FP16 flow+vocoder, CUDA graphs; scheduler 128 windows / 32 sentences per step" \
