@@ -1,0 +1,67 @@
+"""`voxfleet operator` as the chart runs it: a process, configured by the environment."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from operator_harness import POOLS, REAL_CLUSTER, REPOSITORY_KEY, Api, eventually
+
+pytestmark = pytest.mark.kube
+
+
+@pytest.mark.skipif(REAL_CLUSTER, reason="the in-process tests cover a real cluster")
+async def test_voxfleet_operator_process_reconciles_and_stops_cleanly(
+    api: Api, tmp_path: Path
+) -> None:
+    (tmp_path / "pools.yaml").write_text(yaml.safe_dump(POOLS))
+    (tmp_path / "key").write_text(REPOSITORY_KEY)
+    env = {
+        **os.environ,
+        "VOXFLEET_POOLS_FILE": str(tmp_path / "pools.yaml"),
+        "VOXFLEET_REPOSITORY_KEY_FILE": str(tmp_path / "key"),
+        "VOXFLEET_ENGINE_CACHE_PVC": "shared-engines",
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "engines.cli",
+        "operator",
+        "--liveness",
+        "http://127.0.0.1:0/healthz",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        source = {"url": "https://voices.example.com/joe.onnx", "sha256": "ab" * 32}
+        await api.create(
+            "voxfleet.io/v1alpha1",
+            "ttsvoices",
+            {
+                "apiVersion": "voxfleet.io/v1alpha1",
+                "kind": "TTSVoice",
+                "metadata": {"name": "joe"},
+                "spec": {"source": source},
+            },
+        )
+
+        async def job_created() -> bool:
+            jobs = await api.list("batch/v1", "jobs")
+            return bool(jobs)
+
+        await eventually(job_created, timeout=30)
+        (job,) = await api.list("batch/v1", "jobs")
+        volumes = job["spec"]["template"]["spec"]["volumes"]
+        assert {"name": "engines", "persistentVolumeClaim": {"claimName": "shared-engines"}} in (
+            volumes
+        )
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0, output.decode()[-2000:]
