@@ -86,6 +86,8 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
     writes: list[str]
     # Paths whose next PATCHes answer 409 Conflict, as a busy API server sometimes does.
     conflicts: dict[str, int]
+    # When set, requests without this bearer token get 401 (an expired service-account token).
+    required_token: str | None = None
 
     async def _handle(self, request: rendering.Request) -> Any:
         try:
@@ -100,6 +102,9 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
             self.writes, self.conflicts = [], {}
         if request.method in ("PATCH", "PUT", "POST"):
             self.writes.append(f"{request.method} {request.url.path}")
+        if self.required_token is not None:
+            if request.headers.get("Authorization") != f"Bearer {self.required_token}":
+                raise kmock.KubernetesError(status=401, reason="Unauthorized", message="token")
         if request.method == "PATCH" and self.conflicts.get(request.url.path, 0) > 0:
             self.conflicts[request.url.path] -= 1
             raise kmock.KubernetesError(

@@ -82,27 +82,19 @@ def resource_of(obj: Mapping[str, Any]) -> Resource:
 class KubeClient:
     """JSON over HTTPS to the API server; one aiohttp session for the operator's lifetime."""
 
-    def __init__(self, session: aiohttp.ClientSession, server: str) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, server: str, authorization: str | None = None
+    ) -> None:
         self._session = session
         self._server = server.rstrip("/")
+        self._authorization = authorization
         self.requests = 0
 
     @classmethod
     async def connect(cls) -> KubeClient:
         """Log in the way kopf does: the service account in a pod, else the kubeconfig."""
-        import kopf
-
-        settings = kopf.OperatorSettings()
-        info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-            settings=settings
-        )
-        if info is None:
-            raise RuntimeError(
-                "no Kubernetes credentials: neither a service account nor a kubeconfig"
-            )
+        info = _login()
         headers = {"Accept": "application/json"}
-        if info.token:
-            headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
         context: ssl.SSLContext | bool = True
         if info.server.startswith("https"):
             context = ssl.create_default_context()
@@ -128,7 +120,7 @@ class KubeClient:
             connector=aiohttp.TCPConnector(ssl=context, limit=32),
             timeout=aiohttp.ClientTimeout(total=30),
         )
-        return cls(session, info.server)
+        return cls(session, info.server, _authorization(info))
 
     async def close(self) -> None:
         await self._session.close()
@@ -141,13 +133,32 @@ class KubeClient:
         params: Mapping[str, str] | None = None,
         content_type: str = "application/json",
     ) -> Any:
+        for attempt in (1, 2):
+            try:
+                return await self._call_once(method, path, body, params, content_type)
+            except ApiError as error:
+                # Service-account tokens are short-lived and rotated on disk: read them again.
+                if error.status != 401 or attempt == 2 or self._authorization is None:
+                    raise
+                self._authorization = _authorization(_login())
+        raise AssertionError("unreachable")
+
+    async def _call_once(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        params: Mapping[str, str] | None,
+        content_type: str,
+    ) -> Any:
         self.requests += 1
-        kwargs: dict[str, Any] = {"params": dict(params or {})}
+        headers = {"Authorization": self._authorization} if self._authorization else {}
+        kwargs: dict[str, Any] = {"params": dict(params or {}), "headers": headers}
         if body is not None:
             import json
 
             kwargs["data"] = json.dumps(body)
-            kwargs["headers"] = {"Content-Type": content_type}
+            headers["Content-Type"] = content_type
         async with self._session.request(method, self._server + path, **kwargs) as response:
             if response.status >= 400:
                 try:
@@ -233,6 +244,22 @@ class KubeClient:
                 return False
             raise
         return True
+
+
+def _login() -> Any:
+    import kopf
+
+    settings = kopf.OperatorSettings()
+    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
+        settings=settings
+    )
+    if info is None:
+        raise RuntimeError("no Kubernetes credentials: neither a service account nor a kubeconfig")
+    return info
+
+
+def _authorization(info: Any) -> str | None:
+    return f"{info.scheme or 'Bearer'} {info.token}" if info.token else None
 
 
 def _selector_matches(selector: str, obj: Mapping[str, Any]) -> bool:
