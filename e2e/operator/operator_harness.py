@@ -225,20 +225,25 @@ def _now() -> str:
 class Api:
     """What tests do to the cluster, the same way for KMock and for a real cluster."""
 
-    def __init__(self, session: aiohttp.ClientSession, server: str, emulator: Any) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        server: str,
+        emulator: Any,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.session = session
         self.server = server.rstrip("/")
         self.emulator: ScriptedKubernetes | None = emulator
+        self.headers = dict(headers or {})
 
-    async def call(self, method: str, path: str, body: Any = None, **headers: str) -> Any:
-        kwargs: dict[str, Any] = {}
+    async def call(self, method: str, path: str, body: Any = None) -> Any:
+        kwargs: dict[str, Any] = {"headers": dict(self.headers)}
         if body is not None:
             kwargs["json"] = body
-            kwargs["headers"] = {
-                "Content-Type": "application/merge-patch+json"
-                if method == "PATCH"
-                else "application/json"
-            }
+            kwargs["headers"]["Content-Type"] = (
+                "application/merge-patch+json" if method == "PATCH" else "application/json"
+            )
         async with self.session.request(method, self.server + path, **kwargs) as response:
             data = await response.json(content_type=None)
             if response.status == 404:
@@ -303,8 +308,13 @@ async def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
         from voxfleet_operator.kube import KubeClient
 
         client = await KubeClient.connect()
+        auth = {"Authorization": client._authorization} if client._authorization else {}
+        real = Api(client._session, client._server, None, auth)
         try:
-            yield Api(client._session, client._server, None)
+            namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+            if await real.call("GET", f"/api/v1/namespaces/{NAMESPACE}") is None:
+                await real.call("POST", "/api/v1/namespaces", namespace)
+            yield real
         finally:
             await client.close()
         return
