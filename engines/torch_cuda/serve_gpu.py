@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         args.grpc_port,
         args.http_port or args.grpc_port + 2,
         args.metrics_port or args.grpc_port + 1,
+        # Requests stay in ordinary host memory: the model moves data to the GPU itself.
+        extra_args=["--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0"],
     )
     server.start(timeout_s=600)
     print(f"serve_gpu: ready on gRPC {server.grpc_url}; log {server.log_path}", file=sys.stderr)

@@ -32,6 +32,11 @@ for port in 18002 18012; do
 done
 curl -fsS http://127.0.0.1:18002/v2/health/ready && echo "batched ready" || { tail -n 30 "$OUT/triton-batched.log"; exit 1; }
 curl -fsS http://127.0.0.1:18012/v2/health/ready && echo "nobatch ready" || { tail -n 30 "$OUT/triton-nobatch.log"; exit 1; }
+timeout 60 python3 -m engines.cli say --url 127.0.0.1:18000 --json -o "$OUT/smoke.wav" \
+    "Four score and seven years ago." || {
+    for f in /tmp/voxfleet-serve-*/tritonserver.log; do grep -iE "terminate|error" -A3 "$f" | tail -6; done
+    exit 1
+}
 timeout 380 python3 -m engines.cli bench --url 127.0.0.1:18000 --nobatch-url 127.0.0.1:18010 \
     --systems voxfleet-nobatch,voxfleet --concurrency "$CONCURRENCY" --duration 10 --drain 15 \
     --p95-bound-ms 150 --json "$OUT/bench-gpu.json" \
