@@ -187,11 +187,12 @@ class SchedulerStats:
 
 
 class _CostModel:
-    """Seconds per frame per row of each stage, from the calls it has seen (moving average)."""
+    """Seconds per frame (per phoneme id for the encoder) per row of each stage, from the calls
+    it has seen (moving average)."""
 
     def __init__(self) -> None:
         # Conservative starting points (a 2-core CPU); replaced after the first calls.
-        self.per_frame = {"flow": 2e-4, "vocoder": 8e-4}
+        self.per_frame = {"encoder": 3e-4, "flow": 2e-4, "vocoder": 8e-4}
 
     def observe(self, stage: str, seconds: float, rows: int, width: int) -> None:
         sample = seconds / max(1, rows * width)
@@ -277,18 +278,26 @@ class StreamScheduler:
 
     def step(self) -> None:
         self._drop_cancelled()
-        self._encode_pending()
-        selected = self._select_windows()
-        if self.batching:
-            groups: dict[tuple[int, int], list[_Window]] = {}
-            for window in selected:
-                groups.setdefault(self._shape(window), []).append(window)
-            batches = list(groups.values())
-        else:
-            batches = [[window] for window in selected]
-        for batch in batches:
+        encodes, selected = self._plan_step()
+        self._encode_pending(encodes)
+        selected += [self._next_window(stream) for stream in encodes if stream.current]
+        flows = [w for w in selected if w.flow[1] > w.flow[0]]
+        for batch in self._batches(flows, lambda w: self._shape(w)[0]):
+            self._flow(batch)
+        for batch in self._batches(selected, lambda w: self._shape(w)[1]):
             self._run_windows(batch)
         self._publish_stats()
+
+    def _batches(
+        self, windows: list[_Window], size: Callable[[_Window], int]
+    ) -> list[list[_Window]]:
+        """One call per size; one call per window when cross-stream batching is off."""
+        if not self.batching:
+            return [[window] for window in windows]
+        groups: dict[int, list[_Window]] = {}
+        for window in windows:
+            groups.setdefault(size(window), []).append(window)
+        return list(groups.values())
 
     def _close(self, stream: Stream, error: Exception | None = None) -> None:
         self._streams.pop(stream.stream_id, None)
@@ -305,14 +314,7 @@ class StreamScheduler:
                 self._close(stream, StreamCancelled("the client cancelled the stream"))
 
     # -- encoder: batches of sentences of similar length sharing scales ------------------------
-    def _encode_pending(self) -> None:
-        waiting = [s for s in self._streams.values() if s.current is None]
-        for stream in [s for s in waiting if not s.sentences]:
-            self._close(stream)
-        waiting = [s for s in waiting if s.sentences]
-        # The streams whose audio is due first go first; new streams are on the first-audio path.
-        waiting.sort(key=Stream.deadline)
-        waiting = waiting[: self.windows.max_encoder_batch if self.batching else 1]
+    def _encode_pending(self, waiting: list[Stream]) -> None:
         groups: dict[tuple[float, float, float, int], list[Stream]] = {}
         for stream in waiting:
             key = (*stream.params.scales(), stream.params.speaker_id)
@@ -322,7 +324,12 @@ class StreamScheduler:
             streams.sort(key=lambda s: len(s.sentences[0].ids))
             batch: list[Stream] = []
             for stream in streams:
-                if batch and len(stream.sentences[0].ids) > 1.25 * len(batch[0].sentences[0].ids):
+                longer = (
+                    len(stream.sentences[0].ids) > 1.25 * len(batch[0].sentences[0].ids)
+                    if batch
+                    else False
+                )
+                if batch and (longer or not self.batching):
                     self._encode(batch, (noise, length, noise_w))
                     batch = []
                 batch.append(stream)
@@ -336,9 +343,11 @@ class StreamScheduler:
             ids[row, : len(sentence.ids)] = sentence.ids
         lengths = np.array([len(s.ids) for s in sentences], dtype=np.int64)
         speakers = np.array([s.params.speaker_id for s in streams], dtype=np.int64)
+        started = time.perf_counter()
         prior, mask = self.runtime.encode(
             ids, lengths, np.array(scales, dtype=np.float32), speakers
         )
+        self.costs.observe("encoder", time.perf_counter() - started, len(streams), longest)
         frames = mask[:, 0, :].sum(axis=1).astype(np.int64)
         now = time.monotonic()
         for row, stream in enumerate(streams):
@@ -377,40 +386,53 @@ class StreamScheduler:
             cost += self.costs.estimate("flow", flow_width + 2 * self.windows.flow_context_frames)
         return cost
 
-    def _select_windows(self) -> list[_Window]:
-        """Earliest deadline first, as many as keep every chosen stream on time.
+    def _plan_step(self) -> tuple[list[Stream], list[_Window]]:
+        """Earliest deadline first over all work: sentences to encode and windows to decode.
 
-        A step is also kept under `max_step_ms` (by the cost model), so a stream that arrives
-        while others race ahead of playback waits one short step, not one long one.
+        Work is added while every chosen stream still gets its audio before its deadline and
+        the step stays under `max_step_ms` (both by the cost model), so a stream that arrives
+        while others race ahead of playback waits one short step, not one long one. A stream
+        whose sentence is encoded this step also gets its first window this step.
         """
         now = time.monotonic()
-        ready = sorted(
-            (s for s in self._streams.values() if s.current is not None), key=Stream.deadline
-        )
-        limit = self.windows.max_batch_windows if self.batching else len(ready)
-        chosen: list[_Window] = []
-        step_cost, budget = 0.0, self.windows.max_step_ms / 1000
-        for stream in ready:
-            window = self._next_window(stream)
-            cost = self._cost(window)
+        for stream in [s for s in self._streams.values() if s.current is None and not s.sentences]:
+            self._close(stream)
+        streams = sorted(self._streams.values(), key=Stream.deadline)
+        cfg = self.windows
+        encode_limit = cfg.max_encoder_batch if self.batching else len(streams)
+        window_limit = cfg.max_batch_windows if self.batching else len(streams)
+        encodes: list[Stream] = []
+        windows: list[_Window] = []
+        step_cost, budget = 0.0, cfg.max_step_ms / 1000
+        for stream in streams:
+            if stream.current is None:
+                if len(encodes) >= encode_limit:
+                    continue
+                cost = self.costs.estimate("encoder", len(stream.sentences[0].ids))
+                cost += self.costs.estimate("vocoder", cfg.first_window_frames)
+            else:
+                if len(windows) >= window_limit:
+                    continue
+                window = self._next_window(stream)
+                cost = self._cost(window)
             slack = max(stream.deadline() - now, MIN_STEP_BUDGET_S)
-            if chosen and step_cost + cost > min(budget, slack):
+            if (encodes or windows) and step_cost + cost > min(budget, slack):
                 continue  # it waits a step; a later stream may still fit
-            chosen.append(window)
+            if stream.current is None:
+                encodes.append(stream)
+            else:
+                windows.append(window)
             step_cost += cost
             budget = min(budget, slack)
-            if len(chosen) >= limit:
-                break
-        return chosen
+        return encodes, windows
 
-    # -- flow + vocoder for one batch of same-shaped windows -----------------------------------
+    # -- flow and vocoder calls for batches of same-sized windows --------------------------------
     def _run_windows(self, windows: list[_Window]) -> None:
         started = time.monotonic()
         for window in windows:
             if window.stream.window_ready_at is not None:
                 self.stats.queue_seconds_sum += started - window.stream.window_ready_at
                 self.stats.queue_count += 1
-        self._flow([w for w in windows if w.flow[1] > w.flow[0]])
         audio = self._vocode(windows)
         now = time.monotonic()
         for window, pcm in zip(windows, audio, strict=True):

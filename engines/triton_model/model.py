@@ -112,6 +112,14 @@ class _Metrics:
             "voxfleet_queue_seconds_sum", "Total seconds windows waited for the vocoder", counter
         )
         self.queue_count = family("voxfleet_queue_seconds_count", "Windows decoded", counter)
+        self._labels = labels
+        self._batches_family = pb_utils.MetricFamily(
+            name="voxfleet_vocoder_batches_total",
+            description="Vocoder calls by the number of stream windows they decoded together",
+            kind=counter,
+        )
+        self._batches: dict[int, Any] = {}
+        self._batches_seen: dict[int, int] = {}
         self._last = SchedulerStats()
         self._published_at = 0.0
         self._lock = threading.Lock()
@@ -134,6 +142,15 @@ class _Metrics:
             ):
                 if new > old:
                     metric.increment(new - old)
+            for size, calls in list(stats.vocoder_batches.items()):
+                seen = self._batches_seen.get(size, 0)
+                if calls > seen:
+                    if size not in self._batches:
+                        self._batches[size] = self._batches_family.Metric(
+                            labels={**self._labels, "batch_size": str(size)}
+                        )
+                    self._batches[size].increment(calls - seen)
+                    self._batches_seen[size] = calls
             self._last = SchedulerStats(
                 streams_total=stats.streams_total,
                 first_audio_seconds_sum=stats.first_audio_seconds_sum,
