@@ -29,8 +29,8 @@ import onnx
 import torch
 import torch.nn.functional as F
 from onnx import numpy_helper
+from torch import Tensor
 
-Tensor = torch.Tensor
 TAIL_BOUND = 5.0
 NUM_BINS = 10
 MIN_BIN = 1e-3

@@ -23,8 +23,7 @@ import onnx
 import torch
 import torch.nn.functional as F
 from onnx import helper, numpy_helper
-
-Tensor = torch.Tensor
+from torch import Tensor
 
 # ONNX TensorProto data types -> torch dtypes ("float" ones follow the module's precision).
 _ONNX_DTYPES: dict[int, torch.dtype] = {
