@@ -17,6 +17,10 @@ export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # client (pyzmq, sh, ...) is not, so a bare environment may lack what its __init__ imports.
 python3 -c 'import pytriton' 2>/dev/null || : > /tmp/site/pytriton/__init__.py
 export VOXFLEET_CACHE=/tmp/voxfleet-cache
+# Triton 2.51's Python-backend stub needs NumPy 1.x: under NumPy 2 it misreads BYTES inputs
+# (the TEXT tensor) and dies. The stub imports the environment's own NumPy.
+python3 -c 'import numpy, sys; print("numpy", numpy.__version__, numpy.__file__); sys.exit(numpy.__version__ >= "2")' \
+    || echo "warning: NumPy 2 in this environment; the Triton Python backend will fail on TEXT"
 python3 -c 'from engines.serving import plan_local_voices; plan_local_voices(["joe"], None, "torch-cuda")' || exit 1
 python3 -m engines.torch_cuda.serve_gpu --voice joe --grpc-port 18000 >"$OUT/triton-batched.log" 2>&1 &
 P1=$!
