@@ -24,25 +24,37 @@ python3 -c 'import numpy, sys; print("numpy", numpy.__version__, numpy.__file__)
 python3 -c 'from engines.serving import plan_local_voices; plan_local_voices(["joe"], None, "torch-cuda")' || exit 1
 python3 -m engines.torch_cuda.serve_gpu --voice joe --grpc-port 18000 >"$OUT/triton-batched.log" 2>&1 &
 P1=$!
-python3 -m engines.torch_cuda.serve_gpu --voice joe --grpc-port 18010 --no-batching \
-    >"$OUT/triton-nobatch.log" 2>&1 &
-P2=$!
-for port in 18002 18012; do
+if [[ "${NOBATCH:-1}" == 1 ]]; then
+    python3 -m engines.torch_cuda.serve_gpu --voice joe --grpc-port 18010 --no-batching \
+        >"$OUT/triton-nobatch.log" 2>&1 &
+    P2=$!
+    PORTS="18002 18012"
+    SYSTEMS=voxfleet-nobatch,voxfleet
+    NOBATCH_URL=(--nobatch-url 127.0.0.1:18010)
+else
+    P2=$P1
+    PORTS=18002
+    SYSTEMS=voxfleet
+    NOBATCH_URL=()
+fi
+for port in $PORTS; do
     for _ in $(seq 1 300); do
         curl -fsS "http://127.0.0.1:$port/v2/health/ready" >/dev/null 2>&1 && break
         kill -0 $P1 2>/dev/null && kill -0 $P2 2>/dev/null || break  # a server died
         sleep 1
     done
 done
-curl -fsS http://127.0.0.1:18002/v2/health/ready && echo "batched ready" || { tail -n 30 "$OUT/triton-batched.log"; exit 1; }
-curl -fsS http://127.0.0.1:18012/v2/health/ready && echo "nobatch ready" || { tail -n 30 "$OUT/triton-nobatch.log"; exit 1; }
+curl -fsS http://127.0.0.1:18002/v2/health/ready && echo "batched ready" || { grep -v "^I1121\||" "$OUT/triton-batched.log" | tail -n 30; exit 1; }
+if [[ "${NOBATCH:-1}" == 1 ]]; then
+    curl -fsS http://127.0.0.1:18012/v2/health/ready && echo "nobatch ready" || { tail -n 30 "$OUT/triton-nobatch.log"; exit 1; }
+fi
 timeout 60 python3 -m engines.cli say --url 127.0.0.1:18000 --json -o "$OUT/smoke.wav" \
     "Four score and seven years ago." || {
     for f in /tmp/voxfleet-serve-*/tritonserver.log; do grep -iE "terminate|error" -A3 "$f" | tail -6; done
     exit 1
 }
-timeout 380 python3 -m engines.cli bench --url 127.0.0.1:18000 --nobatch-url 127.0.0.1:18010 \
-    --systems voxfleet-nobatch,voxfleet --concurrency "$CONCURRENCY" --duration 10 --drain 15 \
+timeout 380 python3 -m engines.cli bench --url 127.0.0.1:18000 "${NOBATCH_URL[@]}" \
+    --systems "$SYSTEMS" --concurrency "$CONCURRENCY" --duration 10 --drain 15 \
     --p95-bound-ms 150 --json "$OUT/bench-gpu.json" \
     --note "torch-cuda runtime, FP16 flow+vocoder, CUDA graphs; scheduler 128 windows / 32 sentences per step" \
     2>&1 | tee "$OUT/bench.log"
