@@ -44,7 +44,7 @@ for port in $PORTS; do
         sleep 1
     done
 done
-curl -fsS http://127.0.0.1:18002/v2/health/ready && echo "batched ready" || { grep -v "^I1121\||" "$OUT/triton-batched.log" | tail -n 30; exit 1; }
+curl -fsS http://127.0.0.1:18002/v2/health/ready && echo "batched ready" || { grep -E "UNAVAILABLE|Error|error" "$OUT/triton-batched.log" | sed 's/  */ /g' | cut -c1-600 | tail -n 12; exit 1; }
 if [[ "${NOBATCH:-1}" == 1 ]]; then
     curl -fsS http://127.0.0.1:18012/v2/health/ready && echo "nobatch ready" || { tail -n 30 "$OUT/triton-nobatch.log"; exit 1; }
 fi
