@@ -14,9 +14,20 @@ from engines.runtime import RUNTIMES, StageRuntime
 def _factory(engine_dir: Path) -> StageRuntime:
     import os
 
-    from engines.torch_cuda.runtime import TorchCudaStages
+    from engines.torch_cuda.runtime import (
+        DEFAULT_BATCH_BUCKETS,
+        ENCODER_BATCH_BUCKETS,
+        TorchCudaStages,
+    )
 
-    stages = TorchCudaStages(engine_dir)
+    # Graphs are memory: capture no bucket larger than the scheduler ever sends.
+    max_windows = int(os.environ.get("VOXFLEET_TORCH_MAX_WINDOWS", "256"))
+    max_sentences = int(os.environ.get("VOXFLEET_TORCH_MAX_SENTENCES", "64"))
+    stages = TorchCudaStages(
+        engine_dir,
+        batch_buckets=[b for b in DEFAULT_BATCH_BUCKETS if b < 2 * max_windows],
+        encoder_batch_buckets=[b for b in ENCODER_BATCH_BUCKETS if b < 2 * max_sentences],
+    )
     if os.environ.get("VOXFLEET_TORCH_WARMUP") == "1":
         # Capture the stream model's usual shapes before the model reports ready.
         stages.warmup(

@@ -184,6 +184,7 @@ class TorchCudaStages:
         use_graphs: bool = True,
         flow_frame_multiple: int = 32,
         vocoder_frame_multiple: int = 16,
+        encoder_batch_buckets: Sequence[int] = ENCODER_BATCH_BUCKETS,
     ) -> None:
         engine_dir = Path(engine_dir)
         self.device = torch.device(device)
@@ -231,7 +232,7 @@ class TorchCudaStages:
 
             self.encoder_stage = GraphedStage(
                 None,
-                ENCODER_BATCH_BUCKETS,
+                encoder_batch_buckets,
                 use_graphs,
                 pool=pool,
                 function=encoder_function,

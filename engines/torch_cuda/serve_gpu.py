@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     from engines.voice_plan import VoicePlan
 
     os.environ.setdefault("VOXFLEET_TORCH_WARMUP", "1")
+    os.environ.setdefault("VOXFLEET_TORCH_MAX_WINDOWS", str(args.max_batch_windows))
+    os.environ.setdefault("VOXFLEET_TORCH_MAX_SENTENCES", str(args.max_encoder_batch))
     template = VoicePlan(
         name="template",
         engine_dir="",
