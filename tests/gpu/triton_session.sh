@@ -48,6 +48,7 @@ curl -fsS http://127.0.0.1:18002/v2/health/ready && echo "batched ready" || { gr
 if [[ "${NOBATCH:-1}" == 1 ]]; then
     curl -fsS http://127.0.0.1:18012/v2/health/ready && echo "nobatch ready" || { tail -n 30 "$OUT/triton-nobatch.log"; exit 1; }
 fi
+nvidia-smi --query-gpu=memory.used,memory.total --format=csv | tee "$OUT/gpu-memory.txt"
 timeout 60 python3 -m engines.cli say --url 127.0.0.1:18000 --json -o "$OUT/smoke.wav" \
     "Four score and seven years ago." || {
     for f in /tmp/voxfleet-serve-*/tritonserver.log; do grep -iE "terminate|error" -A3 "$f" | tail -6; done
