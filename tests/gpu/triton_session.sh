@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU benchmark with real Triton: two tritonservers from the nvidia-pytriton wheel, the
 # torch-cuda runtime (with and without cross-stream batching), `voxfleet bench` against them.
-# Usage (repository root, CUDA PyTorch machine, wheels in .whl/ or already in /tmp/site):
+# Usage (repository root, CUDA PyTorch machine, wheels in .whl/ or already in /tmp/site).
+# The Python-backend stub does not see PYTHONPATH: what the model imports (piper-tts, NumPy 1.x)
+# must be installed in the Python environment itself, not only in /tmp/site.
 #   OUT=results bash tests/gpu/triton_session.sh [CONCURRENCY]
 set -uo pipefail
 OUT=${OUT:-gpu-results}
@@ -24,6 +26,7 @@ python3 -c 'import numpy, sys; print("numpy", numpy.__version__, numpy.__file__)
 python3 -c 'from engines.serving import plan_local_voices; plan_local_voices(["joe"], None, "torch-cuda")' || exit 1
 python3 -m engines.torch_cuda.serve_gpu --voice joe --grpc-port 18000 >"$OUT/triton-batched.log" 2>&1 &
 P1=$!
+trap 'kill -TERM $P1 ${P2:-} 2>/dev/null; wait 2>/dev/null' EXIT
 if [[ "${NOBATCH:-1}" == 1 ]]; then
     python3 -m engines.torch_cuda.serve_gpu --voice joe --grpc-port 18010 --no-batching \
         >"$OUT/triton-nobatch.log" 2>&1 &
