@@ -278,15 +278,20 @@ class StreamScheduler:
 
     def step(self) -> None:
         self._drop_cancelled()
-        encodes, selected = self._plan_step()
+        encodes, windows = self._plan_step()
+        # Streams already playing go first: an encoder call (the longest call there is) must
+        # not stand between a stream and the window it needs before its buffer runs out.
+        self._run(windows)
         self._encode_pending(encodes)
-        selected += [self._next_window(stream) for stream in encodes if stream.current]
-        flows = [w for w in selected if w.flow[1] > w.flow[0]]
+        self._run([self._next_window(stream) for stream in encodes if stream.current])
+        self._publish_stats()
+
+    def _run(self, windows: list[_Window]) -> None:
+        flows = [w for w in windows if w.flow[1] > w.flow[0]]
         for batch in self._batches(flows, lambda w: self._shape(w)[0]):
             self._flow(batch)
-        for batch in self._batches(selected, lambda w: self._shape(w)[1]):
+        for batch in self._batches(windows, lambda w: self._shape(w)[1]):
             self._run_windows(batch)
-        self._publish_stats()
 
     def _batches(
         self, windows: list[_Window], size: Callable[[_Window], int]
@@ -391,8 +396,10 @@ class StreamScheduler:
 
         Work is added while every chosen stream still gets its audio before its deadline and
         the step stays under `max_step_ms` (both by the cost model), so a stream that arrives
-        while others race ahead of playback waits one short step, not one long one. A stream
-        whose sentence is encoded this step also gets its first window this step.
+        while others race ahead of playback waits one short step, not one long one. A playing
+        stream that cannot wait a whole step is always served (its window runs before any
+        encoder call), and nothing is added that would make a playing stream left for later
+        run dry. A stream whose sentence is encoded this step also gets its first window.
         """
         now = time.monotonic()
         for stream in [s for s in self._streams.values() if s.current is None and not s.sentences]:
@@ -404,6 +411,7 @@ class StreamScheduler:
         encodes: list[Stream] = []
         windows: list[_Window] = []
         step_cost, budget = 0.0, cfg.max_step_ms / 1000
+        waiting_slack = float("inf")  # the least slack of a playing stream left for later
         for stream in streams:
             if stream.current is None:
                 if len(encodes) >= encode_limit:
@@ -416,14 +424,19 @@ class StreamScheduler:
                 window = self._next_window(stream)
                 cost = self._cost(window)
             slack = max(stream.deadline() - now, MIN_STEP_BUDGET_S)
-            if (encodes or windows) and step_cost + cost > min(budget, slack):
-                continue  # it waits a step; a later stream may still fit
+            playing = stream.first_audio_at is not None
+            urgent = playing and stream.current is not None and slack < budget
+            limit = min(budget, slack, waiting_slack)
+            if not urgent and (encodes or windows) and step_cost + cost > limit:
+                if playing:
+                    waiting_slack = min(waiting_slack, slack)
+                continue
             if stream.current is None:
                 encodes.append(stream)
             else:
                 windows.append(window)
             step_cost += cost
-            budget = min(budget, slack)
+            budget = max(MIN_STEP_BUDGET_S, min(budget, slack))
         return encodes, windows
 
     # -- flow and vocoder calls for batches of same-sized windows --------------------------------
