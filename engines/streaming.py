@@ -58,8 +58,8 @@ class WindowConfig:
     window_frames: int = 128
     vocoder_context_frames: int = 8
     flow_context_frames: int = 24
-    max_batch_windows: int = 64
-    max_encoder_batch: int = 8
+    max_batch_windows: int = 128
+    max_encoder_batch: int = 32
     # A step's estimated length; new streams wait at most about this long for the next step.
     max_step_ms: int = 60
 
