@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 
@@ -18,6 +17,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="a voice to serve: an embedded name (joe) or a Piper .onnx path; repeatable",
     )
     parser.add_argument("--cache", type=Path, help="engine cache directory")
+    parser.add_argument(
+        "--runtime",
+        choices=("onnxruntime", "torch-cuda"),
+        default="onnxruntime",
+        help="stage runtime: onnxruntime on the CPU (default) or torch-cuda on a GPU",
+    )
     parser.add_argument("--no-batching", action="store_true", help="turn cross-stream batching off")
     parser.add_argument(
         "--max-text-bytes", type=int, default=5000, help="longest TEXT accepted (default 5000)"
@@ -35,12 +40,12 @@ def plan_from_args(args: argparse.Namespace):  # -> ServingPlan, imported lazily
         name="template",
         engine_dir="",
         voice_config_path="",
+        runtime=args.runtime,
         cross_stream_batching=not args.no_batching,
         max_text_bytes=args.max_text_bytes,
         max_streams=args.max_streams,
     )
-    plan = plan_local_voices(args.voice, args.cache, template=template)
-    return replace(plan)
+    return plan_local_voices(args.voice, args.cache, runtime=args.runtime, template=template)
 
 
 def handle(args: argparse.Namespace) -> int:
