@@ -167,6 +167,22 @@ class TritonServer:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=10)
 
+    def run_foreground(self) -> int:
+        """Wait for the server to exit; Ctrl-C or SIGTERM stop it cleanly. Returns the exit code."""
+
+        def interrupt(*_: object) -> None:
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, interrupt)
+        try:
+            assert self.process is not None, "start() the server first"
+            return self.process.wait()
+        except KeyboardInterrupt:
+            self.stop()
+            return 0
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
     def __enter__(self) -> TritonServer:
         if self.process is None:
             self.start()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 
@@ -67,14 +66,9 @@ def handle(args: argparse.Namespace) -> int:
         f"metrics {server.metrics_url}; Ctrl-C stops",
         file=sys.stderr,
     )
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:
-        assert server.process is not None
-        return server.process.wait()
-    except KeyboardInterrupt:
-        print("voxfleet: stopping Triton (in-flight streams drain first)", file=sys.stderr)
-        server.stop()
-        return 0
+    code = server.run_foreground()
+    print("voxfleet: Triton stopped", file=sys.stderr)
+    return code
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

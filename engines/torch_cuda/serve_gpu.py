@@ -57,12 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     server.start(timeout_s=600)
     print(f"serve_gpu: ready on gRPC {server.grpc_url}; log {server.log_path}", file=sys.stderr)
-    try:
-        assert server.process is not None
-        return server.process.wait()
-    except KeyboardInterrupt:
-        server.stop()
-        return 0
+    return server.run_foreground()
 
 
 if __name__ == "__main__":

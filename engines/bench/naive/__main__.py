@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -53,17 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"naive: ready — model {args.model_name!r} on gRPC {server.grpc_url}", file=sys.stderr)
 
-    def _stop(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _stop)
-    try:
-        assert server.process is not None
-        return server.process.wait()
-    except KeyboardInterrupt:
-        server.stop()
-        return 0
-
+    return server.run_foreground()
 
 if __name__ == "__main__":
     sys.exit(main())
