@@ -18,6 +18,8 @@ serve from the cache volume alone.
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 import shutil
 import subprocess
 import urllib.parse
@@ -179,6 +181,41 @@ def _download_voice(url: str, download_dir: Path) -> Path:
             raise EngineBuildError(f"could not download {remote}: {error}") from None
         partial.rename(local)
     return folder / name
+
+
+def check_voice_digest(model_path: Path, expected_sha256: str) -> None:
+    """Refuse a voice whose bytes are not the ones the TTSVoice named (a changed URL, say)."""
+    actual = sha256_file(model_path)
+    if actual != expected_sha256.strip().lower():
+        raise EngineBuildError(
+            f"voice {model_path.name} has sha256 {actual}, not the expected {expected_sha256}; "
+            "fix the voice's sha256 or its source"
+        )
+
+
+_PUBLISH_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+def publish_entry(entry_path: Path, name: str) -> Path:
+    """Make CACHE/NAME point at a cache entry, atomically (a relative symlink, then rename).
+
+    The operator names engines by its own key; pods load `/engines/<key>/`. Replacing the
+    link is atomic, so a pod sees the old entry or the new one, never a half-written one.
+    """
+    if not _PUBLISH_NAME.match(name):
+        raise EngineBuildError(
+            f"--publish-as {name!r}: use 1-63 lowercase letters, digits and '-', "
+            "starting with a letter or digit"
+        )
+    root = entry_path.parent
+    link = root / name
+    if link.exists() and not link.is_symlink():
+        raise EngineBuildError(f"{link} exists and is not a published link; not replacing it")
+    temporary = root / f".tmp-link-{name}-{os.getpid()}"
+    temporary.unlink(missing_ok=True)
+    temporary.symlink_to(entry_path.name)
+    os.replace(temporary, link)
+    return link
 
 
 def engine_key(

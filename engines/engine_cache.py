@@ -318,7 +318,8 @@ class EngineCache:
         if not self.root.is_dir():
             return keys
         for path in sorted(self.root.iterdir()):
-            if path.name.startswith(".") or not (path / MANIFEST).is_file():
+            # Published names (`build-engines --publish-as`) are links to entries, not entries.
+            if path.name.startswith(".") or path.is_symlink() or not (path / MANIFEST).is_file():
                 continue
             with contextlib.suppress(ValueError, OSError, EngineCacheError, TypeError):
                 keys.append(EngineKey.from_fields(json.loads((path / MANIFEST).read_text())["key"]))

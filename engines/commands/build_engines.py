@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -45,6 +46,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-batch", type=int, default=None, help="TensorRT profiles: most windows per call"
     )
     parser.add_argument("--force", action="store_true", help="rebuild even a whole entry")
+    parser.add_argument(
+        "--publish-as",
+        metavar="NAME",
+        help="also publish the entry as CACHE/NAME (an atomic symlink): the operator's engine "
+        "key, the path its Triton pods load the voice from",
+    )
+    parser.add_argument(
+        "--sha256",
+        default=os.environ.get("VOXFLEET_VOICE_SHA256") or None,
+        help="refuse a voice .onnx whose sha256 differs (default: $VOXFLEET_VOICE_SHA256)",
+    )
     parser.set_defaults(func=handle)
 
 
@@ -53,7 +65,9 @@ def handle(args: argparse.Namespace) -> int:
         EngineBuildError,
         Target,
         build_engines,
+        check_voice_digest,
         default_precision,
+        publish_entry,
         resolve_voice_model,
     )
 
@@ -80,6 +94,8 @@ def handle(args: argparse.Namespace) -> int:
                 ServingShapes(max_batch=args.max_batch, opt_batch=min(64, args.max_batch))
             )
         model_path = resolve_voice_model(args.voice, download_dir=args.cache / "downloads")
+        if args.sha256:
+            check_voice_digest(model_path, args.sha256)
         precision = args.precision or default_precision(args.runtime)
         started = time.monotonic()
         entry = build_engines(
@@ -91,7 +107,8 @@ def handle(args: argparse.Namespace) -> int:
             target=target,
             force=args.force,
         )
-    except (EngineBuildError, ValueError) as error:
+        published = publish_entry(entry.path, args.publish_as) if args.publish_as else None
+    except (EngineBuildError, ValueError, OSError) as error:
         print(f"voxfleet build-engines: {error}", file=sys.stderr)
         return 2
     report = {
@@ -103,6 +120,7 @@ def handle(args: argparse.Namespace) -> int:
         "precision": entry.key.precision,
         "gpu_product": entry.key.gpu_product,
         "files": {name: info["bytes"] for name, info in entry.files.items()},
+        "published": str(published) if published else None,
     }
     print(json.dumps(report, indent=2))
     return 0

@@ -30,7 +30,7 @@ class LoadError(RuntimeError):
 def serving_plan(voice: Voice, pool: Pool, engine_key: str) -> dict[str, Any]:
     """The data plane's `VoicePlan` (as JSON-ready fields) for one voice on one pool.
 
-    Assumed layout of the engine cache volume (see docs/operator.md): the build Job publishes
+    Layout of the engine cache volume (see docs/operator.md): the build Job publishes
     the voice's engines and its `.onnx.json` under `/engines/<engine key>/`.
     """
     spec = voice.spec

@@ -95,3 +95,35 @@ def test_entry_for_another_gpu_is_refused_with_both_names(tmp_path: Path) -> Non
     with pytest.raises(EngineBuildError, match=r"built for Tesla-T4.*this machine is NVIDIA-H100"):
         check_entry_target(entry, Target("torch-2.13.0-cuda-12.8", "NVIDIA-H100-80GB-HBM3", "9.0"))
     check_entry_target(entry, built_for)
+
+
+def test_publish_as_names_the_entry_where_pods_load_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, report, _ = run_cli(
+        capsys, "--voice", "joe", "--cache", str(tmp_path), "--publish-as", "a1b2c3"
+    )
+    assert status == 0
+    published = tmp_path / "a1b2c3"
+    assert report["published"] == str(published)
+    assert published.resolve() == Path(report["entry"]).resolve()
+    assert (published / "voice.onnx.json").is_file() and (published / "vocoder.onnx").is_file()
+    # Publishing again (a rerun of the Job) is a no-op that keeps the link valid.
+    status, again, _ = run_cli(
+        capsys, "--voice", "joe", "--cache", str(tmp_path), "--publish-as", "a1b2c3"
+    )
+    assert status == 0 and again["built"] is False and published.resolve() == published.resolve()
+    status, _, error = run_cli(
+        capsys, "--voice", "joe", "--cache", str(tmp_path), "--publish-as", "../escape"
+    )
+    assert status == 2 and "--publish-as" in error
+
+
+def test_a_voice_with_another_digest_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VOXFLEET_VOICE_SHA256", "0" * 64)
+    status, _, error = run_cli(capsys, "--voice", "joe", "--cache", str(tmp_path))
+    assert status == 2
+    assert "not the expected 0000" in error
+    assert not any(tmp_path.glob("*/manifest.json")), "nothing may be built from the wrong voice"

@@ -60,6 +60,8 @@ def test_engine_job_builds_on_the_pool_gpu_into_the_cache() -> None:
         "int8",
         "--cache",
         "/engines",
+        "--publish-as",
+        key,
     ]
     assert {"name": "VOXFLEET_VOICE_SHA256", "value": "ab" * 32} in main["env"]
     assert main["resources"]["limits"]["nvidia.com/gpu"] == "1"

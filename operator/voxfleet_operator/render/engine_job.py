@@ -72,6 +72,9 @@ def build_engine_job(
         spec.precision.value,
         "--cache",
         ENGINE_CACHE_MOUNT,
+        # Pods load the voice from /engines/<engine key>/ (see loading.serving_plan).
+        "--publish-as",
+        engine_key,
     ]
     return {
         "apiVersion": "batch/v1",
