@@ -57,7 +57,6 @@ def _error_response(message: str, status: str, code: int | None = None) -> Any:
 
 class _ResponseSink(StreamSink):
     def __init__(self, request: Any, sample_rate: int) -> None:
-        self._request = request
         self._sender = request.get_response_sender()
         self._rate = np.array([sample_rate], dtype=np.int32)
 
@@ -80,7 +79,7 @@ class _ResponseSink(StreamSink):
             self._sender.send(_error_response(str(error), "INTERNAL"), flags=FINAL)
 
     def cancelled(self) -> bool:
-        return bool(self._request.is_cancelled())
+        return bool(self._sender.is_cancelled())
 
 
 class _Metrics:
