@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engines.frames import StreamBackend, stream_backend
 from engines.frontend import Sentence
 from engines.runtime import StageRuntime
 
 LOGGER = logging.getLogger(__name__)
-LATENT_CHANNELS = 192
 # A new stream's first audio is due this long after it arrives (after its encoder call).
 FIRST_AUDIO_TARGET_S = 0.05
 # Never shrink a step below this on account of streams that are already late: a late stream
@@ -133,8 +133,7 @@ class StreamSink:
 
 @dataclass
 class _SentenceState:
-    prior: np.ndarray  # [192, T]
-    latent: np.ndarray  # [192, T], filled as the flow runs
+    pages: np.ndarray  # page table of its prior and latent frames (engines.frames)
     frames: int
     flowed: int = 0
     vocoded: int = 0
@@ -215,6 +214,7 @@ class StreamScheduler:
         on_step: Callable[[SchedulerStats], None] | None = None,
     ) -> None:
         self.runtime = runtime
+        self.backend: StreamBackend = stream_backend(runtime)
         self.sample_rate = sample_rate
         self.hop = hop_length
         self.windows = windows or WindowConfig()
@@ -306,10 +306,16 @@ class StreamScheduler:
 
     def _close(self, stream: Stream, error: Exception | None = None) -> None:
         self._streams.pop(stream.stream_id, None)
+        self._end_sentence(stream)
         try:
             stream.sink.finish(error)
         except Exception:  # the client may be gone already
             LOGGER.debug("finishing stream %s failed", stream.stream_id, exc_info=True)
+
+    def _end_sentence(self, stream: Stream) -> None:
+        if stream.current is not None:
+            self.backend.pool.release(stream.current.pages)
+            stream.current = None
 
     def _drop_cancelled(self) -> None:
         for stream in list(self._streams.values()):
@@ -349,19 +355,16 @@ class StreamScheduler:
         lengths = np.array([len(s.ids) for s in sentences], dtype=np.int64)
         speakers = np.array([s.params.speaker_id for s in streams], dtype=np.int64)
         started = time.perf_counter()
-        prior, mask = self.runtime.encode(
+        prior, frames = self.backend.encode(
             ids, lengths, np.array(scales, dtype=np.float32), speakers
         )
+        tables = [self.backend.pool.allocate(int(count)) for count in frames]
+        self.backend.store_prior(prior, tables, frames)
+        self.backend.sync()
         self.costs.observe("encoder", time.perf_counter() - started, len(streams), longest)
-        frames = mask[:, 0, :].sum(axis=1).astype(np.int64)
         now = time.monotonic()
         for row, stream in enumerate(streams):
-            count = int(frames[row])
-            stream.current = _SentenceState(
-                prior=np.ascontiguousarray(prior[row, :, :count]),
-                latent=np.zeros((LATENT_CHANNELS, count), dtype=np.float32),
-                frames=count,
-            )
+            stream.current = _SentenceState(pages=tables[row], frames=int(frames[row]))
             stream.window_ready_at = now
 
     # -- window selection ---------------------------------------------------------------------
@@ -466,7 +469,7 @@ class StreamScheduler:
                 self._close(stream, StreamCancelled(f"the stream could not be sent: {error}"))
                 continue
             if state.vocoded >= state.frames:
-                stream.current = None
+                self._end_sentence(stream)
                 if not stream.sentences:
                     self._close(stream)
 
@@ -477,49 +480,54 @@ class StreamScheduler:
         width = 2 * context + max(
             self.windows.size_class(w.flow[1] - w.flow[0], flow=True) for w in windows
         )
-        prior = np.zeros((len(windows), LATENT_CHANNELS, width), dtype=np.float32)
-        mask = np.zeros((len(windows), 1, width), dtype=np.float32)
-        for row, window in enumerate(windows):
-            state = window.stream.current
-            assert state is not None
-            start, end = window.flow
-            lo, hi = max(0, start - context), min(state.frames, end + context)
-            offset = lo - (start - context)
-            prior[row, :, offset : offset + hi - lo] = state.prior[:, lo:hi]
-            mask[row, 0, offset : offset + hi - lo] = 1.0
-        speakers = np.array([w.stream.params.speaker_id for w in windows], dtype=np.int64)
+        states = [self._state(w) for w in windows]
+        ends = np.array([w.flow[1] for w in windows], dtype=np.int64)
+        limits = np.minimum(np.array([s.frames for s in states], dtype=np.int64), ends + context)
         started = time.perf_counter()
-        latent = self.runtime.flow(prior, mask, speakers)
+        self.backend.flow(
+            [s.pages for s in states],
+            np.array([w.flow[0] - context for w in windows], dtype=np.int64),
+            limits,
+            width,
+            context,
+            ends,
+            self._speakers(windows),
+        )
+        self.backend.sync()
         self.costs.observe("flow", time.perf_counter() - started, len(windows), width)
-        for row, window in enumerate(windows):
-            state = window.stream.current
-            assert state is not None
-            start, end = window.flow
-            state.latent[:, start:end] = latent[row, :, context : context + end - start]
-            state.flowed = end
+        for window, state in zip(windows, states, strict=True):
+            state.flowed = window.flow[1]
 
     def _vocode(self, windows: list[_Window]) -> list[np.ndarray]:
         context = self.windows.vocoder_context_frames
         sizes = [w.decode[1] - w.decode[0] for w in windows]
         width = max(self.windows.size_class(size) for size in sizes) + 2 * context
-        latent = np.zeros((len(windows), LATENT_CHANNELS, width), dtype=np.float32)
-        for row, window in enumerate(windows):
-            state = window.stream.current
-            assert state is not None
-            start, end = window.decode
-            lo, hi = max(0, start - context), min(state.frames, end + context)
-            offset = lo - (start - context)
-            latent[row, :, offset : offset + hi - lo] = state.latent[:, lo:hi]
-        speakers = np.array([w.stream.params.speaker_id for w in windows], dtype=np.int64)
+        states = [self._state(w) for w in windows]
+        ends = np.array([w.decode[1] for w in windows], dtype=np.int64)
+        limits = np.minimum(np.array([s.frames for s in states], dtype=np.int64), ends + context)
         started = time.perf_counter()
-        audio = self.runtime.vocode(latent, speakers)
+        pcm = self.backend.vocode(
+            [s.pages for s in states],
+            np.array([w.decode[0] - context for w in windows], dtype=np.int64),
+            limits,
+            width,
+            self._speakers(windows),
+            (context * self.hop, (context + max(sizes)) * self.hop),
+        )
         self.costs.observe("vocoder", time.perf_counter() - started, len(windows), width)
         batches = self.stats.vocoder_batches
         batches[len(windows)] = batches.get(len(windows), 0) + 1
-        return [
-            to_pcm16(audio[row, context * self.hop : (context + size) * self.hop])
-            for row, size in enumerate(sizes)
-        ]
+        return [pcm[row, : size * self.hop] for row, size in enumerate(sizes)]
+
+    @staticmethod
+    def _state(window: _Window) -> _SentenceState:
+        state = window.stream.current
+        assert state is not None
+        return state
+
+    @staticmethod
+    def _speakers(windows: list[_Window]) -> np.ndarray:
+        return np.array([w.stream.params.speaker_id for w in windows], dtype=np.int64)
 
     def _publish_stats(self) -> None:
         now = time.monotonic()
@@ -532,7 +540,3 @@ class StreamScheduler:
         )
         if self._on_step is not None:
             self._on_step(self.stats)
-
-
-def to_pcm16(samples: np.ndarray) -> np.ndarray:
-    return (np.clip(samples, -1.0, 1.0) * 32767.0).astype(np.int16)

@@ -20,9 +20,10 @@ import numpy as np
 
 from engines.commands.demo import REFERENCE_SENTENCE
 from engines.engine_build import build_engines
+from engines.frames import to_pcm16
 from engines.frontend import text_to_sentences
 from engines.runtime import OnnxStages
-from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, WindowConfig, to_pcm16
+from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, WindowConfig
 from engines.voice import load_voice
 
 QUIET = SynthesisParams(noise_scale=0.0, noise_w=0.0)

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engines.frames import to_pcm16
 from engines.frontend import Sentence, text_to_sentences
 from engines.runtime import OnnxStages
 from engines.streaming import (
@@ -14,7 +15,6 @@ from engines.streaming import (
     StreamSink,
     SynthesisParams,
     WindowConfig,
-    to_pcm16,
 )
 from engines.voice import Voice
 
@@ -116,6 +116,8 @@ def test_a_cancelled_stream_is_freed_and_others_finish(stages, sentences) -> Non
         while scheduler.live_streams() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert scheduler.live_streams() == 0
+        pool = scheduler.backend.pool
+        assert pool.free_pages() == pool.pages - 1, "a finished or cancelled stream kept frames"
     finally:
         scheduler.stop()
     assert stayer.error is None
