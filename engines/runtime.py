@@ -96,6 +96,8 @@ RUNTIMES: dict[str, Callable[[Path], StageRuntime]] = {"onnxruntime": OnnxStages
 def load_stages(runtime: str, engine_dir: Path) -> StageRuntime:
     if runtime == "torch-cuda":
         import engines.torch_cuda  # noqa: F401  (registers itself)
+    elif runtime == "tensorrt":
+        from engines.tensorrt import runtime as _tensorrt  # noqa: F401  (registers itself)
     try:
         factory = RUNTIMES[runtime]
     except KeyError:

@@ -246,6 +246,24 @@ class StreamScheduler:
         self._incoming.clear()
         self._streams.clear()
 
+    def warmup(self, max_phonemes: int = 640) -> int:
+        """Prepare the backend for every call shape this scheduler sends (GPU runtimes capture
+        their CUDA graphs here, before the first listener waits for them); returns how many
+        shapes are prepared (0 where there is nothing to prepare)."""
+        warm = getattr(self.backend, "warmup", None)
+        if warm is None:
+            return 0
+        cfg, sizes = self.windows, self.windows.window_sizes()
+        return int(
+            warm(
+                flow_frames=[2 * size + 2 * cfg.flow_context_frames for size in sizes],
+                vocoder_frames=[size + 2 * cfg.vocoder_context_frames for size in sizes],
+                windows=cfg.max_batch_windows if self.batching else 1,
+                sentences=cfg.max_encoder_batch if self.batching else 1,
+                phonemes=range(32, max_phonemes + 1, 32),
+            )
+        )
+
     def submit(self, sentences: list[Sentence], params: SynthesisParams, sink: StreamSink) -> int:
         stream = Stream(next(self._ids), deque(sentences), params, sink, time.monotonic())
         with self._wake:

@@ -69,56 +69,112 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "starts them)."
         ),
     )
-    parser.add_argument("--url", type=_host_port, default="localhost:8001",
-                        help="gRPC HOST:PORT of the voxfleet server (default localhost:8001)")
+    parser.add_argument(
+        "--url",
+        type=_host_port,
+        default="localhost:8001",
+        help="gRPC HOST:PORT of the voxfleet server (default localhost:8001)",
+    )
     parser.add_argument("--model", default="joe", help="voice (stream model) name (default joe)")
-    parser.add_argument("--metrics-url",
-                        help="Triton metrics URL of the voxfleet server (default: gRPC port + 1, "
-                             "Triton's layout, e.g. http://localhost:8002/metrics)")
-    parser.add_argument("--nobatch-url", type=_host_port,
-                        help="gRPC HOST:PORT of a server started with --no-batching")
-    parser.add_argument("--naive-url", type=_host_port,
-                        help="gRPC HOST:PORT of the triton-naive server "
-                             "(python -m engines.bench.naive)")
-    parser.add_argument("--naive-model", default="joe-naive",
-                        help="model name of the triton-naive baseline (default joe-naive)")
-    parser.add_argument("--voice-model", type=Path,
-                        help="Piper .onnx for the piper baseline and the machine limit "
-                             "(default: the joe voice)")
-    parser.add_argument("--systems", type=_systems, default=list(SYSTEMS),
-                        help=f"comma-separated, from {','.join(SYSTEMS)} (default all)")
-    parser.add_argument("--concurrency", type=_concurrencies,
-                        default=_concurrencies(DEFAULT_CONCURRENCY),
-                        help=f"comma-separated stream counts (default {DEFAULT_CONCURRENCY}), "
-                             "or 'auto': 1, 2, 4 and levels around the measured machine limit")
-    parser.add_argument("--duration", type=_positive, default=10.0,
-                        help="seconds of load per point (default 10)")
-    parser.add_argument("--drain", type=_positive, default=30.0,
-                        help="seconds open streams may take to finish after a point ends")
-    parser.add_argument("--p95-bound-ms", type=_positive, default=300.0,
-                        help="first-audio p95 bound of a real-time stream (default 300)")
-    parser.add_argument("--skip-after-p95-ms", type=_positive, default=5000.0,
-                        help="stop raising a system's concurrency once its p95 passed this")
+    parser.add_argument(
+        "--metrics-url",
+        help="Triton metrics URL of the voxfleet server (default: gRPC port + 1, "
+        "Triton's layout, e.g. http://localhost:8002/metrics)",
+    )
+    parser.add_argument(
+        "--nobatch-url",
+        type=_host_port,
+        help="gRPC HOST:PORT of a server started with --no-batching",
+    )
+    parser.add_argument(
+        "--naive-url",
+        type=_host_port,
+        help="gRPC HOST:PORT of the triton-naive server (python -m engines.bench.naive)",
+    )
+    parser.add_argument(
+        "--naive-model",
+        default="joe-naive",
+        help="model name of the triton-naive baseline (default joe-naive)",
+    )
+    parser.add_argument(
+        "--voice-model",
+        type=Path,
+        help="Piper .onnx for the piper baseline and the machine limit (default: the joe voice)",
+    )
+    parser.add_argument(
+        "--systems",
+        type=_systems,
+        default=list(SYSTEMS),
+        help=f"comma-separated, from {','.join(SYSTEMS)} (default all)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=_concurrencies,
+        default=_concurrencies(DEFAULT_CONCURRENCY),
+        help=f"comma-separated stream counts (default {DEFAULT_CONCURRENCY}), "
+        "or 'auto': 1, 2, 4 and levels around the measured machine limit",
+    )
+    parser.add_argument(
+        "--duration", type=_positive, default=10.0, help="seconds of load per point (default 10)"
+    )
+    parser.add_argument(
+        "--drain",
+        type=_positive,
+        default=30.0,
+        help="seconds open streams may take to finish after a point ends",
+    )
+    parser.add_argument(
+        "--p95-bound-ms",
+        type=_positive,
+        default=300.0,
+        help="first-audio p95 bound of a real-time stream (default 300)",
+    )
+    parser.add_argument(
+        "--skip-after-p95-ms",
+        type=_positive,
+        default=5000.0,
+        help="stop raising a system's concurrency once its p95 passed this",
+    )
     parser.add_argument("--corpus", type=Path, help="sentence file (default: the shipped one)")
-    parser.add_argument("--limit-sentences", type=int, default=16,
-                        help="corpus sentences timed one-shot for the machine limit")
-    parser.add_argument("--profile", action="store_true",
-                        help="sample voxfleet's server with py-spy during one point (the first "
-                             "at or above 80%% of the machine limit) and report where it spends "
-                             "its time")
-    parser.add_argument("--stage-costs", action="store_true",
-                        help="also time the stream model's flow and vocoder windows at batch "
-                             "1, 4 and 8 on this machine (servers idle)")
+    parser.add_argument(
+        "--limit-sentences",
+        type=int,
+        default=16,
+        help="corpus sentences timed one-shot for the machine limit",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample voxfleet's server with py-spy during one point (the first "
+        "at or above 80%% of the machine limit) and report where it spends "
+        "its time",
+    )
+    parser.add_argument(
+        "--stage-costs",
+        action="store_true",
+        help="also time the stream model's flow and vocoder windows at batch "
+        "1, 4 and 8 on this machine (servers idle)",
+    )
     parser.add_argument("--json", type=Path, help="write the results as JSON")
     parser.add_argument("--plot", type=Path, help="write a PNG plot")
-    parser.add_argument("--markdown", type=Path,
-                        help="rewrite this page (e.g. docs/benchmarks.md) with table and plot, "
-                             "keeping its GPU section")
-    parser.add_argument("--from-json", type=Path, metavar="FILE",
-                        help="run nothing: redraw --plot and rewrite --markdown from a previous "
-                             "--json file")
-    parser.add_argument("--note", action="append", default=[],
-                        help="a line to add under the machine description (repeatable)")
+    parser.add_argument(
+        "--markdown",
+        type=Path,
+        help="rewrite this page (e.g. docs/benchmarks.md) with table and plot, "
+        "keeping its GPU section",
+    )
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        metavar="FILE",
+        help="run nothing: redraw --plot and rewrite --markdown from a previous --json file",
+    )
+    parser.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        help="a line to add under the machine description (repeatable)",
+    )
     parser.set_defaults(func=run_bench)
 
 
@@ -132,8 +188,7 @@ def run_bench(args: argparse.Namespace) -> int:
         try:
             result = json.loads(args.from_json.read_text("utf-8"))
         except (OSError, ValueError) as error:
-            print(f"voxfleet bench: cannot read results {args.from_json}: {error}",
-                  file=sys.stderr)
+            print(f"voxfleet bench: cannot read results {args.from_json}: {error}", file=sys.stderr)
             return 1
         # Never overwrite the results being rendered; link the page to them instead. Goals
         # are recomputed, so that the page follows this version's definitions.
@@ -186,11 +241,25 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                     "voxfleet-nobatch needs --nobatch-url: a server started with "
                     "`voxfleet serve --no-batching`"
                 )
-            systems.append(TritonSystem(name, args.nobatch_url, args.model, streaming=True,
-                                        metrics_url=_metrics_url(args.nobatch_url)))
+            systems.append(
+                TritonSystem(
+                    name,
+                    args.nobatch_url,
+                    args.model,
+                    streaming=True,
+                    metrics_url=_metrics_url(args.nobatch_url),
+                )
+            )
         else:
-            systems.append(TritonSystem(name, args.url, args.model, streaming=True,
-                                        metrics_url=args.metrics_url or _metrics_url(args.url)))
+            systems.append(
+                TritonSystem(
+                    name,
+                    args.url,
+                    args.model,
+                    streaming=True,
+                    metrics_url=args.metrics_url or _metrics_url(args.url),
+                )
+            )
     try:
         for system in systems:
             if isinstance(system, TritonSystem):
@@ -204,10 +273,16 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         limit = measure_one_shot_limit(
             limiter.synthesize, limiter.sample_rate, sentences[: args.limit_sentences]
         )
-        machine.update(one_shot_rtf=limit.rtf, limit_streams=limit.streams,
-                       limit_audio_seconds=limit.audio_seconds)
-        print(f"machine limit: one-shot RTF {limit.rtf:.4f} over {limit.audio_seconds:.0f} s "
-              f"of audio → {limit.streams:.1f} real-time streams", file=sys.stderr)
+        machine.update(
+            one_shot_rtf=limit.rtf,
+            limit_streams=limit.streams,
+            limit_audio_seconds=limit.audio_seconds,
+        )
+        print(
+            f"machine limit: one-shot RTF {limit.rtf:.4f} over {limit.audio_seconds:.0f} s "
+            f"of audio → {limit.streams:.1f} real-time streams",
+            file=sys.stderr,
+        )
         stage_costs: list[dict[str, Any]] = []
         if args.stage_costs:
             from engines.bench.stage_costs import measure_voice_stage_costs
@@ -217,8 +292,9 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         profile = None
         if args.profile and "voxfleet" in args.systems:
             profile = ("voxfleet", profile_level(levels, limit.streams))
-        settings = SweepSettings(levels, args.duration, args.drain, args.skip_after_p95_ms,
-                                 profile=profile)
+        settings = SweepSettings(
+            levels, args.duration, args.drain, args.skip_after_p95_ms, profile=profile
+        )
         runs = await run_sweep(systems, sentences, settings)
     finally:
         for system in systems:
@@ -268,13 +344,21 @@ def _json_nan(value: Any) -> Any:
     if value is None:
         return math.nan
     if isinstance(value, dict):
-        return {key: (_json_nan(item) if key in _NUMERIC else item)
-                for key, item in value.items()}
+        return {key: (_json_nan(item) if key in _NUMERIC else item) for key, item in value.items()}
     return value
 
 
-_NUMERIC = {"first_audio_ms", "p50", "p95", "p99", "rtf", "audio_seconds_per_second",
-            "underrun_rate", "machine_cpu_percent", "other_cpu_percent"}
+_NUMERIC = {
+    "first_audio_ms",
+    "p50",
+    "p95",
+    "p99",
+    "rtf",
+    "audio_seconds_per_second",
+    "underrun_rate",
+    "machine_cpu_percent",
+    "other_cpu_percent",
+}
 
 
 def _write_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -288,9 +372,14 @@ def _write_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
     if args.plot:
         from engines.bench.plot import plot_runs
 
-        plot_runs(runs, args.plot, args.p95_bound_ms, limit,
-                  title=f"{result['machine']['cpu']}, {result['machine']['cores']} cores, "
-                        f"{result['machine']['date_utc']}")
+        plot_runs(
+            runs,
+            args.plot,
+            args.p95_bound_ms,
+            limit,
+            title=f"{result['machine']['cpu']}, {result['machine']['cores']} cores, "
+            f"{result['machine']['date_utc']}",
+        )
     if args.markdown:
         from engines.bench.report import build_page
 

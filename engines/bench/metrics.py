@@ -14,8 +14,10 @@ import urllib.request
 
 BATCH_METRIC = "voxfleet_vocoder_batches_total"
 
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+"
-                     r"(?P<value>[-+0-9.eE]+|NaN|[+-]Inf)(?:\s+\d+)?$")
+_SAMPLE = re.compile(
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+"
+    r"(?P<value>[-+0-9.eE]+|NaN|[+-]Inf)(?:\s+\d+)?$"
+)
 _LABEL = re.compile(r'(?P<key>[a-zA-Z_][a-zA-Z0-9_]*)="(?P<value>(?:[^"\\]|\\.)*)"')
 
 

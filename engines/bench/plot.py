@@ -40,19 +40,27 @@ def plot_runs(
             continue
         color, marker = _STYLE.get(name, (None, "x"))
         xs = [r.concurrency for r in points]
-        latency.plot(xs, [r.first_audio_ms["p95"] for r in points], marker=marker,
-                     color=color, label=name)
-        underruns.plot(xs, [100.0 * r.underrun_rate for r in points], marker=marker,
-                       color=color, label=name)
-    latency.axhline(p95_bound_ms, color="red", linestyle="--", linewidth=1,
-                    label=f"{p95_bound_ms:.0f} ms bound")
+        latency.plot(
+            xs, [r.first_audio_ms["p95"] for r in points], marker=marker, color=color, label=name
+        )
+        underruns.plot(
+            xs, [100.0 * r.underrun_rate for r in points], marker=marker, color=color, label=name
+        )
+    latency.axhline(
+        p95_bound_ms, color="red", linestyle="--", linewidth=1, label=f"{p95_bound_ms:.0f} ms bound"
+    )
     for axis in (latency, underruns):
         axis.set_xscale("log", base=2)
         axis.set_xlabel("concurrent streams (closed loop)")
         axis.grid(True, which="both", alpha=0.3)
         if machine_limit_streams and not math.isinf(machine_limit_streams):
-            axis.axvline(machine_limit_streams, color="black", linestyle=":", linewidth=1,
-                         label=f"machine limit 1/RTF = {machine_limit_streams:.1f}")
+            axis.axvline(
+                machine_limit_streams,
+                color="black",
+                linestyle=":",
+                linewidth=1,
+                label=f"machine limit 1/RTF = {machine_limit_streams:.1f}",
+            )
         concurrencies = sorted({r.concurrency for r in runs})
         axis.set_xticks(concurrencies, [str(c) for c in concurrencies])
     latency.set_yscale("log")

@@ -107,11 +107,22 @@ class Profiler:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         for pid in pids:
             out = self.work_dir / f"py-spy-{pid}.txt"
-            command = [executable, "record", "--pid", str(pid), "--duration",
-                       str(max(1, int(self.duration_s))), "--rate", "50", "--format", "raw",
-                       "--nonblocking", "--output", str(out)]
-            process = subprocess.Popen(command, stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.PIPE)
+            command = [
+                executable,
+                "record",
+                "--pid",
+                str(pid),
+                "--duration",
+                str(max(1, int(self.duration_s))),
+                "--rate",
+                "50",
+                "--format",
+                "raw",
+                "--nonblocking",
+                "--output",
+                str(out),
+            ]
+            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             self._running.append((process, out))
 
     def stop(self) -> dict[str, Any]:

@@ -134,8 +134,10 @@ def profile_section(runs: Sequence[dict[str, Any]]) -> str:
     lines = []
     for run in profiled:
         profile = run["profile"]
-        lines.append(f"### Where `{run['system']}`'s server spends its time "
-                     f"(concurrency {run['concurrency']})\n")
+        lines.append(
+            f"### Where `{run['system']}`'s server spends its time "
+            f"(concurrency {run['concurrency']})\n"
+        )
         if profile.get("error"):
             lines.append(f"Not profiled: {profile['error']}\n")
             continue
@@ -145,8 +147,11 @@ def profile_section(runs: Sequence[dict[str, Any]]) -> str:
             "stack:\n"
         )
         lines.append("| function | share of samples |\n|---|---:|")
-        lines += [f"| `{row['function']}` | {100 * row['share']:.0f} % |"
-                  for row in profile.get("inclusive", []) if row["share"] >= 0.005]
+        lines += [
+            f"| `{row['function']}` | {100 * row['share']:.0f} % |"
+            for row in profile.get("inclusive", [])
+            if row["share"] >= 0.005
+        ]
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -209,8 +214,11 @@ def build_page(
         f"- machine limit: one-shot single-stream RTF {_num(machine.get('one_shot_rtf'), 4)} "
         f"→ {_num(limit, 1)} real-time streams",
     ]
-    others = [r["other_cpu_percent"] for r in result["runs"]
-              if isinstance(r.get("other_cpu_percent"), int | float)]
+    others = [
+        r["other_cpu_percent"]
+        for r in result["runs"]
+        if isinstance(r.get("other_cpu_percent"), int | float)
+    ]
     if others:
         cores = machine.get("cores") or 1
         parts.append(
@@ -226,7 +234,8 @@ def build_page(
         "### Runs\n",
         runs_table(result["runs"]),
         f"![first-audio p95 and underrun rate against concurrency]({plot_name})\n"
-        if plot_name else "",
+        if plot_name
+        else "",
         f"Raw results: [`{json_name}`]({json_name}).\n" if json_name else "",
         profile_section(result["runs"]),
         stage_costs_section(result.get("stage_costs") or []),

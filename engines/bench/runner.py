@@ -58,9 +58,7 @@ def batching_delta(
     """Executions per batch size during a run, per model, and the mean batch size."""
     models: dict[str, Any] = {}
     for model, sizes in after.items():
-        delta = {
-            size: count - before.get(model, {}).get(size, 0) for size, count in sizes.items()
-        }
+        delta = {size: count - before.get(model, {}).get(size, 0) for size, count in sizes.items()}
         delta = {size: count for size, count in sorted(delta.items()) if count > 0}
         if not delta:
             continue
@@ -91,8 +89,11 @@ async def run_sweep(
     for concurrency in settings.concurrencies:
         for system in systems:
             if system.name in saturated:
-                runs.append(_skipped(system.name, concurrency, saturated[system.name],
-                                     settings.skip_after_p95_ms))
+                runs.append(
+                    _skipped(
+                        system.name, concurrency, saturated[system.name], settings.skip_after_p95_ms
+                    )
+                )
                 continue
             await system.prepare(concurrency)
             if system.name not in warm:
@@ -132,7 +133,10 @@ async def _measure(
     # Every run starts at the top of the same sentence order, so that systems and levels are
     # compared on the same text (a faster system simply gets further down the list).
     result = await run_closed_loop(
-        system.open_stream, cycle_sentences(sentences), concurrency, settings.duration_s,
+        system.open_stream,
+        cycle_sentences(sentences),
+        concurrency,
+        settings.duration_s,
         settings.drain_s,
     )
     server = sampler.stop() if sampler else {}
@@ -140,8 +144,9 @@ async def _measure(
     machine_cpu = machine.stop()
     profile = profiler.stop() if profiler else {}
     after = await system.batch_counts()
-    run = summarise_run(system.name, concurrency, result.records, result.wall_s,
-                        settings.underrun_tolerance_s)
+    run = summarise_run(
+        system.name, concurrency, result.records, result.wall_s, settings.underrun_tolerance_s
+    )
     run.server = server
     run.client = client_usage
     run.profile = profile
@@ -158,9 +163,13 @@ async def _measure(
 def _skipped(system: str, concurrency: int, since: int, bound_ms: float) -> RunSummary:
     nan = math.nan
     return RunSummary(
-        system=system, concurrency=concurrency,
+        system=system,
+        concurrency=concurrency,
         first_audio_ms={"p50": nan, "p95": nan, "p99": nan},
-        underruns=0, streams=0, rtf=nan, audio_seconds_per_second=nan,
+        underruns=0,
+        streams=0,
+        rtf=nan,
+        audio_seconds_per_second=nan,
         skipped=f"saturated at concurrency {since} (first-audio p95 over {bound_ms:.0f} ms)",
     )
 

@@ -60,8 +60,11 @@ def measure_stage_costs(
             latent = rng.standard_normal((batch, LATENT_CHANNELS, total)).astype(np.float32)
             mask = np.ones((batch, 1, total), dtype=np.float32)
 
-            def call(latent: np.ndarray = latent, mask: np.ndarray = mask,
-                     vocoder: bool = stage.startswith("vocoder")) -> object:
+            def call(
+                latent: np.ndarray = latent,
+                mask: np.ndarray = mask,
+                vocoder: bool = stage.startswith("vocoder"),
+            ) -> object:
                 return runtime.vocode(latent) if vocoder else runtime.flow(latent, mask)
 
             ms = time_call(call)

@@ -120,8 +120,7 @@ def auto_concurrencies(machine_limit_streams: float) -> list[int]:
     """Levels that answer the goals: low ones for first audio, and a few around the limit,
     including the smallest count that reaches 80 % of it."""
     limit = max(machine_limit_streams, 1.0)
-    levels = {1, 2, 4, round(limit / 2), math.ceil(0.8 * limit), round(limit),
-              round(1.5 * limit)}
+    levels = {1, 2, 4, round(limit / 2), math.ceil(0.8 * limit), round(limit), round(1.5 * limit)}
     return sorted(level for level in levels if level >= 1)
 
 
@@ -179,32 +178,44 @@ def evaluate_goals(
     if vox1 and piper1:
         vox_p95, piper_p95 = vox1.first_audio_ms["p95"], piper1.first_audio_ms["p95"]
         ratio = vox_p95 / piper_p95 if piper_p95 > 0 else math.nan
-        goals.append(Goal(
-            "first audio at concurrency 1",
-            f"voxfleet p95 {vox_p95:.0f} ms vs piper full-sentence p95 {piper_p95:.0f} ms "
-            f"(ratio {ratio:.2f})",
-            "ratio ≤ 0.33",
-            ratio,
-            ratio <= 1 / 3,
-        ))
+        goals.append(
+            Goal(
+                "first audio at concurrency 1",
+                f"voxfleet p95 {vox_p95:.0f} ms vs piper full-sentence p95 {piper_p95:.0f} ms "
+                f"(ratio {ratio:.2f})",
+                "ratio ≤ 0.33",
+                ratio,
+                ratio <= 1 / 3,
+            )
+        )
     else:
-        goals.append(Goal("first audio at concurrency 1", "not measured (needs voxfleet and "
-                          "piper at concurrency 1)", "ratio ≤ 0.33", None, None))
+        goals.append(
+            Goal(
+                "first audio at concurrency 1",
+                "not measured (needs voxfleet and piper at concurrency 1)",
+                "ratio ≤ 0.33",
+                None,
+                None,
+            )
+        )
 
     if "voxfleet" in ran and machine_limit_streams:
         capacity = real_time_capacity(runs, "voxfleet", p95_bound_ms)
         ratio = capacity / machine_limit_streams
-        goals.append(Goal(
-            "real-time streams vs machine limit",
-            f"voxfleet holds {capacity} streams (zero underruns, p95 < {p95_bound_ms:.0f} ms); "
-            f"machine limit 1/RTF = {machine_limit_streams:.1f} streams (ratio {ratio:.2f})",
-            "ratio ≥ 0.80",
-            ratio,
-            ratio >= 0.8,
-        ))
+        goals.append(
+            Goal(
+                "real-time streams vs machine limit",
+                f"voxfleet holds {capacity} streams (zero underruns, p95 < {p95_bound_ms:.0f} ms); "
+                f"machine limit 1/RTF = {machine_limit_streams:.1f} streams (ratio {ratio:.2f})",
+                "ratio ≥ 0.80",
+                ratio,
+                ratio >= 0.8,
+            )
+        )
     else:
-        goals.append(Goal("real-time streams vs machine limit", "not measured", "ratio ≥ 0.80",
-                          None, None))
+        goals.append(
+            Goal("real-time streams vs machine limit", "not measured", "ratio ≥ 0.80", None, None)
+        )
 
     if {"voxfleet", "triton-naive"} <= ran:
         vox = real_time_capacity(runs, "voxfleet", p95_bound_ms)
@@ -214,19 +225,27 @@ def evaluate_goals(
             versus = f"ratio {ratio:.2f}"
         else:
             naive1 = _run_at(runs, "triton-naive", 1)
-            at_one = (f"; its p95 at concurrency 1 was {naive1.first_audio_ms['p95']:.0f} ms"
-                      if naive1 else "")
-            versus = (f"triton-naive holds no stream at this bound{at_one}, so the ratio is "
-                      "unbounded and says little")
-        goals.append(Goal(
-            "real-time streams vs triton-naive",
-            f"voxfleet {vox} streams vs triton-naive {naive} at p95 < {p95_bound_ms:.0f} ms "
-            f"({versus})",
-            "ratio ≥ 1.5",
-            ratio,
-            bool(ratio >= 1.5),
-        ))
+            at_one = (
+                f"; its p95 at concurrency 1 was {naive1.first_audio_ms['p95']:.0f} ms"
+                if naive1
+                else ""
+            )
+            versus = (
+                f"triton-naive holds no stream at this bound{at_one}, so the ratio is "
+                "unbounded and says little"
+            )
+        goals.append(
+            Goal(
+                "real-time streams vs triton-naive",
+                f"voxfleet {vox} streams vs triton-naive {naive} at p95 < {p95_bound_ms:.0f} ms "
+                f"({versus})",
+                "ratio ≥ 1.5",
+                ratio,
+                bool(ratio >= 1.5),
+            )
+        )
     else:
-        goals.append(Goal("real-time streams vs triton-naive", "not measured", "ratio ≥ 1.5",
-                          None, None))
+        goals.append(
+            Goal("real-time streams vs triton-naive", "not measured", "ratio ≥ 1.5", None, None)
+        )
     return goals

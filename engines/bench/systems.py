@@ -99,8 +99,11 @@ def _audio_of(response: Any) -> tuple[int, int]:
     samples = 0
     rate = 0
     for index, output in enumerate(response.outputs):
-        raw = response.raw_output_contents[index] if index < len(response.raw_output_contents) \
+        raw = (
+            response.raw_output_contents[index]
+            if index < len(response.raw_output_contents)
             else b""
+        )
         if output.name == "AUDIO":
             samples = len(raw) // 2
         elif output.name == "SAMPLE_RATE" and len(raw) >= 4:

@@ -3,5 +3,8 @@
 `profiles` (optimisation profiles from the serving shapes) is pure and runs anywhere; `build`
 needs the `tensorrt` package, which exists only in NVIDIA's TensorRT/Triton images: PyPI
 carries stubs that download it from elsewhere, so it was never installed or run in this
-project's CI. The engine-build Job runs it on a node of the target GPU type.
+project's CI. The engine-build Job runs it on a node of the target GPU type. `runtime`
+executes the built plans (`TensorRTStages`, registered as runtime "tensorrt" when
+`engines.runtime.load_stages` first asks for it); it imports `tensorrt` and `torch` only when
+a runtime is created, and it has not been run here either.
 """

@@ -28,11 +28,6 @@ def _factory(engine_dir: Path) -> StageRuntime:
         batch_buckets=[b for b in DEFAULT_BATCH_BUCKETS if b < 2 * max_windows],
         encoder_batch_buckets=[b for b in ENCODER_BATCH_BUCKETS if b < 2 * max_sentences],
     )
-    if os.environ.get("VOXFLEET_TORCH_WARMUP") == "1":
-        # Capture the stream model's usual shapes before the model reports ready.
-        stages.warmup(
-            flow_frames=(96, 320), vocoder_frames=(32, 144), encoder_phonemes=range(32, 513, 32)
-        )
     return stages
 
 

@@ -223,6 +223,9 @@ def simulate_streams(
     scheduler = StreamScheduler(
         stages, SAMPLE_RATE, HOP, windows=windows, cross_stream_batching=batching
     )
+    warm_started = time.monotonic()
+    shapes = scheduler.warmup(max_phonemes=32 * (1 + max(len(ids) for ids in corpus) // 32))
+    warm_seconds = time.monotonic() - warm_started
     listeners: list[_Listener] = []
     lock = threading.Lock()
     counter = iter(range(10**9))
@@ -303,6 +306,8 @@ def simulate_streams(
         "audio_seconds_per_second": round(audio_in_window / max(1e-9, ended - measure_from), 1),
         "vocoder_batch_histogram": {str(k): v for k, v in histogram.items()},
         "windows": asdict(scheduler.windows),
+        "graphs": shapes,
+        "warmup_seconds": round(warm_seconds, 1),
     }
 
 
@@ -348,14 +353,6 @@ def main(argv: list[str] | None = None) -> int:
             print(row, flush=True)
         save()
     if "streams" not in skip:
-        started = time.monotonic()
-        result["graphs_warmed"] = stages.warmup(
-            flow_frames=(96, 320),
-            vocoder_frames=(32, 144),
-            encoder_phonemes=range(32, 32 * (1 + max(len(ids) for ids in corpus) // 32) + 1, 32),
-        )
-        result["warmup_seconds"] = round(time.monotonic() - started, 1)
-        print("warmup", result["graphs_warmed"], result["warmup_seconds"], flush=True)
         runs = result.setdefault("streams", [])
         plans = []
         for config in filter(None, args.configs.split(",")):

@@ -336,21 +336,45 @@ class TorchCudaStages:
     def vocode(self, latent, speaker_ids=None):
         return _to_numpy(self.vocode_tensor(torch.from_numpy(latent), speaker_ids))
 
+    @property
+    def flow_dtype(self) -> torch.dtype:
+        return self.flow_module.float_dtype
+
+    @property
+    def vocoder_dtype(self) -> torch.dtype:
+        return self.vocoder_module.float_dtype
+
+    def stream_backend(self) -> Any:
+        """Frame stores on this GPU for the stream model (engines/torch_cuda/backend.py)."""
+        from engines.torch_cuda.backend import DeviceBackend
+
+        return DeviceBackend(self)
+
     def warmup(
         self,
         flow_frames: Sequence[int],
         vocoder_frames: Sequence[int],
         batches: Sequence[int] | None = None,
         encoder_phonemes: Sequence[int] = (),
+        max_batch: int | None = None,
+        max_sentences: int | None = None,
     ) -> int:
-        """Capture the graphs of these shapes now rather than on first use; returns a count."""
+        """Capture the graphs of these shapes now rather than on first use; returns a count.
+
+        Batches are every bucket up to the one holding `max_batch` windows (`max_sentences`
+        sentences for the encoder), or `batches` when given.
+        """
+        if batches is None:
+            top = bucket_for(max_batch or self.flow_stage.buckets[-1], self.flow_stage.buckets)
+            batches = [b for b in self.flow_stage.buckets if b <= top]
         if self.encoder_stage is not None:
+            encoder_buckets = self.encoder_stage.buckets
+            top = bucket_for(max_sentences or encoder_buckets[-1], encoder_buckets)
             scales = torch.tensor([0.667, 1.0, 0.8])
             for phonemes in encoder_phonemes:
-                for batch in self.encoder_stage.buckets:
+                for batch in (b for b in encoder_buckets if b <= top):
                     ids = torch.full((batch, phonemes), 20, dtype=torch.int64)
                     self.encode_tensor(ids, torch.full((batch,), phonemes), scales)
-        batches = batches or self.flow_stage.buckets
         channels = 192
         for frames in flow_frames:
             for batch in batches:

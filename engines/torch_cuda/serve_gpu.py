@@ -5,8 +5,9 @@
 `voxfleet serve` with the torch-cuda runtime and GPU-sized scheduler windows: the stream
 model's defaults (64 windows and 8 sentences per step) are sized for CPUs; on an H100 the
 in-process benchmark holds first audio under 150 ms at 4x the load with 128 and 32
-(docs/benchmarks.md#gpu). CUDA graphs are captured while the model loads
-(``VOXFLEET_TORCH_WARMUP=1``), so the first requests do not pay for them.
+(docs/benchmarks.md#gpu). CUDA graphs for every call shape are captured while the model
+loads (the stream model's warmup; ``VOXFLEET_WARMUP=0`` skips it), so the first requests
+do not pay for them.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ def main(argv: list[str] | None = None) -> int:
     from engines.streaming import WindowConfig
     from engines.voice_plan import VoicePlan
 
-    os.environ.setdefault("VOXFLEET_TORCH_WARMUP", "1")
     os.environ.setdefault("VOXFLEET_TORCH_MAX_WINDOWS", str(args.max_batch_windows))
     os.environ.setdefault("VOXFLEET_TORCH_MAX_SENTENCES", str(args.max_encoder_batch))
     template = VoicePlan(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -187,6 +188,12 @@ class TritonPythonModel:
             cross_stream_batching=self.plan.cross_stream_batching,
             on_step=self.metrics.publish,
         )
+        if os.environ.get("VOXFLEET_WARMUP", "1") != "0":
+            # GPU runtimes capture their CUDA graphs for every shape here: the model reports
+            # ready only once no listener will wait for a capture.
+            shapes = self.scheduler.warmup()
+            if shapes:
+                LOGGER.info("voice %s: %d call shapes prepared", self.name, shapes)
         self.scheduler.start()
         self.metrics.publish(self.scheduler.stats, force=True)
 

@@ -237,3 +237,54 @@ def test_runtime_encode_pads_phonemes_without_changing_the_result(
     prior, mask = stages.encode(ids, lengths, scales)
     assert np.array_equal(mask, expected_mask)
     assert relative_error(prior, expected_prior) < 1e-4
+
+
+def test_frames_kept_on_the_device_stream_the_same_audio(
+    stage_dir: Path, corpus_ids: list[list[int]]
+) -> None:
+    """The scheduler with the device frame stores (torch, here on the CPU) against the host
+    stores (onnxruntime): same windows, same audio; every page comes back."""
+    import threading
+
+    from engines.frontend import Sentence
+    from engines.runtime import OnnxStages
+    from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
+    from engines.torch_cuda.backend import DeviceBackend
+
+    class Sink(StreamSink):
+        def __init__(self) -> None:
+            self.chunks: list[np.ndarray] = []
+            self.done = threading.Event()
+
+        def audio(self, pcm: np.ndarray) -> None:
+            self.chunks.append(pcm)
+
+        def finish(self, error: Exception | None = None) -> None:
+            assert error is None
+            self.done.set()
+
+    def stream(runtime: object) -> tuple[list[list[np.ndarray]], StreamScheduler]:
+        scheduler = StreamScheduler(runtime, 22050)  # type: ignore[arg-type]
+        sinks = [Sink() for _ in range(3)]
+        scheduler.start()
+        try:
+            for row, sink in enumerate(sinks):
+                sentences = [Sentence(text="", ids=corpus_ids[row + k]) for k in range(2)]
+                scheduler.submit(sentences, SynthesisParams(noise_scale=0.0, noise_w=0.0), sink)
+            for sink in sinks:
+                assert sink.done.wait(300)
+        finally:
+            scheduler.stop()
+        return [sink.chunks for sink in sinks], scheduler
+
+    torch_stages = TorchCudaStages(stage_dir, device="cpu", precision="fp32")
+    device_chunks, scheduler = stream(torch_stages)
+    assert isinstance(scheduler.backend, DeviceBackend)
+    assert scheduler.backend.pool.free_pages() == scheduler.backend.pool.pages - 1
+    host_chunks, _ = stream(OnnxStages(stage_dir))
+    for device, host in zip(device_chunks, host_chunks, strict=True):
+        device_audio, host_audio = np.concatenate(device), np.concatenate(host)
+        assert device_audio.shape == host_audio.shape
+        difference = device_audio.astype(np.float64) - host_audio
+        snr = 10 * np.log10(np.sum(host_audio.astype(np.float64) ** 2) / np.sum(difference**2))
+        assert snr > 50.0

@@ -43,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     work = Path(tempfile.mkdtemp(prefix="voxfleet-naive-"))
     write_files(files, work / "models")
-    server = TritonServer(work / "models", args.grpc_port, args.http_port, args.metrics_port,
-                          work_dir=work)
+    server = TritonServer(
+        work / "models", args.grpc_port, args.http_port, args.metrics_port, work_dir=work
+    )
     try:
         server.start(stdout_to_log=False)
     except TritonError as error:
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"naive: ready — model {args.model_name!r} on gRPC {server.grpc_url}", file=sys.stderr)
 
     return server.run_foreground()
+
 
 if __name__ == "__main__":
     sys.exit(main())

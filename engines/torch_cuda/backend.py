@@ -1,0 +1,111 @@
+"""`DeviceBackend`: the stream model's frame stores in GPU memory (see engines/frames.py).
+
+A GPU runtime (torch-cuda, tensorrt) gives the scheduler this backend instead of the host one:
+prior and latent frames of every live sentence stay on the device from the encoder to the
+vocoder, a batch of windows is cut with one gather kernel and stored with one scatter, and
+the only copies per step are the gather indices up and the batch's int16 PCM down.
+
+The runtime must offer the device tensor API of `TorchCudaStages`: ``device``, ``flow_dtype``,
+``vocoder_dtype``, ``encode_tensor``, ``flow_tensor`` and ``vocode_tensor``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from engines.frames import LATENT_CHANNELS, FramePool
+
+# 4,096 pages of 32 frames: 131,072 frames (25 minutes of audio) before the stores first grow.
+INITIAL_PAGES = 4096
+
+
+class DeviceBackend:
+    def __init__(self, runtime: Any, initial_pages: int = INITIAL_PAGES) -> None:
+        self.runtime = runtime
+        self.device = torch.device(runtime.device)
+        self.pool = FramePool(initial_pages)
+        frames = self.pool.capacity_frames
+        self._prior = torch.zeros(
+            (frames, LATENT_CHANNELS), dtype=runtime.flow_dtype, device=self.device
+        )
+        self._latent = torch.zeros(
+            (frames, LATENT_CHANNELS), dtype=runtime.vocoder_dtype, device=self.device
+        )
+
+    def _fit(self) -> None:
+        grown = self.pool.capacity_frames - self._prior.shape[0]
+        if grown > 0:
+            self._prior = torch.cat([self._prior, self._prior.new_zeros(grown, LATENT_CHANNELS)])
+            self._latent = torch.cat([self._latent, self._latent.new_zeros(grown, LATENT_CHANNELS)])
+
+    def _upload(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)
+
+    def _scatter(self, store: torch.Tensor, values: torch.Tensor, index, keep) -> None:
+        """store[index[keep]] = values[b, :, t] for every (b, t) kept; values [B, 192, W]."""
+        rows, columns = np.nonzero(keep)
+        where = self._upload(np.stack([rows, columns, index[keep]]))
+        store[where[2]] = values[where[0], :, where[1]].to(store.dtype)
+
+    def encode(self, ids, lengths, scales, speakers):
+        prior, mask = self.runtime.encode_tensor(
+            torch.from_numpy(np.ascontiguousarray(ids)),
+            torch.from_numpy(np.ascontiguousarray(lengths)),
+            torch.from_numpy(np.asarray(scales, dtype=np.float32)),
+            speakers,
+        )
+        frames = mask[:, 0, :].sum(dim=1).to(torch.int64).cpu().numpy()
+        return prior, frames
+
+    def store_prior(self, prior, tables: Sequence[np.ndarray], frames: np.ndarray) -> None:
+        self._fit()
+        index, valid = FramePool.window_index(
+            tables, np.zeros(len(tables), np.int64), frames, prior.shape[-1]
+        )
+        self._scatter(self._prior, prior, index, valid)
+
+    def flow(self, tables, starts, limits, width, context, ends, speakers):
+        index, valid = FramePool.window_index(tables, starts, limits, width)
+        prior = self._prior[self._upload(index)].permute(0, 2, 1)
+        mask = self._upload(valid[:, None, :].astype(np.float32))
+        latent = self.runtime.flow_tensor(prior, mask, speakers)
+        columns = np.arange(width)[None, :]
+        keep = valid & (columns >= context) & (starts[:, None] + columns < ends[:, None])
+        self._scatter(self._latent, latent, index, keep)
+
+    def vocode(self, tables, starts, limits, width, speakers, cut):
+        index, _ = FramePool.window_index(tables, starts, limits, width)
+        latent = self._latent[self._upload(index)].permute(0, 2, 1)
+        audio = self.runtime.vocode_tensor(latent, speakers)[:, cut[0] : cut[1]]
+        pcm = (audio.float().clamp(-1.0, 1.0) * 32767.0).to(torch.int16)
+        return pcm.cpu().numpy()
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def warmup(
+        self,
+        flow_frames: Sequence[int],
+        vocoder_frames: Sequence[int],
+        windows: int,
+        sentences: int,
+        phonemes: Sequence[int],
+    ) -> int:
+        """Capture the runtime's graphs for these shapes now (if it captures any)."""
+        warm = getattr(self.runtime, "warmup", None)
+        if warm is None:
+            return 0
+        return int(
+            warm(
+                flow_frames=flow_frames,
+                vocoder_frames=vocoder_frames,
+                encoder_phonemes=phonemes,
+                max_batch=windows,
+                max_sentences=sentences,
+            )
+        )
