@@ -57,6 +57,18 @@ timeout 60 python3 -m engines.cli say --url 127.0.0.1:18000 --json -o "$OUT/smok
     for f in /tmp/voxfleet-serve-*/tritonserver.log; do grep -iE "terminate|error" -A3 "$f" | tail -6; done
     exit 1
 }
+if [[ -n "${PROFILE_DELAY:-}" ]]; then
+    # py-spy on the stream model's stub: where the model process spends its time under load
+    # (threads holding the GIL only), summarised by engines.bench.profile.
+    (
+        sleep "$PROFILE_DELAY"
+        stub=$(pgrep -f triton_python_backend_stub | head -n 1)
+        py-spy record --pid "$stub" --duration 10 --rate 100 --format raw --gil --nonblocking \
+            --output "$OUT/stub-gil.txt" >/dev/null 2>&1
+        python3 -c 'import json, sys; from engines.bench.profile import summarise_raw; print(json.dumps(summarise_raw(open(sys.argv[1]).read(), top=25), indent=1))' \
+            "$OUT/stub-gil.txt" >"$OUT/stub-gil-summary.json"
+    ) &
+fi
 timeout 380 python3 -m engines.cli bench --url 127.0.0.1:18000 "${NOBATCH_URL[@]}" \
     --systems "$SYSTEMS" --concurrency "$CONCURRENCY" --duration 10 --drain 15 \
     --p95-bound-ms 150 --json "$OUT/bench-gpu.json" \
