@@ -112,7 +112,9 @@ def test_load_stages_registers_the_runtime_in_a_fresh_process(tmp_path: Path) ->
 
 
 def test_load_stages_in_this_process_gives_the_same_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(TensorRTRuntimeError, match="has no encoder.plan, flow.plan, vocoder.plan"):
+    with pytest.raises(
+        TensorRTRuntimeError, match=r"has no encoder\.plan, flow\.plan, vocoder\.plan"
+    ):
         load_stages("tensorrt", tmp_path)
 
 
@@ -198,7 +200,7 @@ def test_the_first_profile_that_fits_is_chosen() -> None:
     profiles = profiles_of("vocoder", narrow, wide)
     assert choose_profile("vocoder", profiles, {"latent": (8, 192, 48)}).index == 0
     assert choose_profile("vocoder", profiles, {"latent": (9, 192, 48)}).index == 1
-    with pytest.raises(TensorRTRuntimeError, match="profile 0: .* / profile 1: "):
+    with pytest.raises(TensorRTRuntimeError, match=r"profile 0: .* / profile 1: "):
         choose_profile("vocoder", profiles, {"latent": (65, 192, 48)})
 
 
