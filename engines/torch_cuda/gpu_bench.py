@@ -215,6 +215,7 @@ def simulate_streams(
     batching: bool = True,
     windows: Any = None,
     ramp_seconds: float = 3.0,
+    host_frames: bool = False,
 ) -> dict[str, Any]:
     """Keep `streams` listeners connected for `seconds`; each asks for one corpus sentence."""
     from engines.frontend import Sentence
@@ -223,6 +224,10 @@ def simulate_streams(
     scheduler = StreamScheduler(
         stages, SAMPLE_RATE, HOP, windows=windows, cross_stream_batching=batching
     )
+    if host_frames:  # the frame stores in host memory, as for a CPU runtime (A/B)
+        from engines.frames import HostBackend
+
+        scheduler.backend = HostBackend(stages)
     warm_started = time.monotonic()
     shapes = scheduler.warmup(max_phonemes=32 * (1 + max(len(ids) for ids in corpus) // 32))
     warm_seconds = time.monotonic() - warm_started
@@ -306,6 +311,11 @@ def simulate_streams(
         "audio_seconds_per_second": round(audio_in_window / max(1e-9, ended - measure_from), 1),
         "vocoder_batch_histogram": {str(k): v for k, v in histogram.items()},
         "windows": asdict(scheduler.windows),
+        "frames": "host" if host_frames else "device",
+        "stage_totals": {
+            stage: dict(zip(("calls", "seconds", "rows", "frames"), total, strict=True))
+            for stage, total in scheduler.costs.totals.items()
+        },
         "graphs": shapes,
         "warmup_seconds": round(warm_seconds, 1),
     }
@@ -324,6 +334,11 @@ def main(argv: list[str] | None = None) -> int:
         default="64x8,128x32",
         help="scheduler configurations to run batched: WINDOWSxSENTENCES (most windows and "
         "sentences per step); 64x8 is the stream model's default",
+    )
+    parser.add_argument(
+        "--frames",
+        default="device",
+        help="comma list: where batched runs keep the frame stores (device, host)",
     )
     parser.add_argument("--skip", default="", help="comma list of parts to skip")
     parser.add_argument("--quality-sentences", type=int, default=40)
@@ -360,12 +375,19 @@ def main(argv: list[str] | None = None) -> int:
             windows = WindowConfig(
                 max_batch_windows=windows_per_step, max_encoder_batch=sentences_per_step
             )
-            plans.append((f"batched-{config}", windows, args.streams, True))
-        plans.append(("unbatched", WindowConfig(), args.unbatched_streams, False))
-        for label, windows, counts, batching in plans:
+            for frames in args.frames.split(","):
+                plans.append((f"batched-{config}-{frames}", windows, args.streams, True, frames))
+        plans.append(("unbatched", WindowConfig(), args.unbatched_streams, False, "device"))
+        for label, windows, counts, batching, frames in plans:
             for count in filter(None, counts.split(",")):
                 row = simulate_streams(
-                    stages, corpus, int(count), args.seconds, batching=batching, windows=windows
+                    stages,
+                    corpus,
+                    int(count),
+                    args.seconds,
+                    batching=batching,
+                    windows=windows,
+                    host_frames=frames == "host",
                 )
                 row["label"] = label
                 runs.append(row)

@@ -15,6 +15,7 @@ from engines.streaming import (
     StreamSink,
     SynthesisParams,
     WindowConfig,
+    _CostModel,
 )
 from engines.voice import Voice
 
@@ -159,3 +160,21 @@ def test_a_failing_runtime_fails_streams_but_not_the_scheduler(stages, sentences
 def test_window_config_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="window_frames must be at least 1"):
         WindowConfig(window_frames=0)
+
+
+def test_the_cost_model_learns_what_a_call_costs_besides_its_frames() -> None:
+    # A GPU: 2 ms per call whatever its size, 1 µs per frame. Judged per frame of small calls,
+    # a 128-window batch would look 60x dearer than it is, and steps would stay tiny.
+    costs = _CostModel()
+    for _ in range(3):
+        for rows in (1, 8, 32, 128, 2, 64):
+            costs.observe("vocoder", 0.002 + 1e-6 * rows * 144, rows, 144)
+    assert costs.per_call["vocoder"] == pytest.approx(0.002, rel=0.05)
+    assert costs.estimate("vocoder", 144, new_call=False) == pytest.approx(144e-6, rel=0.05)
+    assert costs.estimate("vocoder", 144) == pytest.approx(0.002 + 144e-6, rel=0.05)
+    # A CPU: time proportional to frames; no per-call part is invented.
+    for _ in range(3):
+        for rows in (1, 3, 2, 4):
+            costs.observe("flow", 5e-5 * rows * 100, rows, 100)
+    assert costs.per_call["flow"] == pytest.approx(0.0, abs=1e-6)
+    assert costs.per_frame["flow"] == pytest.approx(5e-5, rel=0.01)
