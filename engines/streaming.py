@@ -41,6 +41,10 @@ FIRST_AUDIO_TARGET_S = 0.05
 # Never shrink a step below this on account of streams that are already late: a late stream
 # is best helped by a step that still makes progress for everyone.
 MIN_STEP_BUDGET_S = 0.03
+# Where an encoder call has a large fixed cost (a GPU), a new stream waits up to this many
+# such costs, never more than half its first-audio target, for others to share its call.
+ENCODE_HOLD_CALLS = 5.0
+IDLE_WAIT_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -318,22 +322,30 @@ class StreamScheduler:
                     self._streams[stream.stream_id] = stream
                     self.stats.streams_total += 1
             try:
-                self.step()
+                if not self.step():
+                    # Only held new streams (see _plan_step): wait for them or for more.
+                    with self._wake:
+                        self._wake.wait(timeout=IDLE_WAIT_S)
             except Exception as error:  # a broken step must not take the model down
                 LOGGER.exception("scheduler step failed")
                 for stream in list(self._streams.values()):
                     self._close(stream, RuntimeError(f"synthesis failed: {error}"))
                 self._publish_stats()
 
-    def step(self) -> None:
+    def step(self) -> bool:
+        """Plan and run one step; False when there was nothing to run yet."""
         self._drop_cancelled()
         encodes, windows = self._plan_step()
+        if not encodes and not windows:
+            self._publish_stats()
+            return False
         # Streams already playing go first: an encoder call (the longest call there is) must
         # not stand between a stream and the window it needs before its buffer runs out.
         self._run(windows)
         self._encode_pending(encodes)
         self._run([self._next_window(stream) for stream in encodes if stream.current])
         self._publish_stats()
+        return True
 
     def _run(self, windows: list[_Window]) -> None:
         flows = [w for w in windows if w.flow[1] > w.flow[0]]
@@ -380,16 +392,18 @@ class StreamScheduler:
             key = (*stream.params.scales(), stream.params.speaker_id)
             groups.setdefault(key, []).append(stream)
         for (noise, length, noise_w, _), streams in groups.items():
-            # Padding a short sentence to a long one costs the long one's time; split at 1.25x.
+            # Padding a short sentence to a long one costs the long one's time: split at 1.25x,
+            # unless one more call costs more than the padding (a GPU's fixed cost per call).
             streams.sort(key=lambda s: len(s.sentences[0].ids))
             batch: list[Stream] = []
             for stream in streams:
-                longer = (
-                    len(stream.sentences[0].ids) > 1.25 * len(batch[0].sentences[0].ids)
-                    if batch
-                    else False
-                )
-                if batch and (longer or not self.batching):
+                split = not self.batching
+                if batch and not split:
+                    shortest, size = len(batch[0].sentences[0].ids), len(stream.sentences[0].ids)
+                    longest = len(batch[-1].sentences[0].ids)
+                    padding = self.costs.estimate("encoder", (size - longest) * len(batch), False)
+                    split = size > 1.25 * shortest and padding > self.costs.per_call["encoder"]
+                if batch and split:
                     self._encode(batch, (noise, length, noise_w))
                     batch = []
                 batch.append(stream)
@@ -470,9 +484,17 @@ class StreamScheduler:
         step_cost, budget = 0.0, cfg.max_step_ms / 1000
         waiting_slack = float("inf")  # the least slack of a playing stream left for later
         planned: set[tuple[str, int]] = set()  # calls the step makes so far
+        hold = 0.0
+        if self.batching:
+            hold = min(FIRST_AUDIO_TARGET_S / 2, ENCODE_HOLD_CALLS * self.costs.per_call["encoder"])
+            new = sum(1 for s in streams if s.first_audio_at is None and s.current is None)
+            if new >= encode_limit:
+                hold = 0.0  # a full encoder batch is waiting already
         for stream in streams:
             if stream.current is None:
                 if len(encodes) >= encode_limit:
+                    continue
+                if stream.first_audio_at is None and now - stream.arrived < hold:
                     continue
                 # New streams' encoder call (one per step is counted: they split by length
                 # only) and first windows (a vocoder call of their own, after the encoder).
