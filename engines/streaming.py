@@ -423,11 +423,18 @@ class StreamScheduler:
         )
         tables = [self.backend.pool.allocate(int(count)) for count in frames]
         self.backend.store_prior(prior, tables, frames)
+        # GPU backends may run the flow over the whole sentences here (engines/torch_cuda/
+        # backend.py); the windows then need the vocoder only.
+        flow_sentences = getattr(self.backend, "flow_sentences", None)
+        flowed = bool(flow_sentences and flow_sentences(prior, tables, frames, speakers))
         self.backend.sync()
         self.costs.observe("encoder", time.perf_counter() - started, len(streams), longest)
         now = time.monotonic()
         for row, stream in enumerate(streams):
-            stream.current = _SentenceState(pages=tables[row], frames=int(frames[row]))
+            count = int(frames[row])
+            stream.current = _SentenceState(
+                pages=tables[row], frames=count, flowed=count if flowed else 0
+            )
             stream.window_ready_at = now
 
     # -- window selection ---------------------------------------------------------------------

@@ -21,6 +21,10 @@ from engines.frames import LATENT_CHANNELS, FramePool
 
 # 4,096 pages of 32 frames: 131,072 frames (25 minutes of audio) before the stores first grow.
 INITIAL_PAGES = 4096
+# Sentences up to this long get their flow in one call right after the encoder, padded up to
+# the first of these sizes (one CUDA graph per size and batch bucket); longer ones (slow
+# speech) take the windowed flow of the stream model. 2,048 frames = 23.8 s of audio.
+SENTENCE_FLOW_FRAMES = (256, 512, 1024, 2048)
 
 
 class DeviceBackend:
@@ -61,6 +65,27 @@ class DeviceBackend:
         frames = mask[:, 0, :].sum(dim=1).to(torch.int64).cpu().numpy()
         return prior, frames
 
+    def flow_sentences(
+        self, prior: torch.Tensor, tables: Sequence[np.ndarray], frames: np.ndarray, speakers
+    ) -> bool:
+        """The flow over whole sentences of an encoder batch, latents stored; False (nothing
+        done) when the longest is beyond SENTENCE_FLOW_FRAMES.
+
+        On a GPU a flow call costs about the same for 2,048 frames as for 80 (it is bound by
+        its launches), so one call per encoder batch replaces a few calls per window, and the
+        latents are those of a one-shot decode. Frames past a sentence's end are masked.
+        """
+        size = next((s for s in SENTENCE_FLOW_FRAMES if s >= prior.shape[-1]), None)
+        if size is None:
+            return False
+        valid = np.arange(size)[None, :] < frames[:, None]
+        mask = self._upload(valid[:, None, :].astype(np.float32))
+        padded = torch.nn.functional.pad(prior, (0, size - prior.shape[-1]))
+        latent = self.runtime.flow_tensor(padded, mask, speakers)
+        index, valid = FramePool.window_index(tables, np.zeros(len(tables), np.int64), frames, size)
+        self._scatter(self._latent, latent, index, valid)
+        return True
+
     def store_prior(self, prior, tables: Sequence[np.ndarray], frames: np.ndarray) -> None:
         self._fit()
         index, valid = FramePool.window_index(
@@ -100,6 +125,7 @@ class DeviceBackend:
         warm = getattr(self.runtime, "warmup", None)
         if warm is None:
             return 0
+        warm(flow_frames=SENTENCE_FLOW_FRAMES, vocoder_frames=(), max_batch=sentences)
         return int(
             warm(
                 flow_frames=flow_frames,
