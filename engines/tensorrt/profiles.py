@@ -1,10 +1,22 @@
-"""Optimisation profiles for the three stages, derived from the voice's serving shapes.
+"""Optimisation profiles for the three stages, derived from the stream model's windows.
 
 TensorRT builds a plan for ranges of input shapes; a shape outside the range is refused at
-run time, and a wide range costs speed, so each range follows what the stream model really
-sends: the encoder sees a few sentences of up to `max_phonemes` ids; the flow and the vocoder
-see batches of fixed-size windows (window frames plus context on both sides) from all live
-streams, so only their batch dimension varies.
+run time, and a wide range costs speed and activation memory, so each range follows what the
+stream model (`engines/streaming.py`, `WindowConfig`) really sends:
+
+- vocoder: batches of 1 to `max_batch_windows` windows, each `size + 2 * vocoder_context_frames`
+  frames wide for every size in `window_sizes()` (defaults: 32, 48, 80 and 144 frames);
+- flow: the same batches of chunks `2 * size + 2 * flow_context_frames` frames wide (defaults:
+  80, 112, 176 and 304 frames);
+- encoder: 1 to `max_encoder_batch` sentences of up to `MAX_PHONEMES` phoneme ids;
+- flow, on the GPU stream path only: whole sentences of an encoder batch right after the
+  encoder, padded up to at most `SENTENCE_FLOW_MAX_FRAMES` frames.
+
+A profile is one box per input, so the frames range from the narrowest to the widest call
+(the flow's box reaches 2,048 frames at the windows' full batch, a corner no call uses,
+6.7 times as many frames as the widest window call, which TensorRT sizes its activation
+memory for; unmeasured: TensorRT was never run here); the optimum is the steady window, which
+nearly every call of a long stream has.
 """
 
 from __future__ import annotations
@@ -12,56 +24,114 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from engines.engine_cache import ShapeRange
+from engines.streaming import WindowConfig
 
 LATENT_CHANNELS = 192  # inter_channels of every Piper VITS voice
+# Sentences are cut at 300 characters (engines/frontend.py); their ids (a pad between
+# phonemes) stay under 640, the longest `StreamScheduler.warmup` prepares by default.
+MAX_PHONEMES = 640
+OPT_PHONEMES = 128
+# `SENTENCE_FLOW_FRAMES[-1]` of engines/torch_cuda/backend.py (it imports torch, so it is not
+# imported here); tests/engine_cache/test_tensorrt_runtime.py keeps the two equal.
+SENTENCE_FLOW_MAX_FRAMES = 2048
+DEFAULT_WINDOWS = WindowConfig()
+
+
+def vocoder_call_frames(windows: WindowConfig = DEFAULT_WINDOWS) -> list[int]:
+    """Every width of a vocoder call the stream model sends, narrowest first."""
+    return [size + 2 * windows.vocoder_context_frames for size in windows.window_sizes()]
+
+
+def flow_call_frames(windows: WindowConfig = DEFAULT_WINDOWS) -> list[int]:
+    """Every width of a flow call (two windows' frames per chunk), narrowest first."""
+    return [2 * size + 2 * windows.flow_context_frames for size in windows.window_sizes()]
 
 
 @dataclass(frozen=True)
 class ServingShapes:
-    """The shapes the stream model sends each stage (defaults: the stream model's)."""
+    """The shapes the stream model sends each stage; the defaults are `from_windows()`'s."""
 
-    max_batch: int = 256  # windows of all live streams in one flow/vocoder call
-    opt_batch: int = 64
-    flow_window_frames: int = 32
-    flow_context_frames: int = 16
-    vocoder_window_frames: int = 32
-    vocoder_context_frames: int = 8
-    encoder_max_batch: int = 16  # sentences encoded together
-    encoder_opt_batch: int = 4
-    max_phonemes: int = 512
-    opt_phonemes: int = 128
+    max_batch: int = DEFAULT_WINDOWS.max_batch_windows  # windows in one flow/vocoder call
+    # Under load most steps are full; half the maximum keeps the tuning near the busy case.
+    opt_batch: int = DEFAULT_WINDOWS.max_batch_windows // 2
+    min_flow_frames: int = min(flow_call_frames())
+    opt_flow_frames: int = max(flow_call_frames())
+    max_flow_frames: int = max(*flow_call_frames(), SENTENCE_FLOW_MAX_FRAMES)
+    min_vocoder_frames: int = min(vocoder_call_frames())
+    opt_vocoder_frames: int = max(vocoder_call_frames())
+    max_vocoder_frames: int = max(vocoder_call_frames())
+    encoder_max_batch: int = DEFAULT_WINDOWS.max_encoder_batch  # sentences encoded together
+    # New streams arrive a few per step, so most encoder calls are small.
+    encoder_opt_batch: int = max(1, DEFAULT_WINDOWS.max_encoder_batch // 4)
+    max_phonemes: int = MAX_PHONEMES
+    opt_phonemes: int = OPT_PHONEMES
     latent_channels: int = LATENT_CHANNELS
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if int(value) < (0 if name.endswith("context_frames") else 1):
+            if int(value) < 1:
                 raise ValueError(f"serving shape {name} must be positive, got {value}")
-        if self.opt_batch > self.max_batch or self.encoder_opt_batch > self.encoder_max_batch:
-            raise ValueError("the optimum batch cannot exceed the maximum batch")
-        if self.opt_phonemes > self.max_phonemes:
-            raise ValueError(
-                f"opt_phonemes ({self.opt_phonemes}) cannot exceed max_phonemes "
-                f"({self.max_phonemes})"
-            )
+        for stage, (low, opt, high) in {
+            "batch": (1, self.opt_batch, self.max_batch),
+            "encoder batch": (1, self.encoder_opt_batch, self.encoder_max_batch),
+            "phonemes": (1, self.opt_phonemes, self.max_phonemes),
+            "flow frames": (self.min_flow_frames, self.opt_flow_frames, self.max_flow_frames),
+            "vocoder frames": (
+                self.min_vocoder_frames,
+                self.opt_vocoder_frames,
+                self.max_vocoder_frames,
+            ),
+        }.items():
+            if not low <= opt <= high:
+                raise ValueError(
+                    f"{stage}: need min <= opt <= max, got {low}, {opt}, {high} "
+                    "(the optimum must lie in the range)"
+                )
 
-    @property
-    def flow_frames(self) -> int:
-        return self.flow_window_frames + 2 * self.flow_context_frames
+    @classmethod
+    def from_windows(
+        cls,
+        windows: WindowConfig = DEFAULT_WINDOWS,
+        max_phonemes: int = MAX_PHONEMES,
+        opt_phonemes: int = OPT_PHONEMES,
+        sentence_flow_frames: int = SENTENCE_FLOW_MAX_FRAMES,
+    ) -> ServingShapes:
+        """The shapes covering every call a stream model with these windows sends
+        (`sentence_flow_frames=0`: windows only, for a voice off the GPU stream path)."""
+        flow, vocoder = flow_call_frames(windows), vocoder_call_frames(windows)
+        return cls(
+            max_batch=windows.max_batch_windows,
+            opt_batch=max(1, windows.max_batch_windows // 2),
+            min_flow_frames=min(flow),
+            opt_flow_frames=max(flow),
+            max_flow_frames=max(*flow, sentence_flow_frames),
+            min_vocoder_frames=min(vocoder),
+            opt_vocoder_frames=max(vocoder),
+            max_vocoder_frames=max(vocoder),
+            encoder_max_batch=windows.max_encoder_batch,
+            encoder_opt_batch=max(1, windows.max_encoder_batch // 4),
+            max_phonemes=max_phonemes,
+            opt_phonemes=min(opt_phonemes, max_phonemes),
+        )
 
-    @property
-    def vocoder_frames(self) -> int:
-        return self.vocoder_window_frames + 2 * self.vocoder_context_frames
 
-
-def _batched(batch: tuple[int, int, int], rest: tuple[int, ...]) -> ShapeRange:
-    low, opt, high = batch
-    return ((low, *rest), (opt, *rest), (high, *rest))
+def _batched(
+    batch: tuple[int, int, int], channels: int, frames: tuple[int, int, int]
+) -> ShapeRange:
+    """(batch, channels, frames) at min, opt and max."""
+    low, opt, high = ((size, channels, width) for size, width in zip(batch, frames, strict=True))
+    return (low, opt, high)
 
 
 def stage_profiles(shapes: ServingShapes | None = None) -> dict[str, dict[str, ShapeRange]]:
-    """stage -> input name -> (min, opt, max), the form `EngineKey.profiles` takes."""
-    shapes = shapes or ServingShapes()
+    """stage -> input name -> (min, opt, max), the form `EngineKey.profiles` takes.
+
+    Without `shapes`, those of the default `WindowConfig` (`ServingShapes.from_windows()`).
+    """
+    shapes = shapes or ServingShapes.from_windows()
     window_batch = (1, shapes.opt_batch, shapes.max_batch)
+    flow = (shapes.min_flow_frames, shapes.opt_flow_frames, shapes.max_flow_frames)
+    vocoder = (shapes.min_vocoder_frames, shapes.opt_vocoder_frames, shapes.max_vocoder_frames)
     channels = shapes.latent_channels
     return {
         "encoder": {
@@ -74,10 +144,10 @@ def stage_profiles(shapes: ServingShapes | None = None) -> dict[str, dict[str, S
             "scales": ((3,), (3,), (3,)),
         },
         "flow": {
-            "prior": _batched(window_batch, (channels, shapes.flow_frames)),
-            "mask": _batched(window_batch, (1, shapes.flow_frames)),
+            "prior": _batched(window_batch, channels, flow),
+            "mask": _batched(window_batch, 1, flow),
         },
         "vocoder": {
-            "latent": _batched(window_batch, (channels, shapes.vocoder_frames)),
+            "latent": _batched(window_batch, channels, vocoder),
         },
     }

@@ -14,6 +14,7 @@ from engines.engine_cache import (
     EngineKey,
     normalize_gpu_product,
 )
+from engines.streaming import WindowConfig
 from engines.tensorrt.profiles import ServingShapes, stage_profiles
 
 SHA = "ab" * 32
@@ -54,7 +55,8 @@ class CountingBuilder:
         ("runtime_version", "tensorrt-10.4.0"),
         ("gpu_product", "NVIDIA-A10G"),
         ("compute_capability", "8.6"),
-        ("profiles", stage_profiles(ServingShapes(max_batch=128))),
+        # The default batch is WindowConfig's 128 windows: a different maximum.
+        ("profiles", stage_profiles(ServingShapes(max_batch=256))),
     ],
 )
 def test_every_key_field_changes_the_digest(field: str, value: object) -> None:
@@ -98,14 +100,28 @@ def test_bad_keys_are_refused_with_the_reason(overrides: dict, message: str) -> 
 
 def test_profiles_follow_the_serving_shapes() -> None:
     shapes = ServingShapes(
-        max_batch=128, opt_batch=32, vocoder_window_frames=40, vocoder_context_frames=8
+        max_batch=128,
+        opt_batch=32,
+        min_vocoder_frames=40,
+        opt_vocoder_frames=56,
+        max_vocoder_frames=72,
     )
     profiles = stage_profiles(shapes)
-    assert profiles["vocoder"]["latent"] == ((1, 192, 56), (32, 192, 56), (128, 192, 56))
-    assert profiles["flow"]["mask"][2] == (128, 1, shapes.flow_frames)
+    assert profiles["vocoder"]["latent"] == ((1, 192, 40), (32, 192, 56), (128, 192, 72))
+    assert profiles["flow"]["mask"][2] == (128, 1, shapes.max_flow_frames)
     assert profiles["encoder"]["input"][2] == (shapes.encoder_max_batch, shapes.max_phonemes)
-    with pytest.raises(ValueError, match="opt_phonemes"):
+    with pytest.raises(ValueError, match="phonemes: need min <= opt <= max"):
         ServingShapes(opt_phonemes=600, max_phonemes=512)
+    with pytest.raises(ValueError, match="flow frames: need min <= opt <= max"):
+        ServingShapes(min_flow_frames=400)
+
+
+def test_other_windows_give_another_key() -> None:
+    windows = WindowConfig(first_window_frames=8, window_frames=256)
+    other = key(profiles=stage_profiles(ServingShapes.from_windows(windows)))
+    assert other.digest() != key().digest()
+    assert other.stage_digest("encoder") == key().stage_digest("encoder")
+    assert other.stage_digest("vocoder") != key().stage_digest("vocoder")
 
 
 def test_gpu_product_takes_the_node_label_spelling() -> None:

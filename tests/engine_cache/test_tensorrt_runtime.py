@@ -8,14 +8,25 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engines.engine_cache import EngineKey
+from engines.frontend import Sentence
 from engines.runtime import RUNTIMES, load_stages
-from engines.tensorrt.profiles import ServingShapes, stage_profiles
+from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, WindowConfig
+from engines.tensorrt.profiles import (
+    MAX_PHONEMES,
+    SENTENCE_FLOW_MAX_FRAMES,
+    ServingShapes,
+    flow_call_frames,
+    stage_profiles,
+    vocoder_call_frames,
+)
 from engines.tensorrt.runtime import (
     InputRange,
     StageProfile,
@@ -30,7 +41,8 @@ from engines.tensorrt.runtime import (
     torch_dtype,
 )
 
-PROFILES = stage_profiles()  # flow windows of 64 frames, vocoder 48, batch 1..256
+# The default WindowConfig: flow 80..304 frames (2,048 with whole sentences), vocoder 32..144.
+PROFILES = stage_profiles()
 KEY = EngineKey(
     model_sha256="cd" * 32,
     runtime="tensorrt",
@@ -168,30 +180,214 @@ def profiles_of(stage: str, *profiles: dict) -> list[StageProfile]:
     return [StageProfile.from_ranges(index, ranges[stage]) for index, ranges in enumerate(profiles)]
 
 
-def test_windows_of_the_profile_width_are_taken() -> None:
+def window_call_shapes(windows: WindowConfig) -> dict[str, list[dict[str, tuple[int, ...]]]]:
+    """Every flow and vocoder call shape a stream model with these windows can send."""
+    shapes: dict[str, list[dict[str, tuple[int, ...]]]] = {"flow": [], "vocoder": []}
+    for size in windows.window_sizes():
+        flow = 2 * size + 2 * windows.flow_context_frames
+        vocoder = size + 2 * windows.vocoder_context_frames
+        for batch in range(1, windows.max_batch_windows + 1):
+            shapes["flow"].append({"prior": (batch, 192, flow), "mask": (batch, 1, flow)})
+            shapes["vocoder"].append({"latent": (batch, 192, vocoder)})
+    return shapes
+
+
+def encoder_call_shapes(windows: WindowConfig, max_phonemes: int) -> list[dict[str, tuple]]:
+    return [
+        {"input": (batch, phonemes), "input_lengths": (batch,), "scales": (3,)}
+        for batch in range(1, windows.max_encoder_batch + 1)
+        for phonemes in (1, *range(32, max_phonemes + 1, 32))
+    ]
+
+
+def test_every_call_of_the_default_windows_fits_the_default_profiles() -> None:
+    windows = WindowConfig()
+    calls = window_call_shapes(windows)
+    assert len(calls["flow"]) == len(windows.window_sizes()) * windows.max_batch_windows
+    for stage, stage_calls in calls.items():
+        [profile] = profiles_of(stage, PROFILES)
+        for shapes in stage_calls:
+            assert choose_profile(stage, [profile], shapes) is profile
+    [encoder] = profiles_of("encoder", PROFILES)
+    for shapes in encoder_call_shapes(windows, MAX_PHONEMES):
+        assert choose_profile("encoder", [encoder], shapes) is encoder
+
+
+def test_default_profiles_are_tuned_for_the_steady_window_and_half_the_batch() -> None:
+    windows = WindowConfig()
+    steady = windows.window_frames
+    assert PROFILES["flow"]["prior"][1] == (
+        windows.max_batch_windows // 2,
+        192,
+        2 * steady + 2 * windows.flow_context_frames,
+    )
+    assert PROFILES["vocoder"]["latent"][1] == (
+        windows.max_batch_windows // 2,
+        192,
+        steady + 2 * windows.vocoder_context_frames,
+    )
+    assert ServingShapes() == ServingShapes.from_windows(windows)
+
+
+def test_other_windows_change_the_profiles() -> None:
+    windows = WindowConfig(first_window_frames=8, window_frames=256, max_batch_windows=32)
+    profiles = stage_profiles(ServingShapes.from_windows(windows, sentence_flow_frames=0))
+    # 8..256-frame windows: vocoder 24..272 frames, flow 64..560 with 24 context frames.
+    assert profiles["vocoder"]["latent"] == ((1, 192, 24), (16, 192, 272), (32, 192, 272))
+    assert profiles["flow"]["mask"] == ((1, 1, 64), (16, 1, 560), (32, 1, 560))
+    with_sentences = stage_profiles(ServingShapes.from_windows(windows))
+    assert with_sentences["flow"]["mask"][2] == (32, 1, SENTENCE_FLOW_MAX_FRAMES)
+    for stage, stage_calls in window_call_shapes(windows).items():
+        [profile] = profiles_of(stage, profiles)
+        for shapes in stage_calls:
+            choose_profile(stage, [profile], shapes)
+    # The default profiles take neither the 8-frame first window nor the 256-frame steady one.
+    [vocoder] = profiles_of("vocoder", PROFILES)
+    for width in (24, 272):
+        with pytest.raises(TensorRTRuntimeError, match="outside"):
+            choose_profile("vocoder", [vocoder], {"latent": (1, 192, width)})
+
+
+class ShapeRecordingRuntime:
+    """A numpy stage runtime that records every call's input shapes (zeros out)."""
+
+    name = "shape-recorder"
+    frames_per_id = 3
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, tuple[int, ...]]]] = []
+
+    def encode(self, ids, lengths, scales, speaker_ids=None):
+        self.calls.append(
+            ("encoder", {"input": ids.shape, "input_lengths": lengths.shape, "scales": (3,)})
+        )
+        frames = np.asarray(lengths) * self.frames_per_id
+        mask = (np.arange(frames.max())[None, None, :] < frames[:, None, None]).astype(np.float32)
+        return np.zeros((len(frames), 192, mask.shape[-1]), np.float32), mask
+
+    def flow(self, prior, mask, speaker_ids=None):
+        self.calls.append(("flow", {"prior": prior.shape, "mask": mask.shape}))
+        return np.zeros_like(prior)
+
+    def vocode(self, latent, speaker_ids=None):
+        self.calls.append(("vocoder", {"latent": latent.shape}))
+        return np.zeros((latent.shape[0], latent.shape[-1] * 256), np.float32)
+
+
+class Sink(StreamSink):
+    def __init__(self) -> None:
+        self.error: Exception | None = None
+        self.done = threading.Event()
+
+    def audio(self, pcm: np.ndarray) -> None:
+        pass
+
+    def finish(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.done.set()
+
+
+def run_recorded_streams(runtime: ShapeRecordingRuntime) -> None:
+    scheduler = StreamScheduler(runtime, 22050)
+    # Sentences from a few ids to the longest the profiles take, in several streams at once.
+    lengths = (5, 17, 64, 150, 333, MAX_PHONEMES)
+    sinks = [Sink() for _ in range(12)]
+    scheduler.start()
+    try:
+        for index, sink in enumerate(sinks):
+            sentences = [Sentence("x", [1] * lengths[(index + n) % len(lengths)]) for n in range(3)]
+            scheduler.submit(sentences, SynthesisParams(), sink)
+        for sink in sinks:
+            assert sink.done.wait(60), "a stream never finished"
+    finally:
+        scheduler.stop()
+    assert all(sink.error is None for sink in sinks)
+
+
+def test_every_call_the_stream_model_sends_fits_the_default_profiles() -> None:
+    runtime = ShapeRecordingRuntime()
+    run_recorded_streams(runtime)
+    profiles = {stage: profiles_of(stage, PROFILES) for stage in ("encoder", "flow", "vocoder")}
+    widths = {(stage, shapes[next(iter(shapes))][-1]) for stage, shapes in runtime.calls}
+    assert {w for stage, w in widths if stage == "vocoder"} == set(
+        vocoder_call_frames(WindowConfig())
+    )
+    for stage, shapes in runtime.calls:
+        choose_profile(stage, profiles[stage], shapes)
+
+
+class DeviceShapeRecorder(ShapeRecordingRuntime):
+    """The tensor API of a GPU runtime on the CPU, so the scheduler uses `DeviceBackend`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torch
+
+        self.torch = torch
+        self.device = torch.device("cpu")
+        self.flow_dtype = self.vocoder_dtype = torch.float32
+
+    def stream_backend(self):
+        from engines.torch_cuda.backend import DeviceBackend
+
+        return DeviceBackend(self, initial_pages=512)
+
+    def encode_tensor(self, ids, lengths, scales, speaker_ids=None):
+        prior, mask = self.encode(ids.numpy(), lengths.numpy(), scales)
+        return self.torch.from_numpy(prior), self.torch.from_numpy(mask)
+
+    def flow_tensor(self, prior, mask, speaker_ids=None):
+        return self.torch.from_numpy(self.flow(prior.numpy(), mask.numpy()))
+
+    def vocode_tensor(self, latent, speaker_ids=None):
+        return self.torch.from_numpy(self.vocode(latent.numpy()))
+
+
+def test_the_gpu_stream_paths_sentence_flow_fits_the_default_profiles() -> None:
+    pytest.importorskip("torch")
+    from engines.torch_cuda.backend import SENTENCE_FLOW_FRAMES
+
+    assert max(SENTENCE_FLOW_FRAMES) == SENTENCE_FLOW_MAX_FRAMES
+    runtime = DeviceShapeRecorder()
+    run_recorded_streams(runtime)
+    flow_widths = {shapes["prior"][-1] for stage, shapes in runtime.calls if stage == "flow"}
+    assert flow_widths - set(flow_call_frames()), "no whole-sentence flow call was made"
+    profiles = {stage: profiles_of(stage, PROFILES) for stage in ("encoder", "flow", "vocoder")}
+    for stage, shapes in runtime.calls:
+        choose_profile(stage, profiles[stage], shapes)
+    [windows_only] = profiles_of(
+        "flow", stage_profiles(ServingShapes.from_windows(sentence_flow_frames=0))
+    )
+    with pytest.raises(TensorRTRuntimeError, match="outside"):
+        for stage, shapes in runtime.calls:
+            if stage == "flow":
+                choose_profile(stage, [windows_only], shapes)
+
+
+def test_windows_of_a_profile_width_are_taken() -> None:
     [flow] = profiles_of("flow", PROFILES)
-    shapes = {"prior": (4, 192, 64), "mask": (4, 1, 64)}
+    shapes = {"prior": (4, 192, 112), "mask": (4, 1, 112)}
     assert choose_profile("flow", [flow], shapes) is flow
 
 
 def test_a_window_of_another_width_is_refused_naming_shape_and_range() -> None:
-    # 16-frame windows with 8 context frames each side: what the stream model sends first.
+    # A 160-frame window with 8 context frames each side: wider than any default window.
     profiles = profiles_of("vocoder", PROFILES)
     with pytest.raises(TensorRTRuntimeError) as raised:
-        choose_profile("vocoder", profiles, {"latent": (3, 192, 32)})
+        choose_profile("vocoder", profiles, {"latent": (3, 192, 176)})
     message = str(raised.value)
     assert "vocoder plan" in message
-    assert "latent (3, 192, 32) is outside (1, 192, 48) to (256, 192, 48)" in message
+    assert "latent (3, 192, 176) is outside (1, 192, 32) to (128, 192, 144)" in message
 
 
 def test_too_many_phonemes_are_refused_naming_the_limit() -> None:
     profiles = profiles_of("encoder", PROFILES)
-    shapes = {"input": (2, 600), "input_lengths": (2,), "scales": (3,)}
+    shapes = {"input": (2, 700), "input_lengths": (2,), "scales": (3,)}
     with pytest.raises(
-        TensorRTRuntimeError, match=r"input \(2, 600\) is outside \(1, 1\) to \(16, 512\)"
+        TensorRTRuntimeError, match=r"input \(2, 700\) is outside \(1, 1\) to \(32, 640\)"
     ):
         choose_profile("encoder", profiles, shapes)
-    assert choose_profile("encoder", profiles, {**shapes, "input": (2, 512)}).index == 0
+    assert choose_profile("encoder", profiles, {**shapes, "input": (2, 640)}).index == 0
 
 
 def test_the_first_profile_that_fits_is_chosen() -> None:
@@ -207,8 +403,8 @@ def test_the_first_profile_that_fits_is_chosen() -> None:
 def test_max_batch_ignores_unbatched_inputs() -> None:
     [encoder] = profiles_of("encoder", PROFILES)
     [flow] = profiles_of("flow", PROFILES)
-    assert encoder.max_batch == 16  # scales (3,) is no batch
-    assert flow.max_batch == 256
+    assert encoder.max_batch == WindowConfig().max_encoder_batch  # scales (3,) is no batch
+    assert flow.max_batch == WindowConfig().max_batch_windows
     assert StageProfile(0, {}).max_batch == sys.maxsize  # a fully static plan: never split
 
 
