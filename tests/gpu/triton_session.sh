@@ -47,9 +47,14 @@ for port in $PORTS; do
         sleep 1
     done
 done
-curl -fsS http://127.0.0.1:18002/v2/health/ready && echo "batched ready" || { grep -E "UNAVAILABLE|Error|error" "$OUT/triton-batched.log" | sed 's/  */ /g' | cut -c1-600 | tail -n 12; exit 1; }
+keep_logs() {  # the servers' own logs, whole, for a failed start
+    for f in /tmp/voxfleet-serve-*/tritonserver.log; do
+        sed 's/  */ /g' "$f" > "$OUT/$(basename "$(dirname "$f")").log"
+    done
+}
+curl -fsS http://127.0.0.1:18002/v2/health/ready && echo "batched ready" || { keep_logs; grep -E "UNAVAILABLE|Error|error" /tmp/voxfleet-serve-*/tritonserver.log | sed 's/  */ /g' | cut -c1-600 | tail -n 12; exit 1; }
 if [[ "${NOBATCH:-1}" == 1 ]]; then
-    curl -fsS http://127.0.0.1:18012/v2/health/ready && echo "nobatch ready" || { tail -n 30 "$OUT/triton-nobatch.log"; exit 1; }
+    curl -fsS http://127.0.0.1:18012/v2/health/ready && echo "nobatch ready" || { keep_logs; tail -n 30 "$OUT/triton-nobatch.log"; exit 1; }
 fi
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv | tee "$OUT/gpu-memory.txt"
 timeout 60 python3 -m engines.cli say --url 127.0.0.1:18000 --json -o "$OUT/smoke.wav" \
