@@ -385,6 +385,9 @@ class TorchCudaStages:
                 self.vocode_tensor(torch.zeros(batch, channels, frames, device=self.device))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+            # cuDNN's autotuning tries algorithms with large workspaces; hand the cached
+            # blocks back so that other processes on this GPU (another voice) can load.
+            torch.cuda.empty_cache()
         encoder_graphs = len(self.encoder_stage.graphs) if self.encoder_stage else 0
         return len(self.flow_stage.graphs) + len(self.vocoder_stage.graphs) + encoder_graphs
 

@@ -24,9 +24,16 @@ export VOXFLEET_CACHE=/tmp/voxfleet-cache
 python3 -c 'import numpy, sys; print("numpy", numpy.__version__, numpy.__file__); sys.exit(numpy.__version__ >= "2")' \
     || echo "warning: NumPy 2 in this environment; the Triton Python backend will fail on TEXT"
 python3 -c 'from engines.serving import plan_local_voices; plan_local_voices(["joe"], None, "torch-cuda")' || exit 1
+pkill -f tritonserver && sleep 3  # servers of an earlier, interrupted session
 python3 -m engines.torch_cuda.serve_gpu --voice joe --grpc-port 18000 >"$OUT/triton-batched.log" 2>&1 &
 P1=$!
 trap 'kill -TERM $P1 ${P2:-} 2>/dev/null; wait 2>/dev/null' EXIT
+# One server warms up at a time: cuDNN's autotuning of two at once can take the whole GPU.
+for _ in $(seq 1 300); do
+    curl -fsS "http://127.0.0.1:18002/v2/health/ready" >/dev/null 2>&1 && break
+    kill -0 $P1 2>/dev/null || break
+    sleep 1
+done
 if [[ "${NOBATCH:-1}" == 1 ]]; then
     python3 -m engines.torch_cuda.serve_gpu --voice joe --grpc-port 18010 --no-batching \
         >"$OUT/triton-nobatch.log" 2>&1 &
