@@ -45,6 +45,9 @@ MIN_STEP_BUDGET_S = 0.03
 # such costs, never more than half its first-audio target, for others to share its call.
 ENCODE_HOLD_CALLS = 5.0
 IDLE_WAIT_S = 0.002
+# How often each stream's sink is asked whether its client went away: for a Triton stream
+# the question is a round trip to the server process, too dear to ask every step.
+CANCEL_CHECK_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,7 @@ class Stream:
     first_audio_at: float | None = None
     window_ready_at: float | None = None
     windows_sent: int = 0
+    cancel_checked_at: float = 0.0
 
     def buffered_seconds(self, now: float) -> float:
         """Audio sent but not yet played, if playback started with the first chunk."""
@@ -379,7 +383,11 @@ class StreamScheduler:
             stream.current = None
 
     def _drop_cancelled(self) -> None:
+        now = time.monotonic()
         for stream in list(self._streams.values()):
+            if now - stream.cancel_checked_at < CANCEL_CHECK_S:
+                continue
+            stream.cancel_checked_at = now
             if stream.sink.cancelled():
                 # The final flag still goes out: Triton holds a request (and will not unload
                 # the model) until its stream is finished.

@@ -8,11 +8,14 @@ plan (engine files, windows, limits) arrives as the JSON model parameter `voxfle
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
+import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,7 @@ from engines.voice_plan import VoicePlan
 LOGGER = logging.getLogger("voxfleet.model")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 METRICS_INTERVAL_S = 0.25
+SENDER_THREADS = 4
 
 
 class RequestError(Exception):
@@ -56,28 +60,68 @@ def _error_response(message: str, status: str, code: int | None = None) -> Any:
     return pb_utils.InferenceResponse(output_tensors=[], error=error)
 
 
+class _Senders:
+    """Threads that hand responses to the server, so that the scheduler never waits on a send
+    (each is a round trip to the tritonserver process). All responses of one stream go
+    through one thread, in order; streams are spread over the threads."""
+
+    def __init__(self, threads: int = SENDER_THREADS) -> None:
+        self._queues: list[queue.SimpleQueue[Callable[[], None] | None]] = [
+            queue.SimpleQueue() for _ in range(threads)
+        ]
+        self._threads = [
+            threading.Thread(target=self._run, args=(q,), name=f"voxfleet-send-{i}", daemon=True)
+            for i, q in enumerate(self._queues)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, key: int, call: Callable[[], None]) -> None:
+        self._queues[key % len(self._queues)].put(call)
+
+    @staticmethod
+    def _run(calls: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+        while (call := calls.get()) is not None:
+            try:
+                call()
+            except Exception:  # the client may be gone; the scheduler notices it cancelled
+                LOGGER.debug("sending a response failed", exc_info=True)
+
+    def stop(self) -> None:
+        for calls in self._queues:
+            calls.put(None)  # after everything already queued
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+
 class _ResponseSink(StreamSink):
-    def __init__(self, request: Any, sample_rate: int) -> None:
+    _keys = itertools.count()
+
+    def __init__(self, request: Any, sample_rate: int, senders: _Senders) -> None:
         self._sender = request.get_response_sender()
         self._rate = np.array([sample_rate], dtype=np.int32)
+        self._senders = senders
+        self._key = next(self._keys)
+
+    def _send(self, response: Any = None, flags: int = 0) -> None:
+        self._senders.submit(self._key, lambda: self._sender.send(response, flags=flags))
 
     def audio(self, pcm: np.ndarray) -> None:
-        self._sender.send(
-            pb_utils.InferenceResponse(
-                output_tensors=[
-                    pb_utils.Tensor("AUDIO", pcm),
-                    pb_utils.Tensor("SAMPLE_RATE", self._rate),
-                ]
-            )
-        )
+        rate = self._rate
+
+        def send() -> None:
+            tensors = [pb_utils.Tensor("AUDIO", pcm), pb_utils.Tensor("SAMPLE_RATE", rate)]
+            self._sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
+
+        self._senders.submit(self._key, send)
 
     def finish(self, error: Exception | None = None) -> None:
         if error is None or isinstance(error, StreamCancelled):
-            self._sender.send(flags=FINAL)
+            self._send(flags=FINAL)
         elif isinstance(error, RequestError):
-            self._sender.send(_error_response(str(error), error.status, error.code), flags=FINAL)
+            self._send(_error_response(str(error), error.status, error.code), flags=FINAL)
         else:
-            self._sender.send(_error_response(str(error), "INTERNAL"), flags=FINAL)
+            self._send(_error_response(str(error), "INTERNAL"), flags=FINAL)
 
     def cancelled(self) -> bool:
         return bool(self._sender.is_cancelled())
@@ -180,6 +224,7 @@ class TritonPythonModel:
             self.voice = VoiceConfig.from_dict(json.load(handle), self.plan.voice_config_path)
         runtime = load_stages(self.plan.runtime, Path(self.plan.engine_dir))
         self.metrics = _Metrics(self.name)
+        self.senders = _Senders()
         self.scheduler = StreamScheduler(
             runtime,
             sample_rate=self.voice.sample_rate,
@@ -247,7 +292,7 @@ class TritonPythonModel:
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            sink = _ResponseSink(request, self.voice.sample_rate)
+            sink = _ResponseSink(request, self.voice.sample_rate, self.senders)
             try:
                 limit = self.plan.max_streams
                 if limit and self.scheduler.live_streams() >= limit:
@@ -269,3 +314,4 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.scheduler.stop()
+        self.senders.stop()
