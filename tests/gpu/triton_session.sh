@@ -71,11 +71,11 @@ timeout 60 python3 -m engines.cli say --url 127.0.0.1:18000 --json -o "$OUT/smok
 }
 if [[ -n "${PROFILE_DELAY:-}" ]]; then
     # py-spy on the stream model's stub: where the model process spends its time under load
-    # (threads holding the GIL only), summarised by engines.bench.profile.
+    # (threads on a CPU), summarised by engines.bench.profile.
     (
         sleep "$PROFILE_DELAY"
         stub=$(pgrep -f triton_python_backend_stub | head -n 1)
-        py-spy record --pid "$stub" --duration 10 --rate 100 --format raw --gil --nonblocking \
+        py-spy record --pid "$stub" --duration 10 --rate 100 --format raw --nonblocking \
             --output "$OUT/stub-gil.txt" >/dev/null 2>&1
         python3 -c 'import json, sys; from engines.bench.profile import summarise_raw; print(json.dumps(summarise_raw(open(sys.argv[1]).read(), top=25), indent=1))' \
             "$OUT/stub-gil.txt" >"$OUT/stub-gil-summary.json"
