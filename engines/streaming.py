@@ -14,9 +14,11 @@ a one-shot decode pads its edges, so a window's shape is one of a few sizes.
 
 Each step picks windows earliest-deadline-first: a started stream's deadline is the moment its
 buffered audio runs out, a new stream's is shortly after it arrived. Windows are added while the
-step's estimated cost (measured per frame, per stage, as it runs) still lets every chosen stream
-get its audio before its deadline, then one batched flow call and one batched vocoder call run
-per window size, and every decoded window is sent at once.
+step's estimated cost (a fixed part per call and a part per frame, per stage, learnt as it runs)
+still lets every chosen stream get its audio before its deadline, then one batched flow call
+and one batched vocoder call run per window size, and every decoded window is sent at once.
+The frames themselves live in the backend's paged stores (engines/frames.py): host memory for
+CPU runtimes, GPU memory for GPU runtimes.
 """
 
 from __future__ import annotations
