@@ -70,15 +70,20 @@ timeout 60 python3 -m engines.cli say --url 127.0.0.1:18000 --json -o "$OUT/smok
     exit 1
 }
 if [[ -n "${PROFILE_DELAY:-}" ]]; then
-    # py-spy on the stream model's stub: where the model process spends its time under load
-    # (threads on a CPU), summarised by engines.bench.profile.
+    # Where the batched server's processes spend their CPU under load: per-process CPU (the
+    # tritonserver and its Python stub), per-thread CPU of the stub, and py-spy on the stub's
+    # busy threads, summarised by engines.bench.profile.
     (
         sleep "$PROFILE_DELAY"
-        stub=$(pgrep -f triton_python_backend_stub | head -n 1)
+        server=$(pgrep -f "tritonserver.*18000" | head -n 1)
+        stub=$(pgrep -P "$server" -f triton_python_backend_stub | head -n 1)
+        echo "server $server stub $stub" >"$OUT/profile-processes.txt"
+        top -b -n 2 -d 5 -p "$server,$stub" | tail -n 4 >>"$OUT/profile-processes.txt"
+        top -H -b -n 2 -d 5 -p "$stub" | tail -n 25 >"$OUT/profile-stub-threads.txt"
         py-spy record --pid "$stub" --duration 10 --rate 100 --format raw --nonblocking \
-            --output "$OUT/stub-gil.txt" >/dev/null 2>&1
-        python3 -c 'import json, sys; from engines.bench.profile import summarise_raw; print(json.dumps(summarise_raw(open(sys.argv[1]).read(), top=25), indent=1))' \
-            "$OUT/stub-gil.txt" >"$OUT/stub-gil-summary.json"
+            --output "$OUT/stub.txt" >"$OUT/py-spy.log" 2>&1
+        python3 -c 'import json, sys; from engines.bench.profile import summarise_raw; print(json.dumps(summarise_raw(open(sys.argv[1]).read(), top=30), indent=1))' \
+            "$OUT/stub.txt" >"$OUT/stub-summary.json"
     ) &
 fi
 timeout 380 python3 -m engines.cli bench --url 127.0.0.1:18000 "${NOBATCH_URL[@]}" \
