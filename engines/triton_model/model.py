@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -37,7 +38,11 @@ from engines.voice_plan import VoicePlan
 LOGGER = logging.getLogger("voxfleet.model")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 METRICS_INTERVAL_S = 0.25
-SENDER_THREADS = 4
+SENDER_THREADS = 2
+# The scheduler thread lets go of the GIL at every device wait (a GPU sync, an onnxruntime
+# call) and must get it back quickly: with Python's default 5 ms switch interval, the threads
+# that phonemise requests and send responses kept it waiting up to 5 ms each time.
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 class RequestError(Exception):
@@ -216,6 +221,7 @@ def _optional_scalar(request: Any, name: str) -> float | None:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         config = json.loads(args["model_config"])
         raw_plan = config["parameters"]["voxfleet_plan"]["string_value"]
         self.plan = VoicePlan.from_json(raw_plan)
