@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from engines.frontend import text_to_sentences
+from engines.frontend import Sentence
+from engines.frontend_pool import FrontendPool
 from engines.runtime import load_stages
 from engines.streaming import (
     SchedulerStats,
@@ -39,6 +40,7 @@ LOGGER = logging.getLogger("voxfleet.model")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 METRICS_INTERVAL_S = 0.25
 SENDER_THREADS = 2
+FRONTEND_WORKERS = 4
 # The scheduler thread lets go of the GIL at every device wait (a GPU sync, an onnxruntime
 # call) and must get it back quickly: with Python's default 5 ms switch interval, the threads
 # that phonemise requests and send responses kept it waiting up to 5 ms each time.
@@ -231,6 +233,13 @@ class TritonPythonModel:
         runtime = load_stages(self.plan.runtime, Path(self.plan.engine_dir))
         self.metrics = _Metrics(self.name)
         self.senders = _Senders()
+        # Phonemising in worker processes keeps the GIL free for a GPU scheduler; the CPU
+        # data plane phonemises on Triton's thread (its cores are the stages').
+        default_workers = "0" if self.plan.runtime == "onnxruntime" else str(FRONTEND_WORKERS)
+        workers = int(os.environ.get("VOXFLEET_FRONTEND_WORKERS", default_workers))
+        self.frontend = FrontendPool(self.plan.voice_config_path, workers)
+        self._preparing = 0
+        self._preparing_lock = threading.Lock()
         self.scheduler = StreamScheduler(
             runtime,
             sample_rate=self.voice.sample_rate,
@@ -248,7 +257,7 @@ class TritonPythonModel:
         self.scheduler.start()
         self.metrics.publish(self.scheduler.stats, force=True)
 
-    def _parse(self, request: Any) -> tuple[list[Any], SynthesisParams]:
+    def _parse(self, request: Any) -> tuple[str, SynthesisParams]:
         tensor = pb_utils.get_input_tensor_by_name(request, "TEXT")
         values = tensor.as_numpy().reshape(-1) if tensor is not None else np.array([])
         if values.size != 1:
@@ -291,23 +300,20 @@ class TritonPythonModel:
         for name, value in (("NOISE_SCALE", params.noise_scale), ("NOISE_W", params.noise_w)):
             if not 0.0 <= value <= 2.0:
                 raise _invalid(f"{name} {value} is outside 0..2")
-        sentences = text_to_sentences(text, defaults)
-        if not sentences:
-            raise _invalid("TEXT has nothing to speak once control characters are removed")
-        return sentences, params
+        return text, params
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
             sink = _ResponseSink(request, self.voice.sample_rate, self.senders)
             try:
                 limit = self.plan.max_streams
-                if limit and self.scheduler.live_streams() >= limit:
+                if limit and self.scheduler.live_streams() + self._preparing >= limit:
                     raise RequestError(
                         f"voice {self.name!r} is serving its limit of {limit} streams; retry later",
                         "RESOURCE_EXHAUSTED",
                         pb_utils.TritonError.UNAVAILABLE,
                     )
-                sentences, params = self._parse(request)
+                text, params = self._parse(request)
             except RequestError as error:
                 sink.finish(error)
                 continue
@@ -315,9 +321,30 @@ class TritonPythonModel:
                 LOGGER.exception("rejecting a request")
                 sink.finish(RuntimeError(f"could not prepare the text: {error}"))
                 continue
-            self.scheduler.submit(sentences, params, sink)
+            self._prepare(text, params, sink)
         return None
 
+    def _prepare(self, text: str, params: SynthesisParams, sink: _ResponseSink) -> None:
+        """Phonemise (in the frontend's workers, where it has any), then start the stream."""
+        with self._preparing_lock:
+            self._preparing += 1
+
+        def done(sentences: list[Sentence] | None, error: Exception | None) -> None:
+            with self._preparing_lock:
+                self._preparing -= 1
+            if error is not None:
+                LOGGER.error("phonemising a request failed: %s", error)
+                sink.finish(RuntimeError(f"could not prepare the text: {error}"))
+            elif not sentences:
+                sink.finish(
+                    _invalid("TEXT has nothing to speak once control characters are removed")
+                )
+            else:
+                self.scheduler.submit(sentences, params, sink)
+
+        self.frontend.submit(text, done)
+
     def finalize(self) -> None:
+        self.frontend.close()
         self.scheduler.stop()
         self.senders.stop()

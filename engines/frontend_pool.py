@@ -1,0 +1,124 @@
+"""Text → phoneme ids in worker processes, off the model process's GIL.
+
+The phonemiser (espeak-ng through piper-tts) holds the GIL for about a millisecond per
+request. In a model process that also runs a GPU scheduler thread and response senders, a
+burst of requests phonemised on Triton's thread keeps the scheduler waiting for the GIL and
+queues the burst behind itself; worker processes take both away. Workers are started with
+``spawn`` (the model process may hold a CUDA context and several threads, which ``fork``
+would copy half-way) with this interpreter or, inside the Triton stub (an embedded Python),
+the ``python3`` first on PATH, which is the Python the stub runs (engines/triton_server.py
+puts it there).
+
+``FrontendPool(config_path, workers=0)`` phonemises in the calling thread instead, with the
+same interface: the CPU data plane uses that, so its figures stay comparable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import shutil
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+from engines.frontend import Sentence, text_to_sentences
+from engines.voice import VoiceConfig
+
+LOGGER = logging.getLogger(__name__)
+
+_WORKER_CONFIG: VoiceConfig | None = None
+
+
+def _load_config(config_path: str) -> VoiceConfig:
+    with open(config_path, encoding="utf-8") as handle:
+        return VoiceConfig.from_dict(json.load(handle), config_path)
+
+
+def _worker_start(config_path: str) -> None:
+    global _WORKER_CONFIG
+    _WORKER_CONFIG = _load_config(config_path)
+    text_to_sentences("Ready.", _WORKER_CONFIG)  # loads espeak-ng's data before requests come
+
+
+def _worker_sentences(text: str) -> list[Sentence]:
+    assert _WORKER_CONFIG is not None, "worker started without a voice"
+    return text_to_sentences(text, _WORKER_CONFIG)
+
+
+def worker_python() -> str:
+    """This interpreter, unless it is embedded (the Triton stub): then python3 on PATH."""
+    if sys.executable and Path(sys.executable).name.startswith("python"):
+        return sys.executable
+    return shutil.which("python3") or sys.executable
+
+
+class FrontendPool:
+    """`submit(text, done)` phonemises `text` and calls ``done(sentences, error)`` once."""
+
+    def __init__(self, config_path: str, workers: int = 0) -> None:
+        self.config_path = config_path
+        self.workers = workers
+        self._config = _load_config(config_path)
+        self._lock = threading.Lock()
+        self._pool: ProcessPoolExecutor | None = self._start() if workers > 0 else None
+
+    def _start(self) -> ProcessPoolExecutor:
+        context = multiprocessing.get_context("spawn")
+        context.set_executable(worker_python())
+        return ProcessPoolExecutor(
+            self.workers,
+            mp_context=context,
+            initializer=_worker_start,
+            initargs=(self.config_path,),
+        )
+
+    def submit(
+        self, text: str, done: Callable[[list[Sentence] | None, Exception | None], None]
+    ) -> None:
+        if self._pool is None:
+            try:
+                sentences = text_to_sentences(text, self._config)
+            except Exception as error:
+                done(None, error)
+                return
+            done(sentences, None)
+            return
+        with self._lock:
+            pool = self._pool
+        try:
+            future = pool.submit(_worker_sentences, text)
+        except BrokenProcessPool as error:
+            self._restart(pool)
+            done(None, error)
+            return
+
+        def finished(result: Future[list[Sentence]]) -> None:
+            error = result.exception()
+            if isinstance(error, BrokenProcessPool):
+                self._restart(pool)
+            if error is None:
+                done(result.result(), None)
+            else:
+                done(None, error if isinstance(error, Exception) else RuntimeError(str(error)))
+
+        future.add_done_callback(finished)
+
+    def _restart(self, broken: ProcessPoolExecutor) -> None:
+        """A worker died (killed, out of memory): later requests get a fresh pool."""
+        with self._lock:
+            if self._pool is not broken:
+                return
+            LOGGER.error("a phonemiser worker died; starting new workers")
+            self._pool = self._start()
+        broken.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
