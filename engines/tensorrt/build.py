@@ -90,6 +90,10 @@ def build_plans(
             profile.set_shape(name, tuple(low), tuple(opt), tuple(high))
         config.add_optimization_profile(profile)
         precision = stage_precision(stage, key.precision)
+        if precision == "fp32":
+            # TensorRT allows TF32 by default; the encoder's durations are rounded up to whole
+            # frames, so TF32's 1e-3 error could move frame boundaries (as on torch-cuda).
+            config.clear_flag(trt.BuilderFlag.TF32)
         if precision in ("fp16", "int8"):
             config.set_flag(trt.BuilderFlag.FP16)
         if precision == "int8":
