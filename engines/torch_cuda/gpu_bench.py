@@ -321,6 +321,62 @@ def simulate_streams(
     }
 
 
+def profile_encoder(
+    stages: TorchCudaStages, corpus: list[list[int]], batch: int = 16
+) -> dict[str, Any]:
+    """Where the encoder's GPU time goes: its core run eagerly under torch.profiler, then
+    the captured core and the eager expansion timed apart."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from engines.torch_cuda import acoustic
+
+    core = stages.encoder_core
+    if core is None:
+        return {"error": "this voice has no captured encoder core"}
+    ids, lengths = _padded([corpus[i % len(corpus)] for i in range(batch)])
+    padded = -(-ids.shape[1] // 32) * 32
+    ids = torch.nn.functional.pad(ids, (0, padded - ids.shape[1])).to(stages.device)
+    lengths = lengths.to(stages.device)
+    noise = torch.randn(batch, 2, padded, device=stages.device) * 0.8
+    with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False):
+        for _ in range(3):
+            outputs = core(ids, lengths, noise)
+        m_p, logs_p, x_mask, logw = outputs
+        _sync()
+        on_gpu = stages.device.type == "cuda"
+        activity = ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU
+        with profile(activities=[activity]) as prof:
+            for _ in range(5):
+                core(ids, lengths, noise)
+            _sync()
+        eager_ms = _median_seconds(lambda: core(ids, lengths, noise), 10) * 1e3
+        expand_ms = 1e3 * _median_seconds(
+            lambda: acoustic.expand(m_p, logs_p, x_mask, logw, 1.0, 0.667), 10
+        )
+    scales = torch.tensor([0.667, 1.0, 0.8])
+    graphed_ms = (
+        _median_seconds(lambda: stages.encode_tensor(ids.cpu(), lengths.cpu(), scales), 10) * 1e3
+    )
+    rows = []
+    for event in prof.key_averages():
+        if stages.device.type == "cuda":
+            total = getattr(event, "device_time_total", None) or event.cuda_time_total
+        else:
+            total = event.self_cpu_time_total
+        if total:
+            rows.append({"kernel": event.key[:120], "calls": event.count // 5, "ms": total / 5e3})
+    rows.sort(key=lambda row: -row["ms"])
+    return {
+        "batch": batch,
+        "phonemes_padded": padded,
+        "core_eager_ms": round(eager_ms, 3),
+        "expand_ms": round(expand_ms, 3),
+        "encode_tensor_graphed_ms": round(graphed_ms, 3),
+        "kernels_per_call": sum(row["calls"] for row in rows),
+        "top_kernels": rows[:25],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--engine-dir", type=Path, required=True)
@@ -361,6 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     if "quality" not in skip:
         result["quality"] = fp16_quality(args.engine_dir, corpus, args.quality_sentences)
         print("quality", result["quality"], flush=True)
+        save()
+    if "encoder-profile" not in skip:
+        result["encoder_profile"] = profile_encoder(stages, corpus)
+        print(json.dumps(result["encoder_profile"], indent=1), flush=True)
         save()
     if "stages" not in skip:
         result["stages"] = bench_stages(stages, corpus)
