@@ -360,7 +360,7 @@ def profile_encoder(
     rows = []
     for event in prof.key_averages():
         if stages.device.type == "cuda":
-            total = getattr(event, "device_time_total", None) or event.cuda_time_total
+            total = getattr(event, "self_device_time_total", 0)
         else:
             total = event.self_cpu_time_total
         if total:
