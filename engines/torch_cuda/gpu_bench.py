@@ -3,14 +3,16 @@
     python -m engines.torch_cuda.gpu_bench --engine-dir ENTRY \\
         --corpus-ids tests/gpu/data/corpus_ids.json --out bench.json
 
-Three parts, each written into one JSON document:
+Four parts, each written into one JSON document (``--skip`` leaves parts out):
 - ``stages``: each stage alone at rising batch with CUDA graphs (median of timed calls with
   the host copies in and out included): seconds of audio per second of GPU time;
 - ``quality``: FP16 flow+vocoder against FP32 on the corpus, SNR in dB (noise scales 0);
 - ``streams``: the real `StreamScheduler` in-process with this runtime and closed-loop
   simulated listeners (no Triton, no network): first-audio p50/p95, streams that ran dry
   (a chunk arrived after the audio before it had finished playing), audio seconds per second,
-  and the vocoder batch-size histogram, at each concurrency, with and without batching.
+  and the vocoder batch-size histogram, at each concurrency, with and without batching;
+- ``encoder_profile``: the encoder's kernels under torch.profiler at batch 16, and its
+  captured core and eager expansion timed apart.
 The Triton benchmark (`voxfleet bench` against `voxfleet serve --runtime torch-cuda`) is the
 end-to-end figure; this one isolates the GPU data plane.
 """
