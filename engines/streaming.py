@@ -44,8 +44,10 @@ FIRST_AUDIO_TARGET_S = 0.05
 # is best helped by a step that still makes progress for everyone.
 MIN_STEP_BUDGET_S = 0.03
 # Where an encoder call has a large fixed cost (a GPU), a new stream waits up to this many
-# such costs, never more than half its first-audio target, for others to share its call.
+# such costs, never more than half its first-audio target, for others to share its call;
+# only on a busy scheduler (at least ENCODE_HOLD_MIN_STREAMS live), where others do arrive.
 ENCODE_HOLD_CALLS = 5.0
+ENCODE_HOLD_MIN_STREAMS = 16
 IDLE_WAIT_S = 0.002
 # How often each stream's sink is asked whether its client went away: for a Triton stream
 # the question is a round trip to the server process, too dear to ask every step.
@@ -502,7 +504,7 @@ class StreamScheduler:
         waiting_slack = float("inf")  # the least slack of a playing stream left for later
         planned: set[tuple[str, int]] = set()  # calls the step makes so far
         hold = 0.0
-        if self.batching:
+        if self.batching and len(streams) >= ENCODE_HOLD_MIN_STREAMS:
             hold = min(FIRST_AUDIO_TARGET_S / 2, ENCODE_HOLD_CALLS * self.costs.per_call["encoder"])
             new = sum(1 for s in streams if s.first_audio_at is None and s.current is None)
             if new >= encode_limit:
