@@ -75,8 +75,8 @@ if [[ -n "${PROFILE_DELAY:-}" ]]; then
     # busy threads, summarised by engines.bench.profile.
     (
         sleep "$PROFILE_DELAY"
-        server=$(pgrep -f "tritonserver.*18000" | head -n 1)
-        stub=$(pgrep -P "$server" -f triton_python_backend_stub | head -n 1)
+        server=$(pgrep -P "$P1" | head -n 1)  # serve_gpu's child: the batched tritonserver
+        stub=$(pgrep -P "$server" | head -n 1)
         echo "server $server stub $stub" >"$OUT/profile-processes.txt"
         top -b -n 2 -d 5 -p "$server,$stub" | tail -n 4 >>"$OUT/profile-processes.txt"
         top -H -b -n 2 -d 5 -p "$stub" | tail -n 25 >"$OUT/profile-stub-threads.txt"
