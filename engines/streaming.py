@@ -297,15 +297,27 @@ class StreamScheduler:
         if warm is None:
             return 0
         cfg, sizes = self.windows, self.windows.window_sizes()
-        return int(
+        windows = cfg.max_batch_windows if self.batching else 1
+        sentences = cfg.max_encoder_batch if self.batching else 1
+        flow_frames = [2 * size + 2 * cfg.flow_context_frames for size in sizes]
+        vocoder_frames = [size + 2 * cfg.vocoder_context_frames for size in sizes]
+        shapes = int(
             warm(
-                flow_frames=[2 * size + 2 * cfg.flow_context_frames for size in sizes],
-                vocoder_frames=[size + 2 * cfg.vocoder_context_frames for size in sizes],
-                windows=cfg.max_batch_windows if self.batching else 1,
-                sentences=cfg.max_encoder_batch if self.batching else 1,
+                flow_frames=flow_frames,
+                vocoder_frames=vocoder_frames,
+                windows=windows,
+                sentences=sentences,
                 phonemes=range(32, max_phonemes + 1, 32),
             )
         )
+        calibrate = getattr(self.backend, "calibrate", None)
+        if calibrate is not None:
+            # Seed the cost model with small and large calls of the steady shapes.
+            samples = calibrate(vocoder_frames[-1], flow_frames[-1], 256, windows, sentences)
+            for _ in range(3):
+                for stage, seconds, rows, width in samples:
+                    self.costs.observe(stage, seconds, rows, width)
+        return shapes
 
     def submit(self, sentences: list[Sentence], params: SynthesisParams, sink: StreamSink) -> int:
         stream = Stream(next(self._ids), deque(sentences), params, sink, time.monotonic())

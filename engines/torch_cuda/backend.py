@@ -12,6 +12,7 @@ The runtime must offer the device tensor API of `TorchCudaStages`: ``device``, `
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -112,6 +113,40 @@ class DeviceBackend:
     def sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def calibrate(
+        self, vocoder_frames: int, flow_frames: int, phonemes: int, windows: int, sentences: int
+    ) -> list[tuple[str, float, int, int]]:
+        """Time each stage at batch 1 and at its largest batch (after `warmup`): (stage,
+        seconds, rows, width) samples for the scheduler's cost model, so that its first steps
+        after a start already know what a GPU call costs, rather than learning it from a
+        burst of listeners."""
+        import time
+
+        runtime, device = self.runtime, self.device
+        scales = torch.tensor([0.667, 1.0, 0.8])
+        calls: list[tuple[str, int, int, Any]] = []
+        for rows in sorted({1, windows}):
+            latent = torch.zeros(rows, LATENT_CHANNELS, vocoder_frames, device=device)
+            prior = torch.zeros(rows, LATENT_CHANNELS, flow_frames, device=device)
+            mask = torch.ones(rows, 1, flow_frames, device=device)
+            calls.append(("vocoder", rows, vocoder_frames, partial(runtime.vocode_tensor, latent)))
+            calls.append(("flow", rows, flow_frames, partial(runtime.flow_tensor, prior, mask)))
+        for rows in sorted({1, sentences}):
+            ids = torch.full((rows, phonemes), 20, dtype=torch.int64)
+            lengths = torch.full((rows,), phonemes, dtype=torch.int64)
+            encode = partial(runtime.encode_tensor, ids, lengths, scales)
+            calls.append(("encoder", rows, phonemes, encode))
+        samples = []
+        for stage, rows, width, call in calls:
+            for attempt in range(2):  # the first may still allocate
+                self.sync()
+                started = time.perf_counter()
+                call()
+                self.sync()
+                if attempt:
+                    samples.append((stage, time.perf_counter() - started, rows, width))
+        return samples
 
     def warmup(
         self,

@@ -288,3 +288,15 @@ def test_frames_kept_on_the_device_stream_the_same_audio(
         difference = device_audio.astype(np.float64) - host_audio
         snr = 10 * np.log10(np.sum(host_audio.astype(np.float64) ** 2) / np.sum(difference**2))
         assert snr > 50.0
+
+
+def test_warmup_seeds_the_cost_model_with_each_stage(stage_dir: Path, monkeypatch) -> None:
+    from engines.streaming import StreamScheduler, WindowConfig
+
+    stages = TorchCudaStages(stage_dir, device="cpu", precision="fp32")
+    monkeypatch.setattr(stages, "warmup", lambda **shapes: 0)  # no graphs on the CPU
+    windows = WindowConfig(first_window_frames=8, window_frames=16, max_batch_windows=2)
+    scheduler = StreamScheduler(stages, 22050, windows=windows)
+    scheduler.warmup()
+    for stage, (calls, seconds, rows, _) in scheduler.costs.totals.items():
+        assert calls >= 6 and seconds > 0 and rows > calls, stage  # batch 1 and a larger one
