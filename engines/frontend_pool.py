@@ -32,6 +32,7 @@ from engines.voice import VoiceConfig
 LOGGER = logging.getLogger(__name__)
 
 _WORKER_CONFIG: VoiceConfig | None = None
+STARTUP_TIMEOUT_S = 120.0
 
 
 def _load_config(config_path: str) -> VoiceConfig:
@@ -70,12 +71,17 @@ class FrontendPool:
     def _start(self) -> ProcessPoolExecutor:
         context = multiprocessing.get_context("spawn")
         context.set_executable(worker_python())
-        return ProcessPoolExecutor(
+        pool = ProcessPoolExecutor(
             self.workers,
             mp_context=context,
             initializer=_worker_start,
             initargs=(self.config_path,),
         )
+        # Workers start on demand, each taking about a second (a Python, espeak-ng's data):
+        # start them all now, or the first burst of listeners waits for them.
+        for started in [pool.submit(_worker_sentences, "Ready.") for _ in range(self.workers)]:
+            started.result(timeout=STARTUP_TIMEOUT_S)
+        return pool
 
     def submit(
         self, text: str, done: Callable[[list[Sentence] | None, Exception | None], None]
