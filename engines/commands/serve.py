@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from engines.commands.build_engines import RUNTIME_CHOICES
+
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -18,9 +20,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", type=Path, help="engine cache directory")
     parser.add_argument(
         "--runtime",
-        choices=("onnxruntime", "torch-cuda"),
+        choices=RUNTIME_CHOICES,
         default="onnxruntime",
-        help="stage runtime: onnxruntime on the CPU (default) or torch-cuda on a GPU",
+        help="stage runtime: onnxruntime on the CPU (default), torch-cuda (a GPU with PyTorch) "
+        "or tensorrt (NVIDIA's TensorRT images only)",
     )
     parser.add_argument("--no-batching", action="store_true", help="turn cross-stream batching off")
     parser.add_argument(
