@@ -24,6 +24,7 @@ from engines.bench.resources import ProcessTree, find_listening_process, own_pro
 
 # Audio responses of long sentences exceed gRPC's 4 MiB default only for unusually long text,
 # but a benchmark should never fail on a limit the server does not have.
+STREAM_CLOSE_TIMEOUT_S = 5.0
 _GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -185,6 +186,7 @@ class TritonSystem:
             await finished.wait()
 
         call = self._stub.ModelStreamInfer(requests())
+        complete = False
         try:
             async for response in call:
                 if response.error_message:
@@ -195,11 +197,20 @@ class TritonSystem:
                     yield samples, rate
                 flags = infer.parameters
                 if "triton_final_response" in flags and flags["triton_final_response"].bool_param:
+                    complete = True
                     return
             raise BenchSystemError("the stream closed without a final response")
         finally:
             finished.set()
-            call.cancel()
+            if complete:
+                # Close our half and let the server end the stream: cancelling a finished
+                # stream left Triton (2.51) holding the model at shutdown for its 30 s timeout.
+                try:
+                    await asyncio.wait_for(call.code(), STREAM_CLOSE_TIMEOUT_S)
+                except (asyncio.TimeoutError, asyncio.CancelledError):
+                    call.cancel()
+            else:
+                call.cancel()
 
     def server(self) -> ProcessTree | None:
         host, _, port = self.url.rpartition(":")
