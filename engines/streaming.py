@@ -209,7 +209,8 @@ class _CostModel:
 
     DECAY = 0.97  # weight of a call seen 100 calls ago: about 5 %
 
-    def __init__(self) -> None:
+    def __init__(self, fixed_part: bool = True) -> None:
+        self.fixed_part = fixed_part  # False: proportional to frames only (CPU backends)
         # Conservative starting points (a 2-core CPU); replaced as calls are seen.
         self.per_frame = {"encoder": 3e-4, "flow": 2e-4, "vocoder": 8e-4}
         self.per_call = dict.fromkeys(self.per_frame, 0.0)
@@ -231,7 +232,7 @@ class _CostModel:
         n, sx, sxx, sy, sxy = sums
         spread = n * sxx - sx * sx
         per_call, per_frame = 0.0, sy / sx
-        if spread > 1e-6 * n * sxx:  # calls of different sizes seen: fit both parts
+        if self.fixed_part and spread > 1e-6 * n * sxx:  # calls of different sizes seen
             slope = (n * sxy - sx * sy) / spread
             intercept = (sy - slope * sx) / n
             if slope > 0 and intercept >= 0:
@@ -263,7 +264,9 @@ class StreamScheduler:
         self.windows = windows or WindowConfig()
         self.batching = cross_stream_batching
         self.stats = SchedulerStats()
-        self.costs = _CostModel()
+        # Only a device backend's calls have a fixed cost worth planning around; on the CPU
+        # the proportional model plans better (measured: `make bench`, docs/streaming.md).
+        self.costs = _CostModel(fixed_part=getattr(self.backend, "fixed_call_costs", False))
         self._on_step = on_step
         self._incoming: deque[Stream] = deque()
         self._streams: dict[int, Stream] = {}

@@ -70,7 +70,8 @@ def _error_response(message: str, status: str, code: int | None = None) -> Any:
 class _Senders:
     """Threads that hand responses to the server, so that the scheduler never waits on a send
     (each is a round trip to the tritonserver process). All responses of one stream go
-    through one thread, in order; streams are spread over the threads."""
+    through one thread, in order; streams are spread over the threads. With no threads, the
+    caller sends itself (the CPU data plane: its two cores are the stages')."""
 
     def __init__(self, threads: int = SENDER_THREADS) -> None:
         self._queues: list[queue.SimpleQueue[Callable[[], None] | None]] = [
@@ -84,6 +85,9 @@ class _Senders:
             thread.start()
 
     def submit(self, key: int, call: Callable[[], None]) -> None:
+        if not self._queues:
+            call()
+            return
         self._queues[key % len(self._queues)].put(call)
 
     @staticmethod
@@ -223,7 +227,6 @@ def _optional_scalar(request: Any, name: str) -> float | None:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
-        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         config = json.loads(args["model_config"])
         raw_plan = config["parameters"]["voxfleet_plan"]["string_value"]
         self.plan = VoicePlan.from_json(raw_plan)
@@ -232,10 +235,16 @@ class TritonPythonModel:
             self.voice = VoiceConfig.from_dict(json.load(handle), self.plan.voice_config_path)
         runtime = load_stages(self.plan.runtime, Path(self.plan.engine_dir))
         self.metrics = _Metrics(self.name)
-        self.senders = _Senders()
-        # Phonemising in worker processes keeps the GIL free for a GPU scheduler; the CPU
-        # data plane phonemises on Triton's thread (its cores are the stages').
-        default_workers = "0" if self.plan.runtime == "onnxruntime" else str(FRONTEND_WORKERS)
+        # A GPU scheduler thread spends its time waiting on the device and needs the GIL the
+        # moment each wait ends: send from threads, phonemise in worker processes, switch the
+        # GIL often. On the CPU data plane the stages use every core: none of that pays
+        # (measured: `make bench`, docs/benchmarks.md), so responses and phonemes are done
+        # on the threads that have them.
+        gpu = self.plan.runtime != "onnxruntime"
+        if gpu:
+            sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        self.senders = _Senders(SENDER_THREADS if gpu else 0)
+        default_workers = str(FRONTEND_WORKERS) if gpu else "0"
         workers = int(os.environ.get("VOXFLEET_FRONTEND_WORKERS", default_workers))
         self.frontend = FrontendPool(self.plan.voice_config_path, workers)
         self._preparing = 0
