@@ -204,7 +204,8 @@ class _CostModel:
 
     The fixed part matters on a GPU, where one call of 128 windows costs little more than a
     call of one: a per-frame figure alone, measured on small calls, would forbid the big
-    batches that make the GPU fast. On a CPU the fixed part comes out near zero.
+    batches that make the GPU fast. With ``fixed_part=False`` (CPU backends) the model is
+    proportional to frames, which plans the CPU's steps better.
     """
 
     DECAY = 0.97  # weight of a call seen 100 calls ago: about 5 %
