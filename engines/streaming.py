@@ -205,7 +205,7 @@ class _CostModel:
     The fixed part matters on a GPU, where one call of 128 windows costs little more than a
     call of one: a per-frame figure alone, measured on small calls, would forbid the big
     batches that make the GPU fast. With ``fixed_part=False`` (CPU backends) the model is
-    proportional to frames, which plans the CPU's steps better.
+    proportional to frames, as the CPU data plane was tuned and measured with.
     """
 
     DECAY = 0.97  # weight of a call seen 100 calls ago: about 5 %
@@ -265,8 +265,8 @@ class StreamScheduler:
         self.windows = windows or WindowConfig()
         self.batching = cross_stream_batching
         self.stats = SchedulerStats()
-        # Only a device backend's calls have a fixed cost worth planning around; on the CPU
-        # the proportional model plans better (measured: `make bench`, docs/streaming.md).
+        # Only a device backend's calls have a fixed cost worth planning around; the CPU keeps
+        # the proportional model its benchmark figures were measured with (docs/streaming.md).
         self.costs = _CostModel(fixed_part=getattr(self.backend, "fixed_call_costs", False))
         self._on_step = on_step
         self._incoming: deque[Stream] = deque()

@@ -237,9 +237,9 @@ class TritonPythonModel:
         self.metrics = _Metrics(self.name)
         # A GPU scheduler thread spends its time waiting on the device and needs the GIL the
         # moment each wait ends: send from threads, phonemise in worker processes, switch the
-        # GIL often. On the CPU data plane the stages use every core: none of that pays
-        # (measured: `make bench`, docs/benchmarks.md), so responses and phonemes are done
-        # on the threads that have them.
+        # GIL often. On the CPU data plane the stages use every core, and more threads and
+        # processes would compete with them: responses and phonemes are done on the threads
+        # that have them, as before the GPU work.
         gpu = self.plan.runtime != "onnxruntime"
         if gpu:
             sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
