@@ -10,7 +10,7 @@ We therefore cut three graphs out of the one ONNX file:
 - ``vocoder``: ``latent`` → ``audio`` ([B, 1, T * hop])
 
 ``encoder`` + ``flow`` is the acoustic stage (ids → latent frames). Chained, the three reproduce
-the monolithic output exactly when the noise scales are 0 (tests/engines/test_split.py).
+the monolithic output exactly when the noise scales are 0 (tests/unit/engines/test_split.py).
 """
 
 from __future__ import annotations

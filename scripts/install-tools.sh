@@ -5,7 +5,7 @@
 #   kubectl  kubectl 1.35, from the same v35 package
 #   prometheus, promtool  from Debian's `prometheus` package, unpacked (no service, no user)
 #   node/node_modules     @kubernetes-models/prometheus-operator: the Prometheus Operator's
-#                         CRD schemas (ServiceMonitor) as validators, for tests/chart
+#                         CRD schemas (ServiceMonitor) as validators, for tests/integration/chart
 # Idempotent: a tool whose wanted version is already in place is left alone. Runs as root
 # with no prompts; the only network it needs is the npm registry and Debian's archive.
 set -euo pipefail

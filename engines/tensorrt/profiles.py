@@ -32,7 +32,7 @@ LATENT_CHANNELS = 192  # inter_channels of every Piper VITS voice
 MAX_PHONEMES = 640
 OPT_PHONEMES = 128
 # `SENTENCE_FLOW_FRAMES[-1]` of engines/torch_cuda/backend.py (it imports torch, so it is not
-# imported here); tests/engine_cache/test_tensorrt_runtime.py keeps the two equal.
+# imported here); tests/unit/engine_cache/test_tensorrt_runtime.py keeps the two equal.
 SENTENCE_FLOW_MAX_FRAMES = 2048
 DEFAULT_WINDOWS = WindowConfig()
 

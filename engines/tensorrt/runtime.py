@@ -3,7 +3,7 @@
 Written against the TensorRT 10 Python API and never executed in this project: TensorRT is
 not installable on its machines (see docs/gpu.md). Everything that does not need TensorRT
 (profile checks, batch splitting, the error messages) is tested everywhere
-(tests/engine_cache/test_tensorrt_runtime.py); the plans themselves only where `tensorrt`
+(tests/unit/engine_cache/test_tensorrt_runtime.py); the plans themselves only where `tensorrt`
 imports (tests/gpu/test_tensorrt_runtime_gpu.py).
 
 - PyTorch manages device memory: the engines read and write torch tensors on the current

@@ -4,7 +4,7 @@ Field names are snake_case in Python and camelCase on the wire (`by_alias`). Eve
 description (it becomes `kubectl explain` text) and a default where a user would expect one.
 Cross-field rules exist twice on purpose: as CEL rules (`x-kubernetes-validations`) so the API
 server rejects a bad voice at `kubectl apply`, and as pydantic validators with the same meaning
-so the operator, `voxfleet render` and clusters without CEL reject it too. `tests/operator`
+so the operator, `voxfleet render` and clusters without CEL reject it too. `tests/unit/operator`
 checks that both agree on the same examples.
 """
 

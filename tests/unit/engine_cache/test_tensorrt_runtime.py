@@ -113,7 +113,7 @@ def test_load_stages_registers_the_runtime_in_a_fresh_process(tmp_path: Path) ->
         capture_output=True,
         text=True,
         check=True,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[3],
         timeout=120,
     )
     lines = result.stdout.strip().splitlines()

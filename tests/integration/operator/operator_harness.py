@@ -78,7 +78,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
     keeps `status` out of main-resource writes and everything but `status` out of
     `/status` writes; and garbage-collects objects whose owners are all gone. Those are
     scripted here. CEL validation and conflicts (409 on a stale resourceVersion) are not:
-    the operator sends no resourceVersion, and CEL is checked offline in tests/operator.
+    the operator sends no resourceVersion, and CEL is checked offline in tests/unit/operator.
     """
 
     _versions = itertools.count(1)

@@ -1,4 +1,4 @@
-"""Shared, expensive-once fixtures of tests/chart."""
+"""Shared, expensive-once fixtures of tests/integration/chart."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Running the real helm binaries and checking what they render, for tests/chart.
+"""Running the real helm binaries and checking what they render, for tests/integration/chart.
 
 Kubernetes API schemas come from kubernetes-validate (offline OpenAPI schemas per minor version);
 the ServiceMonitor schema from the Prometheus Operator's CRD, compiled into
@@ -26,7 +26,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "voxfleet"
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 TOOLS = ROOT / ".tools"
