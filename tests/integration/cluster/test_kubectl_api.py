@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster.api import ServedApi, serve_api
+from e2e.cluster.apiserver import ServedApi, serve_api
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "voxfleet"

@@ -22,7 +22,7 @@ import kmock
 import pytest
 import yaml
 
-from e2e.cluster.api import ScriptedKubernetes
+from e2e.cluster.apiserver import ScriptedKubernetes
 
 REAL_CLUSTER = bool(os.environ.get("VOXFLEET_E2E_KUBECONFIG"))
 NAMESPACE = "voxfleet-e2e" if REAL_CLUSTER else "default"
