@@ -25,7 +25,29 @@ from typing import Any
 
 import kmock
 import yaml
-from kmock._internal import enums, references, rendering
+from kmock._internal import enums, parsing, references, rendering
+
+_parse_path = parsing.parse_path
+
+
+def _parse_path_with_namespaces(path: str) -> parsing.ParsedPath:
+    """KMock 0.8 reads `/api/v1/namespaces[/NAME[/status]]` as a namespace scope without a
+    resource (and fails on the bare list); they are the `namespaces` resource itself."""
+    parts = path.strip("/").split("/")
+    if parts[:3] == ["api", "v1", "namespaces"] and (
+        len(parts) <= 4 or (len(parts) == 5 and parts[4] in ("status", "finalize"))
+    ):
+        return parsing.ParsedPath(
+            group="",
+            version="v1",
+            plural="namespaces",
+            name=parts[3] if len(parts) > 3 else None,
+            subresource=parts[4] if len(parts) > 4 else None,
+        )
+    return _parse_path(path)
+
+
+parsing.parse_path = _parse_path_with_namespaces
 
 # The built-in kinds the chart, the operator and the local cluster use, as a 1.35 API server
 # serves them (verbs and subresources as in its discovery documents).
@@ -173,6 +195,13 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
             self.conflicts[request.url.path] -= 1
             raise kmock.KubernetesError(
                 status=409, reason="Conflict", message="the object has been modified"
+            )
+        if "protobuf" in request.headers.get("Content-Type", ""):
+            # kubectl's typed generators (`create namespace`, `create secret`) send protobuf;
+            # `kubectl apply -f` and `create -f` send JSON, which is all that is emulated.
+            raise kmock.KubernetesError(
+                status=415, reason="UnsupportedMediaType",
+                message="protobuf bodies are not emulated: use kubectl apply -f with JSON/YAML",
             )
         if request.url.path.startswith("/openapi/v3"):
             return await self._respond(request, self._openapi_v3(request.url.path))

@@ -173,3 +173,20 @@ async def test_scale_of_a_kind_without_the_subresource_is_refused(kubectl: Kubec
     else:
         _, err = await kubectl.run("scale", "ttsv", "joe", "--replicas=2", ok=False)
         assert "scale" in err
+
+
+async def test_namespaces_are_a_resource_of_their_own(kubectl: Kubectl) -> None:
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "speech"}}
+    out, _ = await kubectl.run("apply", "-f", "-", stdin=json.dumps(namespace))
+    assert "namespace/speech created" in out
+    await kubectl.run("apply", "-n", "speech", "-f", str(CHART / "crds"))
+    await kubectl.run("apply", "-n", "speech", "-f", str(JOE))
+    listing = await kubectl.get_json("namespaces")
+    assert [n["metadata"]["name"] for n in listing["items"]] == ["speech"]
+    voice = await kubectl.get_json("ttsv", "joe", "-n", "speech")
+    assert voice["metadata"]["namespace"] == "speech"
+    await kubectl.run("delete", "namespace", "speech")
+    assert (await kubectl.get_json("namespaces"))["items"] == []
+    # Generators that send protobuf are refused with a reason, not a crash.
+    _, err = await kubectl.run("create", "namespace", "other", ok=False)
+    assert "protobuf bodies are not emulated" in err
