@@ -99,6 +99,15 @@ class LocalCluster:
             raise RuntimeError("the cluster is not running")
         return self.services.resolve(address)
 
+    def container_pid(self, namespace: str, pod_name: str, container: str) -> int | None:
+        """The pid of a running container's main process (to kill it, as a crash would)."""
+        runtime = self.kubelet.runtime(namespace, pod_name) if self.kubelet else None
+        for item in runtime.containers if runtime else []:
+            process = item.process
+            if item.name == container and process is not None and process.returncode is None:
+                return process.pid
+        return None
+
     def log_path(self, pod_name: str, container: str) -> Path:
         return self.workdir / "logs" / f"{pod_name}_{container}.log"
 

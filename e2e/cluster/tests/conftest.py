@@ -3,11 +3,9 @@ LocalCluster running against it, plus a small client for the tests' own API call
 
 from __future__ import annotations
 
-import asyncio
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import kmock
@@ -50,20 +48,3 @@ async def cluster(api: tuple[KubeApi, str], tmp_path: Path) -> AsyncIterator[Loc
 def kube(api: tuple[KubeApi, str]) -> KubeApi:
     return api[0]
 
-
-async def eventually(
-    check: Callable[[], Awaitable[Any]], timeout: float = 20.0, interval: float = 0.1
-) -> Any:
-    """Poll `check` until it returns something truthy; fail with its last value."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = await check()
-        except AssertionError as error:
-            last = error
-        if last and not isinstance(last, AssertionError):
-            return last
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not true within {timeout} s; last: {last!r}")
-        await asyncio.sleep(interval)

@@ -7,7 +7,7 @@ import os
 import aiohttp
 from cluster import LocalCluster
 from cluster.api import KubeApi
-from conftest import eventually
+from cluster.waiting import eventually
 
 
 def web_deployment(name: str, replicas: int | None = 1, message: str = "v1") -> dict:
