@@ -8,48 +8,7 @@ import aiohttp
 from cluster import LocalCluster
 from cluster.api import KubeApi
 from cluster.waiting import eventually
-
-
-def web_deployment(name: str, replicas: int | None = 1, message: str = "v1") -> dict:
-    """`python -m http.server` serving one file, with an httpGet readiness probe."""
-    script = (
-        "mkdir -p /srv/site && echo \"$(MESSAGE) from $(POD_NAME)\" > /srv/site/index.html && "
-        "exec python -m http.server 8080 --directory /srv/site"
-    )
-    spec: dict = {
-        "selector": {"matchLabels": {"app": name}},
-        "strategy": {"type": "RollingUpdate",
-                     "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-        "template": {
-            "metadata": {"labels": {"app": name}},
-            "spec": {
-                "terminationGracePeriodSeconds": 5,
-                "containers": [{
-                    "name": "web",
-                    "image": "python:3.11",
-                    "command": ["sh", "-c", script],
-                    "env": [
-                        {"name": "MESSAGE", "value": message},
-                        {"name": "POD_NAME",
-                         "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                    ],
-                    "ports": [{"name": "http", "containerPort": 8080}],
-                    "readinessProbe": {"httpGet": {"path": "/", "port": "http"},
-                                       "periodSeconds": 1},
-                    "volumeMounts": [{"name": "site", "mountPath": "/srv"}],
-                }],
-                "volumes": [{"name": "site", "emptyDir": {}}],
-            },
-        },
-    }
-    if replicas is not None:
-        spec["replicas"] = replicas
-    return {"metadata": {"name": name}, "spec": spec}
-
-
-async def pods_of(kube: KubeApi, app: str) -> list[dict]:
-    return [p for p in await kube.list("Pod", "default")
-            if (p["metadata"].get("labels") or {}).get("app") == app]
+from workloads import pods_of, web_deployment
 
 
 async def test_a_deployment_pod_serves_on_its_own_ip(
