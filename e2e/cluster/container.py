@@ -124,18 +124,28 @@ class Container:
 
     async def _run_once(self) -> int:
         self.spec_path.write_text(json.dumps(self.launch))
-        with open(self.log_path, "ab") as log:
-            log.write(f"--- {now()} start {self.launch['argv']}\n".encode())
-            log.flush()
-            self.process = await asyncio.create_subprocess_exec(
-                "ip", "netns", "exec", self.netns,
-                "unshare", "--mount", "--uts", "--propagation", "private", "--",
-                sys.executable, str(LAUNCHER), str(self.spec_path),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-            )
+        started_read, started_write = os.pipe()
+        try:
+            with open(self.log_path, "ab") as log:
+                log.write(f"--- {now()} start {self.launch['argv']}\n".encode())
+                log.flush()
+                self.process = await asyncio.create_subprocess_exec(
+                    "ip", "netns", "exec", self.netns,
+                    "unshare", "--mount", "--uts", "--propagation", "private", "--",
+                    sys.executable, str(LAUNCHER), str(self.spec_path), str(started_write),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                    pass_fds=(started_write,),
+                )
+        finally:
+            os.close(started_write)
+        try:
+            # EOF once the launcher has exec'ed the command (or has failed).
+            await asyncio.get_running_loop().run_in_executor(None, os.read, started_read, 1)
+        finally:
+            os.close(started_read)
         self._started_at = time.monotonic()
         self._kill.clear()
         self.started = "startupProbe" not in self.spec

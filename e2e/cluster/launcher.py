@@ -1,4 +1,4 @@
-"""Starts one container inside its pod's namespaces; run as `launcher.py SPEC.json`.
+"""Starts one container inside its pod's namespaces; run as `launcher.py SPEC.json [FD]`.
 
 The kubelet runs `ip netns exec <pod netns> unshare --mount --propagation private python
 launcher.py SPEC.json`; each step execs the next, so the container process keeps the pid the
@@ -8,11 +8,14 @@ where asked), the CPU set is applied, and the container's argv is exec'ed with i
 environment and working directory. Mount points missing on the host's root filesystem are
 created there (empty; the mounts themselves stay private) and listed in SPEC's
 `created_file`, so that the cluster removes them when it stops.
+FD, when given, is a pipe's write end that the exec closes: the kubelet reports the
+container running (and starts probing it) only then.
 Standard library only: it runs before anything of the pod exists.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -44,10 +47,10 @@ def main(spec_path: str) -> None:
     # Open every source before mounting anything: a mount over /tmp must not hide a source
     # under /tmp from the mounts that follow it.
     fds = [os.open(m["source"], os.O_PATH) if m["source"] else -1 for m in mounts]
+    files = [bool(m["source"]) and os.path.isfile(m["source"]) for m in mounts]
     created: list[str] = []
-    for mount, fd in zip(mounts, fds, strict=True):
+    for mount, fd, is_file in zip(mounts, fds, files, strict=True):
         target = mount["target"]
-        is_file = bool(mount["source"]) and os.path.isfile(mount["source"])
         _make_mount_point(target, is_file, created)
         if fd < 0:
             _mount(["-t", "tmpfs", "-o", f"size={mount['tmpfs_bytes']}", "tmpfs", target])
@@ -65,6 +68,10 @@ def main(spec_path: str) -> None:
     os.chdir(spec.get("working_dir") or "/")
     argv = spec["argv"]
     env = spec["env"]
+    if len(sys.argv) > 2:
+        # Closed at exec: the kubelet learns that the container's own process now runs.
+        os.set_inheritable(int(sys.argv[2]), False)
+        fcntl.fcntl(int(sys.argv[2]), fcntl.F_SETFD, fcntl.FD_CLOEXEC)
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as error:
