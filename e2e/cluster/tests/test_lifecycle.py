@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 from cluster import LocalCluster
 from cluster.api import KubeApi
@@ -15,9 +16,13 @@ from workloads import fetch, ready_pods, web_deployment
 
 
 def bare_pod(name: str, script: str, **extra: object) -> dict:
-    container = {"name": "main", "image": "busybox", "command": ["sh", "-c", script],
-                 "volumeMounts": [{"name": "events", "mountPath": "/events"},
-                                  {"name": "tmp", "mountPath": "/tmp"}]}
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": "busybox",
+        "command": ["sh", "-c", script],
+        "volumeMounts": [{"name": "events", "mountPath": "/events"},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+    }
     container.update(extra)
     return {
         "metadata": {"name": name, "labels": {"app": name}},
