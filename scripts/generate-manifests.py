@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import shutil
 import subprocess
@@ -123,6 +124,22 @@ def adapter_values_text(configmap_yaml: str) -> str:
     return _header("charts/voxfleet (the voxfleet.adapterRules template)") + note + _dump([values])
 
 
+def values_schema_text() -> str:
+    """The chart's values schema with the pools' runtimes taken from the runtime registry."""
+    from engines.plan import RUNTIMES
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    pool = schema["properties"]["pools"]["items"]["properties"]
+    pool["runtime"] = {
+        "type": "string",
+        "description": "Stage runtime of the pool (default tensorrt): "
+        + "; ".join(f"{info.name}: {info.description}" for info in RUNTIMES.values())
+        + ". A CPU runtime requests no GPU and needs no GPU node.",
+        "enum": list(RUNTIMES),
+    }
+    return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
+
+
 def expected_files() -> dict[Path, str]:
     crd = crd_text()
     configmap = adapter_configmap_text()
@@ -132,6 +149,7 @@ def expected_files() -> dict[Path, str]:
         MANIFESTS / "install-namespaced.yaml": namespaced_install_text(),
         MANIFESTS / "prometheus-adapter-rules.yaml": configmap,
         CHART / "prometheus-adapter-values.yaml": adapter_values_text(configmap),
+        CHART / "values.schema.json": values_schema_text(),
     }
 
 
