@@ -181,10 +181,15 @@ class LocalCluster:
             parts = urlsplit(self.api_url)
             servers.append(await forward(self.gateway, parts.port or 443,
                                          parts.hostname or "127.0.0.1", parts.port or 443))
-            async with aiohttp.ClientSession() as session:
+            # Probes close their connections, as the kubelet's do: a kept-alive probe
+            # connection holds up a server's graceful shutdown (tritonserver waits for it).
+            connector = aiohttp.TCPConnector(force_close=True)
+            async with aiohttp.ClientSession() as session, aiohttp.ClientSession(
+                connector=connector
+            ) as probe_session:
                 api = KubeApi(session, self.api_url, self.token)
                 node = Node(
-                    api=api, session=session, network=self.network, cpus=CpuAllocator(),
+                    api=api, session=probe_session, network=self.network, cpus=CpuAllocator(),
                     workdir=self.workdir, base_env=self._base_env(),
                     service_account={"token": (self.token or "").encode(),
                                      "ca.crt": self.ca_cert},
