@@ -59,6 +59,7 @@ class PodNetwork:
         else:
             raise RuntimeError(f"all {SLOTS} local cluster network slots are in use")
         remove_slot(self.slot)
+        remove_stale_slots()
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
@@ -113,6 +114,20 @@ def _kill_namespace_processes(netns: str) -> None:
             os.kill(int(pid), 9)
         except (ProcessLookupError, ValueError):
             pass
+
+
+def remove_stale_slots() -> None:
+    """Remove what crashed runs left in every slot that no running cluster holds."""
+    for slot in range(SLOTS):
+        fd = os.open(LOCK_DIR / f"{slot}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a running cluster's (or this one's, locked through another fd)
+        else:
+            remove_slot(slot)
+        finally:
+            os.close(fd)
 
 
 def remove_slot(slot: int) -> None:
