@@ -25,8 +25,10 @@ Every substitution, in one place:
   pods that mount it, without a PersistentVolumeClaim object (volumes.py).
 - Network: one network namespace per pod (`ip netns`), a veth pair to a bridge per cluster,
   pod IPs 10.213.k.2-254 (k: the cluster's slot), the host at 10.213.k.1 (network.py). Pods
-  reach each other by pod IP and the API server through a forwarder on 10.213.k.1
-  (KUBERNETES_SERVICE_HOST/PORT). No DNS: names of Services do not resolve inside pods.
+  reach each other by pod IP, and the API server in-cluster at https://kubernetes.default.svc
+  (KUBERNETES_SERVICE_HOST/PORT: 10.213.k.1:443, TLS with a CA of the cluster's own, whose
+  ca.crt is in the service account mount; forward.py, pki.py). No cluster DNS: /etc/hosts
+  names only the pod and `kubernetes`; other Service names do not resolve inside pods.
 - Services: a TCP proxy per Service port on 127.77.k.n with round-robin per connection,
   reachable from the host only; `LocalCluster.resolve()` maps Service names to it
   (services.py). Headless Services resolve to pod IPs.

@@ -14,6 +14,7 @@ lock is free are stale (a crashed run) and are removed before the slot is used.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import subprocess
@@ -107,13 +108,14 @@ class PodNetwork:
         self._free.append(int(address.rsplit(".", 1)[1]))
 
 
+def namespace_pids(netns: str) -> list[int]:
+    return [int(pid) for pid in _ip("netns", "pids", netns, check=False).stdout.split()]
+
+
 def _kill_namespace_processes(netns: str) -> None:
-    pids = _ip("netns", "pids", netns, check=False).stdout.split()
-    for pid in pids:
-        try:
-            os.kill(int(pid), 9)
-        except (ProcessLookupError, ValueError):
-            pass
+    for pid in namespace_pids(netns):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
 
 
 def remove_stale_slots() -> None:
