@@ -19,7 +19,8 @@ Every substitution, in one place:
 - Root filesystem: the host's, shared by all pods (readOnlyRootFilesystem is ignored). Each
   container gets a private mount namespace (`unshare --mount`) in which its volumes are
   mounted at their paths (launcher.py); a missing mount point such as `/engines` is created
-  empty on the host and removed when the cluster stops. `/dev/shm` is the host's unless a
+  empty on the host and removed when the cluster stops, unless another local cluster runs
+  then (removing it would detach that cluster's mounts). `/dev/shm` is the host's unless a
   volume is mounted there (a memory emptyDir is a tmpfs of its sizeLimit).
 - Volumes: a PersistentVolumeClaim is a directory per claim under the workdir, shared by all
   pods that mount it, without a PersistentVolumeClaim object (volumes.py).

@@ -105,6 +105,13 @@ class LocalCluster:
             raise RuntimeError("the cluster is not running")
         return self.services.resolve(address)
 
+    def endpoints(self, namespace: str, service: str, port: int) -> list[str]:
+        """"podIP:targetPort" of the Ready pods behind a Service port (headless or not), as
+        the Service's Endpoints would list them (e.g. for Prometheus scrape targets)."""
+        if self.services is None:
+            return []
+        return [f"{ip}:{target}" for ip, target in self.services.backends(namespace, service, port)]
+
     def container_pid(self, namespace: str, pod_name: str, container: str) -> int | None:
         """The pid of a running container's main process (to kill it, as a crash would)."""
         runtime = self.kubelet.runtime(namespace, pod_name) if self.kubelet else None
@@ -257,8 +264,10 @@ class LocalCluster:
         for name, step in steps:
             try:
                 await step
-            except (aiohttp.ClientError, OSError, RuntimeError, KeyError, ValueError) as error:
+            except (aiohttp.ClientError, OSError) as error:
                 log.warning("%s: %r", name, error)
+            except Exception:  # one object's trouble must not stop the node
+                log.exception("%s failed", name)
 
     def _remove_mount_points(self) -> None:
         """Remove the empty mount points pods created on the host, unless another local

@@ -68,4 +68,5 @@ async def test_a_headless_service_resolves_to_a_pod_ip(
 
     address = await eventually(resolved)
     assert address == f"{pods[0]['status']['podIP']}:8080"
+    assert cluster.endpoints("default", "web-pods", 80) == [address]
     assert (await fetch(address)).endswith(pods[0]["metadata"]["name"])
