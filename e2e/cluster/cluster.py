@@ -1,9 +1,14 @@
 """`LocalCluster`: the kubelet, the controllers and the Service proxies of a one-node local
 cluster, driven by any Kubernetes API server URL, in a background thread of their own.
 
-    with LocalCluster(api_url, tmp_path) as cluster:
-        ...  # create Deployments, Jobs, Services through the API
-        cluster.resolve("joe-tts.default.svc:8001")  # -> "127.77.0.1:8001"
+    with LocalCluster(api_url, tmp_path) as cluster:   # or `async with`, or start()/stop()
+        ...  # create Deployments, Jobs, Services, Secrets, ConfigMaps through the API
+        cluster.resolve("joe-tts.default.svc:8001")    # -> "127.77.0.1:8001", from the host
+        cluster.endpoints("default", "joe-tts", 8001)  # -> ["10.213.0.2:8001", ...]
+        cluster.logs("voxfleet-triton-cpu-...", "triton")  # the container's output so far
+        cluster.container_pid(namespace, pod, container)   # its main process, to kill it
+        cluster.pod_processes(namespace, pod)              # every process of the pod
+        cluster.gateway, cluster.api_url_for_pods          # the host and the API, from pods
 
 Each control loop round (every `tick_s`) lists Pods, Deployments, Jobs and Services and runs,
 in order: garbage collection of orphaned pods, the Deployment and Job controllers, the kubelet
