@@ -28,11 +28,13 @@ Every substitution, in one place:
   pod IPs 10.213.k.2-254 (k: the cluster's slot), the host at 10.213.k.1 (network.py). Pods
   reach each other by pod IP, and the API server in-cluster at https://kubernetes.default.svc
   (KUBERNETES_SERVICE_HOST/PORT: 10.213.k.1:443, TLS with a CA of the cluster's own, whose
-  ca.crt is in the service account mount; forward.py, pki.py). No cluster DNS: /etc/hosts
-  names only the pod and `kubernetes`; other Service names do not resolve inside pods.
-- Services: a TCP proxy per Service port on 127.77.k.n with round-robin per connection,
-  reachable from the host only; `LocalCluster.resolve()` maps Service names to it
-  (services.py). Headless Services resolve to pod IPs.
+  ca.crt is in the service account mount; forward.py, pki.py). No cluster DNS: each pod's
+  /etc/hosts names the pod, `kubernetes` and every Service (its cluster IP 10.214.k.n on the
+  bridge, or a headless Service's ready pods), rewritten as Services and pods change; other
+  names fail to resolve at once.
+- Services: a TCP proxy per Service port with round-robin per connection, on 127.77.k.n for
+  the host (`LocalCluster.resolve()` maps Service names to it) and on the cluster IP
+  10.214.k.n for pods (services.py). Headless Services resolve to pod IPs.
 - Processes: no PID namespace (the container's main process is not PID 1; at its exit the
   rest of its process group is killed), no cgroups: CPU and memory limits are not enforced;
   CPU requests become a CPU set (cpus.py). Containers run as root: runAsUser, runAsGroup,

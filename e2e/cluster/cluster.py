@@ -110,6 +110,10 @@ class LocalCluster:
             raise RuntimeError("the cluster is not running")
         return self.services.resolve(address)
 
+    def cluster_ip(self, namespace: str, service: str) -> str | None:
+        """The address pods reach a Service at (its name resolves to it in pods)."""
+        return self.services.cluster_ip(namespace, service) if self.services else None
+
     def endpoints(self, namespace: str, service: str, port: int) -> list[str]:
         """"podIP:targetPort" of the Ready pods behind a Service port (headless or not), as
         the Service's Endpoints would list them (e.g. for Prometheus scrape targets)."""
@@ -232,7 +236,8 @@ class LocalCluster:
                                      "ca.crt": self.ca_cert},
                 )
                 self.kubelet = Kubelet(node)
-                self.services = ServiceProxies(self.network.slot)
+                self.services = ServiceProxies(self.network.slot, self.network.bridge)
+                node.service_hosts = self.services.hosts_entries
                 jobs = JobController(api, self.job_backoff_s)
                 self._ready.set()
                 try:
@@ -273,6 +278,10 @@ class LocalCluster:
                 log.warning("%s: %r", name, error)
             except Exception:  # one object's trouble must not stop the node
                 log.exception("%s failed", name)
+        try:
+            self.kubelet.update_hosts()
+        except OSError as error:
+            log.warning("hosts files: %r", error)
 
     def _remove_mount_points(self) -> None:
         """Remove the empty mount points pods created on the host, unless another local

@@ -70,3 +70,47 @@ async def test_a_headless_service_resolves_to_a_pod_ip(
     assert address == f"{pods[0]['status']['podIP']}:8080"
     assert cluster.endpoints("default", "web-pods", 80) == [address]
     assert (await fetch(address)).endswith(pods[0]["metadata"]["name"])
+
+
+CLIENT = """
+import sys, time, urllib.request
+deadline = time.time() + 20
+for url in sys.argv[1:]:
+    while True:
+        try:
+            print(url, urllib.request.urlopen(url, timeout=2).read().decode().strip(), flush=True)
+            break
+        except OSError as error:
+            if time.time() > deadline:
+                raise SystemExit(f"{url}: {error}")
+            time.sleep(0.2)
+"""
+
+
+async def test_pods_reach_services_by_name(kube: KubeApi, cluster: LocalCluster) -> None:
+    await kube.create("Deployment", "default", web_deployment("web", replicas=1))
+    (server,) = await eventually(lambda: ready_pods(kube, "web", 1), timeout=30)
+    # The client starts before the Services exist: its /etc/hosts follows them.
+    urls = ["http://web/", "http://web.default.svc.cluster.local:80/",
+            "http://web-pods.default.svc:8080/"]
+    await kube.create("Pod", "default", {
+        "metadata": {"name": "client"},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "main", "image": "python:3.11",
+            "command": ["python", "-c", CLIENT, *urls]}]},
+    })
+    await kube.create("Service", "default", service("web"))
+    await kube.create("Service", "default", service("web-pods", headless=True))
+
+    async def finished() -> dict | None:
+        pod = await kube.get("Pod", "default", "client")
+        phase = ((pod or {}).get("status") or {}).get("phase")
+        return pod if phase in ("Succeeded", "Failed") else None
+
+    pod = await eventually(finished, timeout=40)
+    output = cluster.logs("client", "main")
+    assert pod["status"]["phase"] == "Succeeded", output
+    for url in urls:
+        assert f"{url} v1 from {server['metadata']['name']}" in output
+    assert cluster.cluster_ip("default", "web") is not None
+    assert cluster.cluster_ip("default", "web-pods") is None  # headless
