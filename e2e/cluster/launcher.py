@@ -15,9 +15,11 @@ Standard library only: it runs before anything of the pod exists.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -40,7 +42,19 @@ def _make_mount_point(target: str, is_file: bool, created: list[str]) -> None:
     created.extend(missing)
 
 
+def _die_with_the_kubelet() -> None:
+    """SIGKILL when the kubelet's thread goes (a test process killed without its cleanup):
+    the container's main process does not outlive the node. The rest of the pod's processes
+    are killed by the next cluster's start (network.py)."""
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG; kept across exec
+    if os.getppid() != parent:
+        os._exit(137)
+
+
 def main(spec_path: str) -> None:
+    _die_with_the_kubelet()
     with open(spec_path) as handle:
         spec = json.load(handle)
     mounts = spec["mounts"]
