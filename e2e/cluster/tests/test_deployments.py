@@ -67,7 +67,8 @@ async def test_scaling_up_and_down_follows_spec_replicas(
 ) -> None:
     await kube.create("Deployment", "default", web_deployment("web", replicas=1))
     await eventually(lambda: ready_pods(kube, "web", 1), timeout=30)
-    await kube.patch("Deployment", "default", "web", {"spec": {"replicas": 3}})
+    # Up through the scale subresource, as the HPA scales; down through spec.replicas.
+    await kube.patch("Deployment", "default", "web", {"spec": {"replicas": 3}}, "scale")
     pods = await eventually(lambda: ready_pods(kube, "web", 3), timeout=30)
     assert len({p["status"]["podIP"] for p in pods}) == 3
     await kube.patch("Deployment", "default", "web", {"spec": {"replicas": 1}})
