@@ -121,7 +121,10 @@ def _kill_namespace_processes(netns: str) -> None:
 def remove_stale_slots() -> None:
     """Remove what crashed runs left in every slot that no running cluster holds."""
     for slot in range(SLOTS):
-        fd = os.open(LOCK_DIR / f"{slot}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        lock = LOCK_DIR / f"{slot}.lock"
+        if not lock.exists():
+            continue  # never used
+        fd = os.open(lock, os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
