@@ -279,14 +279,23 @@ def test_deleting_a_voice_finishes_its_streams_and_removes_it(
     kubectl = installation.kubectl
     fast = kubectl.get("ttsv", "joe-fast")
     endpoint = fast["status"]["endpoint"]
-    reference = piper_seconds(LONG_TEXT, 1.25)
+    text = " ".join([LONG_TEXT] * 3)
+    reference = piper_seconds(text, 1.25)
     with installation.reach_service(endpoint) as address, ThreadPoolExecutor(4) as pool:
-        in_flight = [pool.submit(say, address, "joe-fast", LONG_TEXT) for _ in range(3)]
-        time.sleep(0.5)
+        in_flight = [pool.submit(say, address, "joe-fast", text) for _ in range(4)]
+        time.sleep(3)  # four clients connected and streaming
         kubectl.run("delete", "ttsv", "joe-fast", "--wait=false")
-        finished = [future.result(timeout=300) for future in in_flight]
+        unlabelled = eventually(
+            lambda: not any(serving(p, "joe-fast") for p in pool_pods(installation))
+            and time.monotonic(),
+            timeout=60, interval=0.2, what="the pods no longer serve joe-fast",
+        )
+        finished = [future.result() for future in in_flight]
+    crossing = sum(1 for speech in finished if speech.finished > unlabelled)
+    assert crossing >= 1, "every stream ended before the voice was taken off: nothing tested"
     for speech in finished:
         assert abs(speech.audio_seconds - reference) <= 0.10 * reference, (
+            "a stream was cut short by the deletion",
             [s.audio_seconds for s in finished],
             reference,
         )
