@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import ssl
 import tempfile
 from collections.abc import Mapping
@@ -247,25 +246,13 @@ class KubeClient:
         return True
 
 
-def login_info(settings: Any) -> Any:
-    """Credentials in kubectl's order: an explicit $KUBECONFIG, else the pod's service
-    account, else ~/.kube/config. A kubeconfig given on purpose wins over the account a pod
-    always has, so an operator can be pointed at another API server."""
-    import kopf
-
-    if os.environ.get("KUBECONFIG"):
-        return kopf.login_with_kubeconfig(settings=settings) or kopf.login_with_service_account(
-            settings=settings
-        )
-    return kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-        settings=settings
-    )
-
-
 def _login() -> Any:
     import kopf
 
-    info = login_info(kopf.OperatorSettings())
+    settings = kopf.OperatorSettings()
+    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
+        settings=settings
+    )
     if info is None:
         raise RuntimeError("no Kubernetes credentials: neither a service account nor a kubeconfig")
     return info
