@@ -143,7 +143,7 @@ class CustomKind:
     scale: tuple[str, str, str] | None = None
 
 
-class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
+class ScriptedKubernetes(kmock.KubernetesEmulator):
     """KMock plus the parts of a real API server the operator and `kubectl` rely on.
 
     KMock stores objects as sent. A real API server also: sets `metadata.namespace`, `uid`,
@@ -263,9 +263,9 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
     def _script_update(self, request: rendering.Request) -> None:
         data = request.data
         if request.subresource == "status":
-            for key in list(data):
-                if key != "status":
-                    del data[key]
+            for field_name in list(data):
+                if field_name != "status":
+                    del data[field_name]
         else:
             data.pop("status", None)
         meta = data.setdefault("metadata", {})
@@ -273,7 +273,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
         for immutable in ("uid", "creationTimestamp", "namespace", "name"):
             meta.pop(immutable, None)
         meta["resourceVersion"] = str(next(self._versions))
-        key = (request.resource, request.namespace, request.name)
+        key: Any = (request.resource, request.namespace, request.name)
         if "spec" in data and key in self._objects and not self._objects[key].deleted:
             current = self._objects[key].raw
             merged = _merge(current.get("spec") or {}, data["spec"])
@@ -281,7 +281,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
                 meta["generation"] = int(current["metadata"].get("generation") or 1) + 1
 
     def _script_replace(self, request: rendering.Request) -> None:
-        key = (request.resource, request.namespace, request.name)
+        key: Any = (request.resource, request.namespace, request.name)
         if key not in self._objects or self._objects[key].deleted:
             return
         current = self._objects[key].raw
@@ -294,7 +294,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
                 request.data[name] = _replacement(current[name], request.data[name])
 
     def _script_strategic_patch(self, request: rendering.Request) -> None:
-        key = (request.resource, request.namespace, request.name)
+        key: Any = (request.resource, request.namespace, request.name)
         current: Any = {}
         if key in self._objects and not self._objects[key].deleted:
             current = self._objects[key].raw
@@ -309,7 +309,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
         # delivers for the newer version. KMock would answer 500, and its watches replay
         # current objects instead of resuming, so kopf can miss that version: answer 422 and
         # send the current object again.
-        key = (request.resource, request.namespace, request.name)
+        key: Any = (request.resource, request.namespace, request.name)
         if key not in self._objects or self._objects[key].deleted:
             return
         current = self._objects[key].raw["metadata"].get("resourceVersion")
@@ -361,7 +361,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
     # -- lists, discovery ---------------------------------------------------------------------
 
     async def _serve_list(self, request: rendering.Request) -> Any:
-        result = await super()._serve_list(request)
+        result: Any = await super()._serve_list(request)
         info = self._info(request.resource)
         group_version = _group_version(request.resource)
         selector = request.params.get("labelSelector")
@@ -380,7 +380,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
         }
 
     async def _serve_version(self, request: rendering.Request) -> Any:
-        result = await super()._serve_version(request)
+        result: Any = await super()._serve_version(request)
         result["groupVersion"] = result["groupVersion"].lstrip("/")
         for entry in result["resources"]:
             name = entry["name"]
@@ -464,7 +464,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
         paths = self._scale_paths(request.resource)
         if paths is None:
             raise kmock.KubernetesNotFoundError(message="this resource has no scale subresource")
-        key = (request.resource, request.namespace, request.name)
+        key: Any = (request.resource, request.namespace, request.name)
         async with self._lock:
             if key not in self._objects or self._objects[key].deleted:
                 raise kmock.KubernetesObjectNotFoundError()
@@ -518,6 +518,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
 
     async def _table(self, request: rendering.Request) -> dict[str, Any]:
         assert request.resource is not None
+        objects: list[Any]
         if request.action == enums.action.FETCH:
             objects = [await self._serve_fetch(request)]
         else:
@@ -530,7 +531,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
             if not any(c["name"] == "Age" for c in columns):
                 columns.append(_AGE)
         else:
-            columns = [*_BUILTIN_COLUMNS.get(info.kind if info else "", []), _AGE]
+            columns = [*_BUILTIN_COLUMNS.get((info.kind if info else None) or "", []), _AGE]
         definitions = [{"name": "Name", "type": "string", "format": "name"}] + [
             {"name": c["name"], "type": c.get("type", "string"), "format": c.get("format", "")}
             for c in columns
@@ -615,7 +616,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
         if request.resource is None or request.subresource:
             return
         data: Any = request.data
-        key = (request.resource, request.namespace, request.name)
+        key: Any = (request.resource, request.namespace, request.name)
         if request.method == "PATCH":
             if key not in self._objects or self._objects[key].deleted:
                 return
