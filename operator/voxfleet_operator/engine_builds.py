@@ -34,9 +34,11 @@ async def sync_engine(
         for o in render_voice(voice, rt.config.pools, rt.config.engine_cache_pvc)
         if o["kind"] == "Job"
     )
-    job = await rt.client.get(JOBS, voice.namespace, job_name)
+    job = rt.cache.lookup(JOBS.plural, voice.namespace, job_name)
     if job is None:
-        _, job = await ensure(rt.client, with_owners(job_doc, [body]))
+        job = await rt.client.get(JOBS, voice.namespace, job_name)
+    if job is None:
+        _, job = await ensure(rt.client, with_owners(job_doc, [body]), rt.cache)
         # Jobs of an older key are of no further use to this voice.
         for old in await rt.client.list(JOBS, voice.namespace, f"{VOICE_LABEL}={voice.name}"):
             old_key = (old["metadata"].get("labels") or {}).get(ENGINE_KEY_LABEL)

@@ -72,7 +72,7 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
     await leave_previous_pool(rt, body, voice, pool, peers)
     for child in render_voice(voice, rt.config.pools, rt.config.engine_cache_pvc):
         if child["kind"] != "Job":
-            await ensure(rt.client, with_owners(child, [body]))
+            await ensure(rt.client, with_owners(child, [body]), rt.cache)
 
     engine = await sync_engine(rt, body, voice, pool, key)
     ready_pods, serving, errors = await sync_pods(rt, voice, pool, key, engine.status is True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -10,8 +11,10 @@ from typing import Any
 
 import aiohttp
 
+from voxfleet_operator.cache import ObjectCache
 from voxfleet_operator.config import OperatorConfig
 from voxfleet_operator.kube import PLURALS, KubeClient
+from voxfleet_operator.names import REPOSITORY_KEY_SECRET, REPOSITORY_KEY_SECRET_KEY
 from voxfleet_operator.plan import Voice
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.voices import InvalidVoice, parse_voice
@@ -22,6 +25,8 @@ PODS = PLURALS[("v1", "Pod")]
 SECRETS = PLURALS[("v1", "Secret")]
 SERVICE_MONITOR_API = "/apis/monitoring.coreos.com/v1"
 SERVICE_MONITOR_RECHECK_SECONDS = 300.0
+# Every pool pod carries this label (render/pool.py); the operator watches and lists by it.
+POOL_PODS_LABELS = {"app.kubernetes.io/name": "voxfleet-triton"}
 
 
 @dataclass
@@ -32,6 +37,7 @@ class Runtime:
     client: KubeClient
     http: aiohttp.ClientSession
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    cache: ObjectCache = field(default_factory=ObjectCache)
     closed: bool = False
     # (namespace, pod, voice, marker) -> (failures so far, retry not before, last error)
     load_failures: dict[tuple[str, str, str, str], tuple[int, float, str]] = field(
@@ -41,6 +47,33 @@ class Runtime:
 
     def lock(self, namespace: str) -> asyncio.Lock:
         return self.locks.setdefault(namespace, asyncio.Lock())
+
+    async def key_secret(self, namespace: str) -> dict[str, Any] | None:
+        """The namespace's repository-key Secret (cached, read again every few minutes)."""
+        cached = self.cache.lookup(SECRETS.plural, namespace, REPOSITORY_KEY_SECRET)
+        if cached is not None:
+            return cached
+        live = await self.client.get(SECRETS, namespace, REPOSITORY_KEY_SECRET)
+        if live is not None:
+            self.cache.seen(SECRETS.plural, live)
+        return live
+
+    async def repository_key(self, namespace: str) -> str:
+        """The key that opens Triton's repository API on this namespace's pools."""
+        key = secret_key(await self.key_secret(namespace))
+        if key is None:
+            raise LookupError(
+                f"no repository key: Secret {REPOSITORY_KEY_SECRET} in {namespace} is missing "
+                f"or has no {REPOSITORY_KEY_SECRET_KEY!r} entry"
+            )
+        return key
+
+    async def pool_pods(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The namespace's pods with `labels`, from the cache (listed once, then events)."""
+        if not self.cache.pods_listed(namespace):
+            selector = ",".join(f"{k}={v}" for k, v in POOL_PODS_LABELS.items())
+            self.cache.replace_pods(namespace, await self.client.list(PODS, namespace, selector))
+        return self.cache.pods(namespace, labels)
 
     async def service_monitor_available(self) -> bool:
         """Whether the ServiceMonitor CRD is served (checked again every few minutes)."""
@@ -53,6 +86,17 @@ class Runtime:
         available = await self.client.exists(SERVICE_MONITOR_API)
         self._service_monitor = (now, available)
         return available
+
+
+def secret_key(secret: Mapping[str, Any] | None) -> str | None:
+    """The repository key a Secret holds, or None."""
+    encoded = ((secret or {}).get("data") or {}).get(REPOSITORY_KEY_SECRET_KEY)
+    if not encoded:
+        return None
+    try:
+        return base64.b64decode(encoded).decode() or None
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 def peer_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:

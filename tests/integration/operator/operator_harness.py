@@ -29,6 +29,8 @@ from kmock._internal import enums, rendering
 REAL_CLUSTER = bool(os.environ.get("VOXFLEET_E2E_KUBECONFIG"))
 NAMESPACE = "voxfleet-e2e" if REAL_CLUSTER else "default"
 
+# The operator watches its children (to repair them at once and to read them from a cache).
+CHILD_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
 RESOURCES: dict[str, kmock.ResourceInfo] = {
     # kopf waits to discover these two before it starts any watch.
     "v1/namespaces": kmock.ResourceInfo(
@@ -51,9 +53,11 @@ RESOURCES: dict[str, kmock.ResourceInfo] = {
         subresources={"status"},
         verbs={"get", "list", "watch", "create", "patch", "delete"},
     ),
-    "apps/v1/deployments": kmock.ResourceInfo(kind="Deployment", namespaced=True),
-    "v1/services": kmock.ResourceInfo(kind="Service", namespaced=True),
-    "v1/secrets": kmock.ResourceInfo(kind="Secret", namespaced=True),
+    "apps/v1/deployments": kmock.ResourceInfo(
+        kind="Deployment", namespaced=True, verbs=CHILD_VERBS
+    ),
+    "v1/services": kmock.ResourceInfo(kind="Service", namespaced=True, verbs=CHILD_VERBS),
+    "v1/secrets": kmock.ResourceInfo(kind="Secret", namespaced=True, verbs=CHILD_VERBS),
     "v1/pods": kmock.ResourceInfo(
         kind="Pod",
         namespaced=True,
@@ -62,10 +66,13 @@ RESOURCES: dict[str, kmock.ResourceInfo] = {
     ),
     "v1/events": kmock.ResourceInfo(kind="Event", namespaced=True),
     "autoscaling/v2/horizontalpodautoscalers": kmock.ResourceInfo(
-        kind="HorizontalPodAutoscaler", namespaced=True
+        kind="HorizontalPodAutoscaler", namespaced=True, verbs=CHILD_VERBS
     ),
     "policy/v1/poddisruptionbudgets": kmock.ResourceInfo(
-        kind="PodDisruptionBudget", namespaced=True
+        kind="PodDisruptionBudget", namespaced=True, verbs=CHILD_VERBS
+    ),
+    "v1/persistentvolumeclaims": kmock.ResourceInfo(
+        kind="PersistentVolumeClaim", namespaced=True, verbs=CHILD_VERBS
     ),
 }
 
@@ -372,10 +379,7 @@ async def running_operator(tmp_path: Path, resync_seconds: float) -> AsyncIterat
 
     pools = tmp_path / "pools.yaml"
     pools.write_text(yaml.safe_dump(POOLS))
-    key = tmp_path / "repository-key"
-    key.write_text(REPOSITORY_KEY + "\n")
     os.environ["VOXFLEET_POOLS_FILE"] = str(pools)
-    os.environ["VOXFLEET_REPOSITORY_KEY_FILE"] = str(key)
     os.environ.pop("VOXFLEET_WATCH_NAMESPACES", None)
     stop = threading.Event()
     ready = threading.Event()
