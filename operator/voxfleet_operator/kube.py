@@ -152,6 +152,7 @@ PLURALS: dict[tuple[str, str], Resource] = {
     ("v1", "Service"): Resource("", "v1", "services"),
     ("v1", "Secret"): Resource("", "v1", "secrets"),
     ("v1", "Pod"): Resource("", "v1", "pods"),
+    ("v1", "PersistentVolumeClaim"): Resource("", "v1", "persistentvolumeclaims"),
     ("autoscaling/v2", "HorizontalPodAutoscaler"): Resource(
         "autoscaling", "v2", "horizontalpodautoscalers"
     ),
