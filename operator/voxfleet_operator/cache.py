@@ -51,23 +51,17 @@ class ObjectCache:
             return None
         return obj
 
-    def knows(self, plural: str, obj: Mapping[str, Any]) -> bool:
-        """Whether `obj` is exactly the version cached (an echo of our own write)."""
-        meta = obj.get("metadata") or {}
-        entry = self._objects.get((plural, meta.get("namespace") or "", meta.get("name") or ""))
-        version = _version(obj)
-        return entry is not None and version is not None and _version(entry[1]) == version
-
-    def seen(self, plural: str, obj: Mapping[str, Any]) -> None:
-        """Keep `obj` unless the cache already holds a newer version of it."""
+    def seen(self, plural: str, obj: Mapping[str, Any]) -> bool:
+        """Keep `obj` unless the cache holds it or a newer version; True when kept."""
         meta = obj.get("metadata") or {}
         key = (plural, meta.get("namespace") or "", meta.get("name") or "")
         entry = self._objects.get(key)
         if entry is not None:
             old, new = _version(entry[1]), _version(obj)
-            if old is not None and new is not None and new < old:
-                return
+            if old is not None and new is not None and new <= old:
+                return False
         self._objects[key] = (self._clock(), dict(obj))
+        return True
 
     def forget(self, plural: str, namespace: str, name: str) -> None:
         self._objects.pop((plural, namespace, name), None)

@@ -106,7 +106,12 @@ def drift(desired: Any, live: Any, path: str = "", lenient: bool = False) -> lis
 
 def in_line(desired: Any, live: Any) -> bool:
     """Whether `live` already is what we render (see `drift`)."""
-    return not drift(desired, live)
+    return not drift(_content(desired), live)
+
+
+def _content(obj: Mapping[str, Any]) -> dict[str, Any]:
+    # apiVersion and kind identify the object (the URL says them); some answers omit them.
+    return {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
 
 
 def owner_reference(owner: Mapping[str, Any], controller: bool) -> dict[str, Any]:
@@ -192,7 +197,7 @@ async def ensure(
     patched = await client.patch(resource, namespace, name, _patch_of(desired, live))
     if cache is not None:
         cache.seen(resource.plural, patched)
-    left = drift(desired, patched)
+    left = drift(_content(desired), patched)
     if left:
         # The server put back what we removed: a default SERVER_DEFAULTS lacks. Say so, since
         # every pass would patch the object again.

@@ -10,8 +10,15 @@ from voxfleet_operator.names import ENGINE_KEY_LABEL, VOICE_LABEL, engine_job_na
 from voxfleet_operator.plan import Voice
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.render import render_voice
-from voxfleet_operator.runtime import JOBS, Runtime
-from voxfleet_operator.status import ENGINE_READY, Cond
+from voxfleet_operator.runtime import JOBS, PVCS, Runtime
+from voxfleet_operator.status import (
+    BUILD_FAILED,
+    BUILDING,
+    ENGINE_CACHE_MISSING,
+    ENGINE_READY,
+    ENGINES_BUILT,
+    Cond,
+)
 
 
 def _job_condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -21,14 +28,32 @@ def _job_condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | Non
     return None
 
 
+async def _claim_exists(rt: Runtime, namespace: str) -> bool:
+    """Whether the engine-cache claim exists (asked only while a build has no pod running).
+
+    A claim found is remembered for the cache's lifetime; a missing one is asked for again
+    on every pass, so that its creation shows at once.
+    """
+    claim = rt.config.engine_cache_pvc
+    if rt.cache.lookup(PVCS.plural, namespace, claim) is not None:
+        return True
+    live = await rt.client.get(PVCS, namespace, claim)
+    if live is not None:
+        rt.cache.seen(PVCS.plural, live)
+    return live is not None
+
+
 async def sync_engine(
     rt: Runtime, body: Mapping[str, Any], voice: Voice, pool: Pool, key: str
 ) -> Cond:
     """Make sure the engines for `key` exist, building them once; report EngineReady."""
     status = body.get("status") or {}
-    if status.get("engineKey") == key:
-        return Cond(ENGINE_READY, True, "EnginesBuilt", f"engines {key} are in the cache")
     job_name = engine_job_name(voice.name, key)
+    # One wording before and after status records the key: a message that changed once
+    # after every build would cost a status write for nothing.
+    built = Cond(ENGINE_READY, True, ENGINES_BUILT, f"Job {job_name} built engines {key}")
+    if status.get("engineKey") == key:
+        return built
     job_doc = next(
         o
         for o in render_voice(voice, rt.config.pools, rt.config.engine_cache_pvc)
@@ -45,7 +70,7 @@ async def sync_engine(
             if old_key and old_key != key:
                 await rt.client.delete(JOBS, voice.namespace, old["metadata"]["name"])
     if _job_condition(job, "Complete"):
-        return Cond(ENGINE_READY, True, "EnginesBuilt", f"Job {job_name} built engines {key}")
+        return built
     failed = _job_condition(job, "Failed")
     if failed:
         # The Job already retried within its backoffLimit; a new key (spec change) or
@@ -53,13 +78,22 @@ async def sync_engine(
         return Cond(
             ENGINE_READY,
             False,
-            "BuildFailed",
+            BUILD_FAILED,
             f"Job {job_name} failed: {failed.get('reason', '')}: {failed.get('message', '')}",
         )
     active = (job.get("status") or {}).get("active") or 0
+    if not active and not await _claim_exists(rt, voice.namespace):
+        return Cond(
+            ENGINE_READY,
+            False,
+            ENGINE_CACHE_MISSING,
+            f"PersistentVolumeClaim {rt.config.engine_cache_pvc} does not exist in namespace "
+            f"{voice.namespace}: Job {job_name} cannot start until it does (create it, "
+            "ReadWriteMany, or set the chart's engineCache.claimName)",
+        )
     return Cond(
         ENGINE_READY,
         False,
-        "Building",
+        BUILDING,
         f"Job {job_name} is building engines {key} for {pool.gpu_product} ({active} pod active)",
     )

@@ -20,7 +20,15 @@ from voxfleet_operator.names import MANAGED_BY, POOL_LABEL, REPOSITORY_KEY_SECRE
 from voxfleet_operator.pods import LOADED_PREFIX, pod_load_marker, pod_ready, unload_from_pods
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.reconcile import reconcile_voice
-from voxfleet_operator.runtime import JOBS, PODS, POOL_PODS_LABELS, Peers, Runtime, peer_entry
+from voxfleet_operator.runtime import (
+    JOBS,
+    PODS,
+    POOL_PODS_LABELS,
+    Peers,
+    Runtime,
+    last_valid,
+    peer_entry,
+)
 from voxfleet_operator.shared import remove_from_pool, sync_shared
 from voxfleet_operator.spec import GROUP, PLURAL, VERSION
 
@@ -231,10 +239,8 @@ def _remember(runtime: Runtime, plural: str, event: str | None, body: kopf.Body)
     if event == "DELETED":
         runtime.cache.forget(plural, meta.get("namespace") or "", meta.get("name") or "")
         return True
-    if runtime.cache.knows(plural, body):
-        return False  # our own write coming back, or an event seen already
-    runtime.cache.seen(plural, dict(body))
-    return True
+    # False for our own write coming back, or an event older than what the cache holds.
+    return runtime.cache.seen(plural, dict(body))
 
 
 async def child_changed(
@@ -259,25 +265,52 @@ async def child_changed(
     if runtime.closed or not namespace:
         return
     labels = body.metadata.labels or {}
+    # One repair at a time per voice or pool: events during a repair ask for one more pass
+    # after it, not for one pass each.
+    target = (namespace, labels.get(VOICE_LABEL) or labels.get(POOL_LABEL) or "")
+    if target in runtime.repairs:
+        runtime.repairs[target] = True
+        return
+    runtime.repairs[target] = False
     try:
-        if VOICE_LABEL in labels:
-            await _reconcile_named(
-                runtime, namespace, [labels[VOICE_LABEL]], voices_by_namespace, voice_bodies
-            )
-        elif POOL_LABEL in labels:
-            try:
-                pool = runtime.config.pools.get(labels[POOL_LABEL])
-            except KeyError:
-                return
-            await sync_shared(runtime, namespace, _peers(voices_by_namespace, namespace), pool.name)
-        elif body.metadata.name == REPOSITORY_KEY_SECRET:
-            await sync_shared(runtime, namespace, _peers(voices_by_namespace, namespace))
+        while True:
+            await _repair(runtime, namespace, body, labels, voices_by_namespace, voice_bodies)
+            if not runtime.repairs.get(target) or runtime.closed:
+                break
+            runtime.repairs[target] = False
     except Exception as error:  # the timer repairs it if this attempt fails
-        if runtime.closed:
-            return
-        logger.warning(
-            "repairing %s %s/%s failed: %s", resource.plural, namespace, body.metadata.name, error
+        if not runtime.closed:
+            logger.warning(
+                "repairing %s %s/%s failed: %s",
+                resource.plural,
+                namespace,
+                body.metadata.name,
+                error,
+            )
+    finally:
+        runtime.repairs.pop(target, None)
+
+
+async def _repair(
+    runtime: Runtime,
+    namespace: str,
+    body: kopf.Body,
+    labels: Mapping[str, str],
+    voices_by_namespace: kopf.Index[str, Any] | None,
+    voice_bodies: kopf.Index[Any, Any] | None,
+) -> None:
+    if VOICE_LABEL in labels:
+        await _reconcile_named(
+            runtime, namespace, [labels[VOICE_LABEL]], voices_by_namespace, voice_bodies
         )
+    elif POOL_LABEL in labels:
+        try:
+            pool = runtime.config.pools.get(labels[POOL_LABEL])
+        except KeyError:
+            return
+        await sync_shared(runtime, namespace, _peers(voices_by_namespace, namespace), pool.name)
+    elif body.metadata.name == REPOSITORY_KEY_SECRET:
+        await sync_shared(runtime, namespace, _peers(voices_by_namespace, namespace))
 
 
 async def delete(
@@ -292,11 +325,15 @@ async def delete(
 ) -> None:
     """Unload the voice and re-own (or delete) the shared pool; its own children go by GC."""
     runtime: Runtime = memo.runtime
+    runtime.deleted.add(body.metadata.uid or "")
     pool_name = (body.get("spec") or {}).get("pool")
     try:
         pool = runtime.config.pools.get(pool_name)
     except KeyError:
-        return  # never placed on a pool: nothing shared to release
+        last = last_valid(body, runtime.config.pools)
+        if last is None:
+            return  # never placed on a pool: nothing shared to release
+        pool = runtime.config.pools.get(last[0].spec.pool)  # an invalid edit left it there
     assert namespace is not None  # TTSVoice is namespaced
     await with_backoff(
         runtime, retry, _release(runtime, name, namespace, pool, logger, voices_by_namespace)

@@ -184,6 +184,7 @@ class KubeClient:
         self._authorization = authorization
         self.requests = 0
         self.health = ApiHealth()
+        self._patched_path: str | None = None
 
     @classmethod
     async def connect(cls) -> KubeClient:
@@ -256,13 +257,22 @@ class KubeClient:
                 await asyncio.sleep(delay)
             else:
                 self.health.mark_up()
+                if method == "PATCH":
+                    self._patched_path = path
                 return result
 
     def _probe_for(self, method: str, path: str) -> Any:
-        """A request that repeats nothing but tells whether `method path` would work now."""
-        if method == "PATCH":
-            # An empty merge patch changes nothing, but goes the way of a write.
-            return lambda: self._call_once("PATCH", path, {}, None, "application/merge-patch+json")
+        """A request that repeats nothing but tells whether `method path` would work now.
+
+        A failed write is probed with an empty merge patch (it changes nothing, but goes the
+        way of a write) of the object patched last, or of the failed path itself; an outage
+        can be of writes only, where a GET would answer at once.
+        """
+        target = path if method == "PATCH" else self._patched_path
+        if method != "GET" and target is not None:
+            return lambda: self._call_once(
+                "PATCH", target, {}, None, "application/merge-patch+json"
+            )
         return lambda: self._call_once("GET", path, None, {"limit": "1"}, "application/json")
 
     async def _call_once(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -16,13 +17,14 @@ from voxfleet_operator.config import OperatorConfig
 from voxfleet_operator.kube import PLURALS, KubeClient
 from voxfleet_operator.names import REPOSITORY_KEY_SECRET, REPOSITORY_KEY_SECRET_KEY
 from voxfleet_operator.plan import Voice
-from voxfleet_operator.pools import Pool
+from voxfleet_operator.pools import Pool, PoolsConfig
 from voxfleet_operator.voices import InvalidVoice, parse_voice
 
 TTSVOICES = PLURALS[("voxfleet.io/v1alpha1", "TTSVoice")]
 JOBS = PLURALS[("batch/v1", "Job")]
 PODS = PLURALS[("v1", "Pod")]
 SECRETS = PLURALS[("v1", "Secret")]
+PVCS = PLURALS[("v1", "PersistentVolumeClaim")]
 SERVICE_MONITOR_API = "/apis/monitoring.coreos.com/v1"
 SERVICE_MONITOR_RECHECK_SECONDS = 300.0
 # Every pool pod carries this label (render/pool.py); the operator watches and lists by it.
@@ -38,6 +40,11 @@ class Runtime:
     http: aiohttp.ClientSession
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     cache: ObjectCache = field(default_factory=ObjectCache)
+    # Uids of voices whose delete handler has run: a pass that began before the deletion
+    # must not own shared children with them again.
+    deleted: set[str] = field(default_factory=set)
+    # (namespace, voice or pool) with an event-driven repair in flight -> one more wanted.
+    repairs: dict[tuple[str, str], bool] = field(default_factory=dict)
     closed: bool = False
     # (namespace, pod, voice, marker) -> (failures so far, retry not before, last error)
     load_failures: dict[tuple[str, str, str, str], tuple[int, float, str]] = field(
@@ -99,12 +106,36 @@ def secret_key(secret: Mapping[str, Any] | None) -> str | None:
         return None
 
 
+# The last spec the operator found valid, with its generation (JSON), kept on the voice so
+# that an invalid edit leaves the voice serving as it was, even across operator restarts.
+LAST_VALID_SPEC = "voxfleet.io/last-valid-spec"
+
+
+def valid_spec_record(generation: int | None, spec: Mapping[str, Any]) -> str:
+    return json.dumps({"generation": generation, "spec": spec}, sort_keys=True)
+
+
+def last_valid(body: Mapping[str, Any], pools: PoolsConfig) -> tuple[Voice, int | None] | None:
+    """The voice as of its last valid spec, and that spec's generation; None if none."""
+    meta = body.get("metadata") or {}
+    raw = (meta.get("annotations") or {}).get(LAST_VALID_SPEC)
+    if not raw:
+        return None
+    try:
+        record = json.loads(raw)
+        voice = parse_voice(meta["name"], meta["namespace"], record["spec"], pools)
+    except (ValueError, KeyError, TypeError):  # InvalidVoice is a ValueError
+        return None
+    return voice, record.get("generation")
+
+
 def peer_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
     """What the namespace index keeps of a voice: enough to own children and plan pools."""
     meta = body.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return None
-    return {
+    annotations = meta.get("annotations") or {}
+    entry = {
         "apiVersion": body.get("apiVersion", TTSVOICES.api_version),
         "kind": body.get("kind", "TTSVoice"),
         "metadata": {
@@ -114,6 +145,9 @@ def peer_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
         },
         "spec": dict(body.get("spec") or {}),
     }
+    if LAST_VALID_SPEC in annotations:
+        entry["metadata"]["annotations"] = {LAST_VALID_SPEC: annotations[LAST_VALID_SPEC]}
+    return entry
 
 
 # Reads the voices of a namespace as they are now (kopf's live index); called under the
@@ -131,11 +165,20 @@ class Peer:
 def valid_peers(rt: Runtime, namespace: str, entries: Iterable[Mapping[str, Any]]) -> list[Peer]:
     peers = []
     for entry in entries:
+        if entry["metadata"].get("uid") in rt.deleted:
+            continue
         try:
             voice = parse_voice(
                 entry["metadata"]["name"], namespace, entry["spec"], rt.config.pools
             )
         except InvalidVoice:
-            continue
+            # An invalid edit of a voice that was valid: it keeps its place on its pool.
+            last = last_valid(
+                {**entry, "metadata": {**entry["metadata"], "namespace": namespace}},
+                rt.config.pools,
+            )
+            if last is None:
+                continue
+            voice = last[0]
         peers.append(Peer(entry, voice, rt.config.pools.get(voice.spec.pool)))
     return sorted(peers, key=lambda p: p.voice.name)

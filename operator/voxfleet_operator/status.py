@@ -11,10 +11,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+SPEC_VALID = "SpecValid"
 ENGINE_READY = "EngineReady"
 SCHEDULED = "Scheduled"
 AVAILABLE = "Available"
-CONDITION_TYPES = (ENGINE_READY, SCHEDULED, AVAILABLE)
+CONDITION_TYPES = (SPEC_VALID, ENGINE_READY, SCHEDULED, AVAILABLE)
+
+# Reasons of the conditions above (InvalidSpec, InvalidName and UnknownPool come from
+# voices.InvalidVoice).
+SPEC_ACCEPTED = "Accepted"
+ENGINES_BUILT = "EnginesBuilt"
+BUILDING = "Building"
+BUILD_FAILED = "BuildFailed"
+ENGINE_CACHE_MISSING = "EngineCacheMissing"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import aiohttp.web
 import kmock
 import pytest
 import yaml
@@ -95,6 +96,13 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
     conflicts: dict[str, int]
     # When set, requests without this bearer token get 401 (an expired service-account token).
     required_token: str | None = None
+    # Requests from the operator (they carry a token; the tests' own do not) with these
+    # methods answer 503, as an API server in an outage does.
+    outage_methods: frozenset[str] = frozenset()
+    # Paths whose next requests from the operator answer 429 with `Retry-After: 1`.
+    throttled: dict[str, int]
+    # Every request from the operator but watches, as "METHOD /path", to count its reads.
+    served: list[str]
 
     async def _handle(self, request: rendering.Request) -> Any:
         try:
@@ -106,7 +114,17 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
 
     async def _serve(self, request: rendering.Request) -> Any:
         if not hasattr(self, "writes"):
-            self.writes, self.conflicts = [], {}
+            self.writes, self.conflicts, self.throttled, self.served = [], {}, {}, []
+        from_operator = "Authorization" in request.headers
+        if from_operator and request.params.get("watch") not in ("true", "1"):
+            self.served.append(f"{request.method} {request.url.path}")
+        if from_operator and request.method in self.outage_methods:
+            return aiohttp.web.json_response(_status(503, "ServiceUnavailable"), status=503)
+        if from_operator and self.throttled.get(request.url.path, 0) > 0:
+            self.throttled[request.url.path] -= 1
+            return aiohttp.web.json_response(
+                _status(429, "TooManyRequests"), status=429, headers={"Retry-After": "1"}
+            )
         if request.method in ("PATCH", "PUT", "POST"):
             self.writes.append(f"{request.method} {request.url.path}")
         if self.required_token is not None:
@@ -211,6 +229,17 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
                 raw = obj.raw
                 obj.delete()
                 await self._buses[resource].put({"type": "DELETED", "object": raw})
+
+
+def _status(code: int, reason: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": reason,
+    }
 
 
 def _merge(base: Any, patch: Any) -> Any:
@@ -364,6 +393,20 @@ POOLS = {
     ],
 }
 REPOSITORY_KEY = "e2e-repository-key"
+ENGINE_CACHE_CLAIM = "voxfleet-engine-cache"
+
+
+def engine_cache_claim() -> dict[str, Any]:
+    """The engine-cache claim the chart's users create in each voice namespace."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": ENGINE_CACHE_CLAIM},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": "20Gi"}},
+        },
+    }
 
 
 @contextlib.asynccontextmanager
@@ -421,6 +464,8 @@ async def operator(
     """The operator with a short drift-correction interval (0.5 s)."""
     for name in ("VOXFLEET_POOLS_FILE", "VOXFLEET_REPOSITORY_KEY_FILE"):
         monkeypatch.delenv(name, raising=False)  # restored after the test
+    if await api.get("v1", "persistentvolumeclaims", ENGINE_CACHE_CLAIM) is None:
+        await api.create("v1", "persistentvolumeclaims", engine_cache_claim())
     async with running_operator(tmp_path, resync_seconds=0.5):
         yield
         if REAL_CLUSTER:
