@@ -193,7 +193,7 @@ def register(subparsers: Any) -> None:
         "operator",
         help="run the TTSVoice operator (kopf) against the current kubeconfig",
         description="Configured by VOXFLEET_POOLS_FILE, VOXFLEET_WATCH_NAMESPACES, "
-        "VOXFLEET_ENGINE_CACHE_PVC, VOXFLEET_RESYNC_SECONDS and VOXFLEET_PROMETHEUS_URL.",
+        "VOXFLEET_ENGINE_CACHE_PVC and VOXFLEET_RESYNC_SECONDS.",
     )
     operator.add_argument(
         "-n",

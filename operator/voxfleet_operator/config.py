@@ -9,7 +9,6 @@ from voxfleet_operator.pools import PoolsConfig, load_pools
 
 WATCH_NAMESPACES_ENV = "VOXFLEET_WATCH_NAMESPACES"
 ENGINE_CACHE_PVC_ENV = "VOXFLEET_ENGINE_CACHE_PVC"
-PROMETHEUS_URL_ENV = "VOXFLEET_PROMETHEUS_URL"
 DEFAULT_ENGINE_CACHE_PVC = "voxfleet-engine-cache"
 
 
@@ -22,7 +21,6 @@ class OperatorConfig:
     pools: PoolsConfig
     watch_namespaces: tuple[str, ...]
     engine_cache_pvc: str
-    prometheus_url: str | None
 
 
 def load_config(environ: dict[str, str] | None = None) -> OperatorConfig:
@@ -32,5 +30,4 @@ def load_config(environ: dict[str, str] | None = None) -> OperatorConfig:
         pools=load_pools(env.get("VOXFLEET_POOLS_FILE") or None),
         watch_namespaces=namespaces,
         engine_cache_pvc=env.get(ENGINE_CACHE_PVC_ENV) or DEFAULT_ENGINE_CACHE_PVC,
-        prometheus_url=env.get(PROMETHEUS_URL_ENV) or None,
     )

@@ -11,6 +11,7 @@ from voxfleet_operator.names import pool_selector, serving_label
 from voxfleet_operator.plan import Voice
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.runtime import PODS, Runtime
+from voxfleet_operator.serving import serving_plan
 
 LOADED_PREFIX = "loaded.voxfleet.io/"
 # A load Triton refused is tried again after 5 s, 10 s, 20 s ... at most every 5 minutes.
@@ -55,12 +56,11 @@ async def sync_pods(
 ) -> tuple[int, int, list[str]]:
     """Load the voice on ready pool pods that lack it; return (ready pods, serving, errors)."""
     pods = await rt.pool_pods(voice.namespace, pool_selector(pool.name))
-    plan = loading.serving_plan(voice, pool, key)
-    digest = loading.load_digest(plan)
+    body = loading.load_request(serving_plan(voice.name, voice.spec, pool, key))
+    digest = loading.load_digest(body)
     ready = [p for p in pods if pod_ready(p)]
     serving = 0
     errors: list[str] = []
-    body: dict[str, Any] | None = None
     for pod in ready:
         meta = pod["metadata"]
         marker = pod_load_marker(digest, pod)
@@ -80,8 +80,6 @@ async def sync_pods(
             errors.append(last_error)
             continue
         try:
-            if body is None:
-                body = loading.load_request(voice.name, loading.model_repository_files(plan))
             url = f"http://{pod['status']['podIP']}:{_http_port(pod)}"
             key = await rt.repository_key(voice.namespace)
             await loading.load_voice(rt.http, url, voice.name, body, key)

@@ -12,7 +12,7 @@ from typing import Any
 
 from voxfleet_operator.children import ensure, with_owners
 from voxfleet_operator.engine_builds import sync_engine
-from voxfleet_operator.names import endpoint, engine_key, pool_deployment_name
+from voxfleet_operator.names import endpoint, pool_deployment_name
 from voxfleet_operator.pods import sync_pods
 from voxfleet_operator.render import render_voice
 from voxfleet_operator.runtime import (
@@ -24,6 +24,7 @@ from voxfleet_operator.runtime import (
     peer_entry,
     valid_spec_record,
 )
+from voxfleet_operator.serving import voice_engine_key
 from voxfleet_operator.shared import leave_previous_pool, sync_shared
 from voxfleet_operator.status import (
     AVAILABLE,
@@ -96,7 +97,7 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
         await remember_valid_spec(rt, body)
 
     pool = rt.config.pools.get(voice.spec.pool)
-    key = engine_key(voice.spec, pool)
+    key = voice_engine_key(voice.spec, pool)
     own = peer_entry(body)
 
     def peers_and_self() -> list[Mapping[str, Any]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from voxfleet_operator.names import engine_key
 from voxfleet_operator.plan import PoolPlan, Voice, place_voices
 from voxfleet_operator.pools import PoolsConfig
 from voxfleet_operator.render.engine_job import build_engine_job
@@ -21,6 +20,7 @@ from voxfleet_operator.render.pool import (
     build_pool_service_monitor,
 )
 from voxfleet_operator.render.voice import build_repository_key_secret, build_voice_service
+from voxfleet_operator.serving import voice_engine_key
 
 __all__ = [
     "build_engine_job",
@@ -55,7 +55,7 @@ def render_pool(
 def render_voice(voice: Voice, pools: PoolsConfig, engine_cache_pvc: str) -> list[dict[str, Any]]:
     """The children of one voice alone: its engine-build Job and its Service."""
     pool = pools.get(voice.spec.pool)
-    key = engine_key(voice.spec, pool)
+    key = voice_engine_key(voice.spec, pool)
     return [
         build_engine_job(voice.name, voice.namespace, voice.spec, pool, key, engine_cache_pvc),
         build_voice_service(voice.name, voice.namespace, pool),
