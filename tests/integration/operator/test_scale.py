@@ -83,14 +83,9 @@ async def test_five_hundred_voices_converge_then_cost_almost_nothing(
     (tmp_path / "pools.yaml").write_text(yaml.safe_dump(POOLS))
     env = {**os.environ, "VOXFLEET_POOLS_FILE": str(tmp_path / "pools.yaml")}
     env.pop("VOXFLEET_RESYNC_SECONDS", None)
+    log = (tmp_path / "operator.log").open("w")
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "engines.cli",
-        "operator",
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
+        sys.executable, "-m", "engines.cli", "operator", env=env, stdout=log, stderr=log
     )
     try:
         await asyncio.sleep(3)  # kopf's start
@@ -111,6 +106,7 @@ async def test_five_hundred_voices_converge_then_cost_almost_nothing(
             )
 
         async def converged() -> bool:
+            assert process.returncode is None, (tmp_path / "operator.log").read_text()[-3000:]
             done = 0
             for namespace in namespaces:
                 path = Api.path("voxfleet.io/v1alpha1", "ttsvoices", ns=namespace)
@@ -132,8 +128,10 @@ async def test_five_hundred_voices_converge_then_cost_almost_nothing(
             if line.startswith("VmRSS:")
         )
     finally:
-        process.terminate()
-        await process.wait()
+        if process.returncode is None:
+            process.terminate()
+            await process.wait()
+        log.close()
     print(
         f"\n500 voices, 5 namespaces, 2 pools: converged in {elapsed:.1f} s; "
         f"{len(writes) / 500:.1f} writes and {len(during) / 500:.1f} requests per voice; "
