@@ -106,7 +106,7 @@ def drift(desired: Any, live: Any, path: str = "", lenient: bool = False) -> lis
 
 def in_line(desired: Any, live: Any) -> bool:
     """Whether `live` already is what we render (see `drift`)."""
-    return not drift(_content(desired), live)
+    return not drift(_content(desired), _content(live))
 
 
 def _content(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -159,7 +159,7 @@ def _patch_of(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, 
     patch = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind")}
     meta = {k: v for k, v in desired["metadata"].items() if k not in ("name", "namespace")}
     patch["metadata"] = meta
-    result: dict[str, Any] = _with_removals(patch, live)
+    result: dict[str, Any] = _with_removals(patch, _content(live))
     return result
 
 
@@ -197,7 +197,7 @@ async def ensure(
     patched = await client.patch(resource, namespace, name, _patch_of(desired, live))
     if cache is not None:
         cache.seen(resource.plural, patched)
-    left = drift(_content(desired), patched)
+    left = drift(_content(desired), _content(patched))
     if left:
         # The server put back what we removed: a default SERVER_DEFAULTS lacks. Say so, since
         # every pass would patch the object again.

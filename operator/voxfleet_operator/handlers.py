@@ -178,7 +178,12 @@ async def _reconcile_named(
         found = list(bodies.get((namespace, name), [])) if bodies is not None else []
         if not found or runtime.closed:
             continue
-        await reconcile_voice(runtime, found[-1], _peers(index, namespace))
+        try:
+            await reconcile_voice(runtime, found[-1], _peers(index, namespace))
+        except Exception:
+            if runtime.closed:
+                return  # the operator is stopping: no error to report
+            raise
 
 
 async def engine_job_changed(

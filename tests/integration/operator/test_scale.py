@@ -139,3 +139,4 @@ async def test_five_hundred_voices_converge_then_cost_almost_nothing(
         f"({sorted(set(quiet))[:5]}); operator RSS {rss_kib / 1024:.0f} MiB"
     )
     assert len(quiet) / 60 <= 5.0
+    assert [r for r in quiet if not r.split()[0].endswith("GET")] == []  # converged: no writes

@@ -154,6 +154,12 @@ POOL_DEFAULTED: dict[str, object] = {
 
 def test_server_defaults_and_the_hpas_replicas_are_not_drift() -> None:
     assert drift(POD_TEMPLATE, _live()) == []
+    # apiVersion and kind name the object; an answer with or without them is the same object.
+    without_kind = {k: v for k, v in _live().items() if k not in ("apiVersion", "kind")}
+    assert in_line(POD_TEMPLATE, without_kind)
+    assert in_line({k: v for k, v in POD_TEMPLATE.items() if k != "kind"}, _live())
+    live = _live(hostNetwork=True)
+    assert "kind" not in _patch_of(POD_TEMPLATE, live)  # never a null kind
 
 
 def test_fields_added_to_a_rendered_object_are_drift_and_patched_away() -> None:
