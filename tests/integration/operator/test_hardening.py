@@ -110,7 +110,17 @@ async def test_added_fields_and_deleted_children_are_repaired_on_events(
     assert max(edited, deleted_service, deleted_hpa, deleted_deployment) < 2.0
 
 
-async def test_operator_converges_right_after_an_api_outage(api: Api, slow_timer: None) -> None:
+@pytest.mark.parametrize("resync_seconds", [2.0, 600.0])
+async def test_operator_converges_right_after_an_api_outage(
+    api: Api, tmp_path: Path, resync_seconds: float
+) -> None:
+    assert api.emulator is not None
+    await _with_claim(api)
+    async with running_operator(tmp_path, resync_seconds=resync_seconds):
+        await _outage_then_recovery(api, resync_seconds)
+
+
+async def _outage_then_recovery(api: Api, resync_seconds: float) -> None:
     assert api.emulator is not None
     await api.create(*VOICES, voice("joe", autoscaling={"maxReplicas": 2}))
     await _converged(api, "joe")
@@ -137,7 +147,7 @@ async def test_operator_converges_right_after_an_api_outage(api: Api, slow_timer
     converged = time.monotonic() - recovered
     print(
         f"\n20 s outage of writes: {attempts} requests during it; converged {converged:.2f} s "
-        "after the API recovered (drift timer 600 s)"
+        f"after the API recovered (drift timer {resync_seconds:g} s)"
     )
     assert converged < 10.0
     # Backed off, not a retry storm: a flat 0.2 s retry would make ~100 per request kind.
