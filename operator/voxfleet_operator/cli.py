@@ -64,6 +64,7 @@ def render_command(args: argparse.Namespace) -> int:
     from voxfleet_operator.config import DEFAULT_ENGINE_CACHE_PVC, ENGINE_CACHE_PVC_ENV
     from voxfleet_operator.pools import PoolsConfigError
     from voxfleet_operator.render import render_voices
+    from voxfleet_operator.status import NOT_A_TTSVOICE
     from voxfleet_operator.voices import InvalidVoice, voice_from_object
 
     try:
@@ -87,7 +88,7 @@ def render_command(args: argparse.Namespace) -> int:
         for index, document in enumerate(documents):
             try:
                 if not isinstance(document, dict):
-                    raise InvalidVoice("NotATTSVoice", "the document is not a mapping")
+                    raise InvalidVoice(NOT_A_TTSVOICE, "the document is not a mapping")
                 voices.append(voice_from_object(document, pools, args.namespace))
             except InvalidVoice as error:
                 print(

@@ -29,9 +29,15 @@ from voxfleet_operator.shared import leave_previous_pool, sync_shared
 from voxfleet_operator.status import (
     AVAILABLE,
     BUILD_FAILED,
+    ENGINE_NOT_READY,
+    LOAD_FAILED,
+    NO_POD_SERVING,
+    POOL_READY,
     SCHEDULED,
+    SERVING,
     SPEC_ACCEPTED,
     SPEC_VALID,
+    WAITING_FOR_PODS,
     Cond,
     build_status,
     failed_conditions,
@@ -124,7 +130,7 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
         scheduled = Cond(
             SCHEDULED,
             True,
-            "PoolReady",
+            POOL_READY,
             f"pool {pool.name} ({pool.gpu_product}) has {max(ready_pods, available_replicas)} "
             f"ready pod(s) in Deployment {pool_deployment_name(pool.name)}",
         )
@@ -132,18 +138,18 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
         scheduled = Cond(
             SCHEDULED,
             False,
-            "WaitingForPods",
+            WAITING_FOR_PODS,
             f"no ready pod yet in Deployment {pool_deployment_name(pool.name)} of pool "
             f"{pool.name} (needs nodes with {pool.gpu_product})",
         )
     if errors:
-        available = Cond(AVAILABLE, False, "LoadFailed", "; ".join(errors)[:1000])
+        available = Cond(AVAILABLE, False, LOAD_FAILED, "; ".join(errors)[:1000])
     elif serving:
-        available = Cond(AVAILABLE, True, "Serving", f"{serving} pod(s) serve {name}")
+        available = Cond(AVAILABLE, True, SERVING, f"{serving} pod(s) serve {name}")
     elif engine.status is not True:
-        available = Cond(AVAILABLE, False, "EngineNotReady", "waiting for the engines")
+        available = Cond(AVAILABLE, False, ENGINE_NOT_READY, "waiting for the engines")
     else:
-        available = Cond(AVAILABLE, False, "NoPodServing", "no ready pool pod has the voice yet")
+        available = Cond(AVAILABLE, False, NO_POD_SERVING, "no ready pool pod has the voice yet")
 
     if engine.reason == BUILD_FAILED:
         phase = "Failed"
