@@ -230,3 +230,12 @@ def test_the_name_limit_is_the_longest_for_which_every_child_name_fits() -> None
     problem = voice_name_problem(longest + "a")
     assert problem is not None and "the limit is 45" in problem
     assert "engine-<name>-0000000000" in problem
+
+
+def test_the_api_offers_the_precisions_the_runtime_registry_knows() -> None:
+    from voxfleet_operator.spec import Precision
+
+    from engines.plan import PRECISIONS, RUNTIMES
+
+    assert {p.value for p in Precision} == set(PRECISIONS)
+    assert set().union(*(info.precisions for info in RUNTIMES.values())) == set(PRECISIONS)
