@@ -110,23 +110,31 @@ async def test_added_fields_and_deleted_children_are_repaired_on_events(
     assert max(edited, deleted_service, deleted_hpa, deleted_deployment) < 2.0
 
 
-@pytest.mark.parametrize("resync_seconds", [2.0, 600.0])
+WRITES = frozenset({"POST", "PATCH", "PUT", "DELETE"})
+
+
+@pytest.mark.parametrize(
+    ("resync_seconds", "failing"),
+    [(2.0, WRITES), (600.0, WRITES), (600.0, WRITES | {"GET"})],
+    ids=["writes-timer-2s", "writes-timer-600s", "everything-timer-600s"],
+)
 async def test_operator_converges_right_after_an_api_outage(
-    api: Api, tmp_path: Path, resync_seconds: float
+    api: Api, tmp_path: Path, resync_seconds: float, failing: frozenset[str]
 ) -> None:
     assert api.emulator is not None
     await _with_claim(api)
     async with running_operator(tmp_path, resync_seconds=resync_seconds):
-        await _outage_then_recovery(api, resync_seconds)
+        await _outage_then_recovery(api, resync_seconds, failing)
 
 
-async def _outage_then_recovery(api: Api, resync_seconds: float) -> None:
+async def _outage_then_recovery(api: Api, resync_seconds: float, failing: frozenset[str]) -> None:
     assert api.emulator is not None
     await api.create(*VOICES, voice("joe", autoscaling={"maxReplicas": 2}))
     await _converged(api, "joe")
 
-    # Every write of the operator's fails with 503 for 20 s; a spec change arrives meanwhile.
-    api.emulator.outage_methods = frozenset({"POST", "PATCH", "PUT", "DELETE"})
+    # The operator's requests (`failing`: its writes, or all of them, its watches too) fail
+    # with 503 for 20 s; a spec change arrives meanwhile.
+    api.emulator.outage_methods = failing
     served_before = len(api.emulator.served)
     await api.patch(*VOICES, "joe", {"spec": {"autoscaling": {"maxReplicas": 3}}})
     await asyncio.sleep(20)
@@ -145,8 +153,9 @@ async def _outage_then_recovery(api: Api, resync_seconds: float) -> None:
 
     await eventually(applied, timeout=30, interval=0.05)
     converged = time.monotonic() - recovered
+    what = "everything" if "GET" in failing else "writes"
     print(
-        f"\n20 s outage of writes: {attempts} requests during it; converged {converged:.2f} s "
+        f"\n20 s outage of {what}: {attempts} requests during it; converged {converged:.2f} s "
         f"after the API recovered (drift timer {resync_seconds:g} s)"
     )
     assert converged < 10.0
