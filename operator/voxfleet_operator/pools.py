@@ -128,7 +128,6 @@ class Pool(_Model):
     def memory_request(self) -> str:
         return self.memory or (GPU_POD_MEMORY if self.needs_gpu else CPU_POD_MEMORY)
 
-
 class PoolsConfig(_Model):
     default_pool: str = Field(description="Pool of voices that name none.")
     pools: list[Pool] = Field(min_length=1, description="The GPU pools.")
