@@ -168,7 +168,8 @@ async def ensure(
 ) -> tuple[Outcome, dict[str, Any]]:
     """Make the live object hold `desired`: create it, patch it, or leave it alone.
 
-    With a cache, the live object is the cached one when there is one (no read).
+    With a cache, the live object is the cached one when there is one (no read); a child the
+    cache lacks is read.
     """
     resource = resource_of(desired)
     namespace = desired["metadata"]["namespace"]

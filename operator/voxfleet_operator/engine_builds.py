@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,19 +29,29 @@ def _job_condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | Non
     return None
 
 
+CLAIM_RECHECK_SECONDS = 5.0
+
+
 async def _claim_exists(rt: Runtime, namespace: str) -> bool:
     """Whether the engine-cache claim exists (asked only while a build has no pod running).
 
     A claim found is remembered for the cache's lifetime; a missing one is asked for again
-    on every pass, so that its creation shows at once.
+    after `CLAIM_RECHECK_SECONDS`, so that its creation shows soon without every voice of
+    the namespace asking on every pass.
     """
     claim = rt.config.engine_cache_pvc
     if rt.cache.lookup(PVCS.plural, namespace, claim) is not None:
         return True
+    checked = rt.missing_claims.get(namespace)
+    if checked is not None and time.monotonic() - checked < CLAIM_RECHECK_SECONDS:
+        return False
     live = await rt.client.get(PVCS, namespace, claim)
-    if live is not None:
-        rt.cache.seen(PVCS.plural, live)
-    return live is not None
+    if live is None:
+        rt.missing_claims[namespace] = time.monotonic()
+        return False
+    rt.missing_claims.pop(namespace, None)
+    rt.cache.seen(PVCS.plural, live)
+    return True
 
 
 async def sync_engine(

@@ -422,6 +422,8 @@ async def running_operator(tmp_path: Path, resync_seconds: float) -> AsyncIterat
 
     pools = tmp_path / "pools.yaml"
     pools.write_text(yaml.safe_dump(POOLS))
+    # Set for the operator's thread, and put back afterwards for the tests that follow.
+    saved = {k: os.environ.get(k) for k in ("VOXFLEET_POOLS_FILE", "VOXFLEET_WATCH_NAMESPACES")}
     os.environ["VOXFLEET_POOLS_FILE"] = str(pools)
     os.environ.pop("VOXFLEET_WATCH_NAMESPACES", None)
     stop = threading.Event()
@@ -454,6 +456,11 @@ async def running_operator(tmp_path: Path, resync_seconds: float) -> AsyncIterat
     finally:
         stop.set()
         await asyncio.to_thread(thread.join, 15)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     assert not errors, f"the operator crashed: {errors[0]!r}"
 
 

@@ -19,6 +19,9 @@ VOICE_COUNT = 200
 
 @pytest.mark.skipif(REAL_CLUSTER, reason="a measurement of the operator against the emulator")
 async def test_two_hundred_voices_reconcile_within_a_minute(api: Api, tmp_path: Path) -> None:
+    from operator_harness import engine_cache_claim
+
+    await api.create("v1", "persistentvolumeclaims", engine_cache_claim())
     # A long drift interval: the figure is the event-driven path, not the timer's.
     async with running_operator(tmp_path, resync_seconds=600):
         started = time.monotonic()
