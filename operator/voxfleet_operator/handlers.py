@@ -95,6 +95,16 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # that often instead of kopf's default minute.
     settings.background.cancellation_polling = 0.5
     settings.watching.server_timeout = 300
+    # The API server filters the watches of children and pods by label, so the operator does
+    # not receive every Service, Deployment or pod of the cluster to drop them itself.
+    for group, version, plural in WATCHED_CHILDREN:
+        settings.watching.label_selectors[group, version, plural] = ",".join(
+            f"{k}={v}" for k, v in OWN_LABELS.items()
+        )
+    settings.watching.label_selectors["", "v1", "pods"] = ",".join(
+        f"{k}={v}" for k, v in POOL_PODS_LABELS.items()
+    )
+    settings.watching.label_selectors["batch", "v1", "jobs"] = VOICE_LABEL
     # kopf's delays after its own failures (a status or annotation patch refused during an
     # outage): the same schedule as the handlers'.
     settings.queueing.error_delays = list(RETRY_DELAYS_SECONDS)
