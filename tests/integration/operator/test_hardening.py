@@ -241,6 +241,27 @@ async def test_each_namespace_gets_its_own_random_key(api: Api, operator: None) 
     assert key_env["valueFrom"]["secretKeyRef"]["name"] == "voxfleet-repository-key"
 
 
+async def _serving_pod(api: Api, name: str, engine_key: str) -> None:
+    """A ready pool pod that already has `name` loaded, as the operator marks one after a load
+    (no Triton here: the engines a GPU pool loads cannot exist on these machines)."""
+    from operator_harness import POOLS
+    from test_operator import pool_pod
+    from voxfleet_operator import loading
+    from voxfleet_operator.pods import LOADED_PREFIX, pod_load_marker
+    from voxfleet_operator.pools import parse_pools
+    from voxfleet_operator.serving import serving_plan
+    from voxfleet_operator.voices import voice_from_object
+
+    pools = parse_pools(POOLS)
+    parsed = voice_from_object(voice(name, autoscaling={"maxReplicas": 3}), pools, NAMESPACE)
+    plan = serving_plan(parsed.name, parsed.spec, pools.get(None), engine_key)
+    pod = pool_pod("pod-serving", 8000, ready=True)
+    marker = pod_load_marker(loading.load_digest(loading.load_request(plan)), pod)
+    pod["metadata"]["labels"][f"serving.voxfleet.io/{name}"] = "true"
+    pod["metadata"]["annotations"] = {LOADED_PREFIX + name: marker}
+    await api.create("v1", "pods", pod)
+
+
 async def test_an_invalid_edit_keeps_the_last_valid_generation(api: Api, operator: None) -> None:
     await api.create(*VOICES, voice("joe", autoscaling={"maxReplicas": 3}))
     (job,) = await eventually(lambda: jobs_of(api, "joe"))
@@ -250,7 +271,14 @@ async def test_an_invalid_edit_keeps_the_last_valid_generation(api: Api, operato
         status = await status_of(api, "joe")
         return status if status.get("engineKey") else None
 
-    before = await eventually(built)
+    await _serving_pod(api, "joe", (await eventually(built))["engineKey"])
+
+    async def ready() -> dict[str, Any] | None:
+        status = await status_of(api, "joe")
+        return status if status.get("phase") == "Ready" else None
+
+    before = await eventually(ready)
+    assert before["readyPods"] == 1
     assert condition(before, "SpecValid")["status"] == "True"
 
     await api.patch(*VOICES, "joe", {"spec": {"autoscaling": {"minReplicas": 5}}})
@@ -259,8 +287,9 @@ async def test_an_invalid_edit_keeps_the_last_valid_generation(api: Api, operato
     assert spec_valid["status"] == "False" and spec_valid["reason"] == "InvalidSpec"
     assert "minReplicas must not exceed autoscaling.maxReplicas (5 > 3)" in spec_valid["message"]
     assert "still serving generation 1" in spec_valid["message"]
-    # Everything else is as it was: phase, endpoint, engines, the pool and its owner.
-    assert status["phase"] == before["phase"] != "Failed"
+    # Everything else is as it was: still Ready on its pod, endpoint, engines, the pool.
+    assert status["phase"] == "Ready" and status["readyPods"] == 1
+    assert condition(status, "Available")["status"] == "True"
     assert status["endpoint"] == before["endpoint"]
     assert status["engineKey"] == before["engineKey"]
     assert condition(status, "EngineReady")["status"] == "True"
