@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import kmock
 import yaml
 from kmock._internal import enums, parsing, references, rendering
@@ -165,6 +166,13 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):
     conflicts: dict[str, int]
     # When set, requests without this bearer token get 401 (an expired service-account token).
     required_token: str | None = None
+    # Requests from the operator (they carry a token; the tests' own do not) with these
+    # methods answer 503, as an API server in an outage does.
+    outage_methods: frozenset[str] = frozenset()
+    # Paths whose next requests from the operator answer 429 with `Retry-After: 1`.
+    throttled: dict[str, int]
+    # Every request from the operator but watches, as "METHOD /path", to count its reads.
+    served: list[str]
     # Applied CRDs by "group/version/plural".
     custom_kinds: dict[str, CustomKind]
 
@@ -179,9 +187,20 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):
     def _state(self) -> None:
         if not hasattr(self, "writes"):
             self.writes, self.conflicts, self.custom_kinds = [], {}, {}
+            self.throttled, self.served = {}, []
 
     async def _serve(self, request: rendering.Request) -> Any:
         self._state()
+        from_operator = "Authorization" in request.headers
+        if from_operator and request.params.get("watch") not in ("true", "1"):
+            self.served.append(f"{request.method} {request.url.path}")
+        if from_operator and request.method in self.outage_methods:
+            return aiohttp.web.json_response(_status(503, "ServiceUnavailable"), status=503)
+        if from_operator and self.throttled.get(request.url.path, 0) > 0:
+            self.throttled[request.url.path] -= 1
+            return aiohttp.web.json_response(
+                _status(429, "TooManyRequests"), status=429, headers={"Retry-After": "1"}
+            )
         if request.method in ("PATCH", "PUT", "POST"):
             self.writes.append(f"{request.method} {request.url.path}")
         if self.required_token is not None:
@@ -633,6 +652,17 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):
 
 
 # -- helpers ------------------------------------------------------------------------------------
+
+
+def _status(code: int, reason: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": reason,
+    }
 
 
 def _now() -> str:
