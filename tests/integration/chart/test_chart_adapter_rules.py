@@ -12,6 +12,8 @@ import pytest
 import yaml
 from chart_support import ROOT, by_kind, helm_template, run, tool
 
+from engines import names
+
 # Adapter template variables, expanded as prometheus-adapter does for a request like
 # GET .../namespaces/speech/pods/*/voxfleet_queue_seconds.
 LABEL_MATCHERS = 'namespace="speech",pod=~"triton-a|triton-b|triton-idle"'
@@ -95,8 +97,10 @@ def test_rate_window_is_configurable() -> None:
 
 def test_rules_read_the_counters_the_stream_model_exports() -> None:
     """The series names in the rules are families the Triton stream model registers."""
-    model = (ROOT / "engines" / "triton_model" / "model.py").read_text()
-    exported = set(re.findall(r'"(voxfleet_[a-z_]+)"', model))
+    metrics = (ROOT / "engines" / "triton_model" / "metrics.py").read_text()
+    families = {getattr(names, attr) for attr in re.findall(r"names\.([A-Z_]+)", metrics)}
+    series = {f"{family}{suffix}" for family in families for suffix in ("_sum", "_count")}
+    exported = {*families, *series, f"{names.FIRST_AUDIO_SECONDS}_bucket"}
     for rule in adapter_rules():
         used = set(re.findall(r"voxfleet_[a-z_]+", rule["seriesQuery"] + rule["metricsQuery"]))
         assert used <= exported, f"not exported by the stream model: {used - exported}"
