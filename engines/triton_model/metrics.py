@@ -17,7 +17,7 @@ METRICS_INTERVAL_S = 0.25
 class ModelMetrics:
     """The voice's own metrics on Triton's metrics port, published from scheduler stats."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, restarts: int = 0) -> None:
         labels = {names.MODEL_LABEL: model}
         # A Metric is only valid while its MetricFamily lives: keep the families.
         self._families: list[Any] = []
@@ -35,6 +35,13 @@ class ModelMetrics:
             gauge,
         )
         self.streams = family(names.STREAMS_TOTAL, "Streams accepted", counter)
+        self.restarts = family(
+            names.MODEL_RESTARTS_TOTAL,
+            "Server restarts that healed this voice after its backend process died",
+            counter,
+        )
+        if restarts > 0:
+            self.restarts.increment(restarts)
         first_audio = pb_utils.MetricFamily(
             name=names.FIRST_AUDIO_SECONDS,
             description="Seconds from a request to its first audio",

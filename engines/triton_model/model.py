@@ -28,6 +28,7 @@ from engines.runtime import load_stages
 from engines.streaming import StreamScheduler, SynthesisParams
 from engines.triton_model.metrics import ModelMetrics
 from engines.triton_model.requests import (
+    UNAVAILABLE,
     RequestError,
     VoiceDefaults,
     decode_request,
@@ -42,6 +43,14 @@ FRONTEND_WORKERS = 4
 # call) and must get it back quickly: with Python's default 5 ms switch interval, the threads
 # that phonemise requests and send responses kept it waiting up to 5 ms each time.
 GIL_SWITCH_INTERVAL_S = 0.0005
+
+
+def restarts_so_far(model: str) -> int:
+    try:
+        counts = json.loads(os.environ.get(names.RESTARTS_ENV) or "{}")
+        return int(counts.get(model, 0))
+    except (ValueError, TypeError, AttributeError):
+        return 0
 
 
 class TritonPythonModel:
@@ -59,7 +68,9 @@ class TritonPythonModel:
             noise_w=self.voice.noise_w,
         )
         runtime = load_stages(self.plan.runtime, Path(self.plan.engine_dir), self.plan.windows)
-        self.metrics = ModelMetrics(self.name)
+        self.metrics = ModelMetrics(self.name, restarts_so_far(self.name))
+        # Where the supervisor marks a draining server (absent when run without one).
+        self.drain_file = os.environ.get(names.DRAIN_FILE_ENV) or None
         # A GPU scheduler thread spends its time waiting on the device and needs the GIL the
         # moment each wait ends: send from threads, phonemise in worker processes, switch the
         # GIL often. On the CPU data plane the stages use every core, and more threads and
@@ -95,6 +106,11 @@ class TritonPythonModel:
         for request in requests:
             sink = ResponseSink(request, self.voice.sample_rate, self.senders)
             try:
+                if self.drain_file is not None and os.path.exists(self.drain_file):
+                    raise RequestError(
+                        "this server is shutting down; retry (another server takes new streams)",
+                        UNAVAILABLE,
+                    )
                 limit = self.plan.max_streams_per_pod
                 if limit and self.scheduler.live_streams() + self._preparing >= limit:
                     raise stream_limit_error(self.name, limit)

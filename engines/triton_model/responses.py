@@ -64,11 +64,17 @@ class Senders:
 
     @staticmethod
     def _run(calls: queue.SimpleQueue[Callable[[], None] | None]) -> None:
-        while (call := calls.get()) is not None:
+        while True:
+            call = calls.get()
+            if call is None:
+                return
             try:
                 call()
             except Exception:  # the client may be gone; the scheduler notices it cancelled
                 LOGGER.debug("sending a response failed", exc_info=True)
+            # A send holds its stream's response sender: kept while this thread waits, it
+            # would hold the request, and the model with it, past Triton's shutdown.
+            call = None
 
     def stop(self) -> None:
         for calls in self._queues:
@@ -83,20 +89,30 @@ class ResponseSink(StreamSink):
     _keys = itertools.count()
 
     def __init__(self, request: Any, sample_rate: int, senders: Senders) -> None:
-        self._sender = request.get_response_sender()
+        self._sender: Any = request.get_response_sender()
         self._rate = np.array([sample_rate], dtype=np.int32)
         self._senders = senders
         self._key = next(self._keys)
 
     def _send(self, response: Any = None, flags: int = 0) -> None:
-        self._senders.submit(self._key, lambda: self._sender.send(response, flags=flags))
+        sender = self._sender
+        if sender is None:
+            return  # finished already
+        if flags & FINAL:
+            # Triton releases a request (and lets its model unload) only once the Python
+            # objects of its response sender are gone: drop ours with the final response,
+            # whatever else still refers to this sink.
+            self._sender = None
+        self._senders.submit(self._key, lambda: sender.send(response, flags=flags))
 
     def audio(self, pcm: np.ndarray) -> None:
-        rate = self._rate
+        rate, sender = self._rate, self._sender
+        if sender is None:
+            return
 
         def send() -> None:
             tensors = [pb_utils.Tensor(names.AUDIO, pcm), pb_utils.Tensor(names.SAMPLE_RATE, rate)]
-            self._sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
+            sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
 
         self._senders.submit(self._key, send)
 
@@ -109,4 +125,5 @@ class ResponseSink(StreamSink):
             self._send(error_response(str(error), INTERNAL), flags=FINAL)
 
     def cancelled(self) -> bool:
-        return bool(self._sender.is_cancelled())
+        sender = self._sender
+        return sender is None or bool(sender.is_cancelled())
