@@ -22,6 +22,10 @@ REPOSITORY_HEADER_KEY = "voxfleet-key"
 GRPC_PORT = 8001
 HTTP_PORT = 8000
 METRICS_PORT = 8002
+# `voxfleet triton`'s own port: GET /ready and /live, the pool pod's probes (engines.names).
+HEALTH_PORT = 8003
+SUPERVISOR_READY_PATH = "/ready"
+SUPERVISOR_LIVE_PATH = "/live"
 
 # Voice names become DNS labels (Service `<voice>-tts`, Job `engine-<voice>-<key>`) and label
 # keys, so they are held to the strictest of those limits.
