@@ -76,7 +76,9 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
             await ensure(rt.client, with_owners(child, [body]))
 
     engine = await sync_engine(rt, body, voice, pool, key)
-    ready_pods, serving, errors = await sync_pods(rt, voice, pool, key, engine.status is True)
+    ready_pods, serving, errors, failing = await sync_pods(
+        rt, voice, pool, key, engine.status is True
+    )
 
     deployment = deployments.get(pool.name) or {}
     available_replicas = int((deployment.get("status") or {}).get("availableReplicas") or 0)
@@ -97,9 +99,12 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
             f"{pool.name} (needs nodes with {pool.gpu_product})",
         )
     if errors:
-        available = Cond(AVAILABLE, False, "LoadFailed", "; ".join(errors)[:1000])
+        available = Cond(AVAILABLE, False, "LoadFailed", "; ".join(errors + failing)[:1000])
     elif serving:
-        available = Cond(AVAILABLE, True, "Serving", f"{serving} pod(s) serve {name}")
+        served = "; ".join([f"{serving} pod(s) serve {name}", *failing])
+        available = Cond(AVAILABLE, True, "Serving", served[:1000])
+    elif failing:
+        available = Cond(AVAILABLE, False, "FailedOnPod", "; ".join(failing)[:1000])
     elif engine.status is not True:
         available = Cond(AVAILABLE, False, "EngineNotReady", "waiting for the engines")
     else:
