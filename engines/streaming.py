@@ -36,7 +36,7 @@ import numpy as np
 from engines.frames import StreamBackend, stream_backend
 from engines.frontend import Sentence
 from engines.plan import WindowConfig
-from engines.runtime import StageRuntime
+from engines.stages import StageRuntime
 
 LOGGER = logging.getLogger(__name__)
 # A new stream's first audio is due this long after it arrives (after its encoder call).

@@ -12,8 +12,6 @@ import pytest
 import yaml
 from chart_support import ROOT, by_kind, helm_template, run, tool
 
-from engines import names
-
 # Adapter template variables, expanded as prometheus-adapter does for a request like
 # GET .../namespaces/speech/pods/*/voxfleet_queue_seconds.
 LABEL_MATCHERS = 'namespace="speech",pod=~"triton-a|triton-b|triton-idle"'
@@ -96,11 +94,21 @@ def test_rate_window_is_configurable() -> None:
 
 
 def test_rules_read_the_counters_the_stream_model_exports() -> None:
-    """The series names in the rules are families the Triton stream model registers."""
-    metrics = (ROOT / "engines" / "triton_model" / "metrics.py").read_text()
-    families = {getattr(names, attr) for attr in re.findall(r"names\.([A-Z_]+)", metrics)}
-    series = {f"{family}{suffix}" for family in families for suffix in ("_sum", "_count")}
-    exported = {*families, *series, f"{names.FIRST_AUDIO_SECONDS}_bucket"}
+    """The series names in the rules are series the Triton stream model exports."""
+    from engines import names
+
+    exported = {
+        names.LIVE_STREAMS,
+        names.UNDERRUN_RISK_STREAMS,
+        names.STREAMS_TOTAL,
+        names.VOCODER_BATCHES_TOTAL,
+        *(f"{names.FIRST_AUDIO_SECONDS}{part}" for part in ("_bucket", "_sum", "_count")),
+        *(f"{names.QUEUE_SECONDS}{part}" for part in ("_sum", "_count")),
+    }
+    model = "".join(
+        path.read_text() for path in (ROOT / "engines" / "triton_model").glob("*.py")
+    )
+    assert "names.FIRST_AUDIO_SECONDS" in model and "HISTOGRAM" in model
     for rule in adapter_rules():
         used = set(re.findall(r"voxfleet_[a-z_]+", rule["seriesQuery"] + rule["metricsQuery"]))
         assert used <= exported, f"not exported by the stream model: {used - exported}"
