@@ -185,7 +185,9 @@ def measure_heal(work: Path) -> dict[str, Any]:
         stop(server)
 
 
-def measure_overload(work: Path, limit: int, seconds: float) -> dict[str, Any]:
+def measure_overload(
+    work: Path, limit: int, seconds: float, retry_after_s: float
+) -> dict[str, Any]:
     server = start(work, ["--max-streams", str(limit)])
     sentences = sentence_order(load_corpus())
     lock = threading.Lock()
@@ -216,7 +218,7 @@ def measure_overload(work: Path, limit: int, seconds: float) -> dict[str, Any]:
                         refusals.append(time.monotonic() - sent[0])
                     else:
                         other_errors.append(f"{error.code}: {error}")
-                time.sleep(0.25)  # a client backing off before it retries
+                time.sleep(retry_after_s)  # a client backing off before it retries
                 continue
             start_play = arrivals[0][0]
             underruns = sum(1 for at, before in arrivals[1:] if at > start_play + before)
@@ -236,6 +238,7 @@ def measure_overload(work: Path, limit: int, seconds: float) -> dict[str, Any]:
         "max_streams": limit,
         "listeners": 2 * limit,
         "seconds": seconds,
+        "retry_after_s": retry_after_s,
         "admitted_streams": len(admitted),
         "admitted_streams_with_underruns": sum(1 for a in admitted if a["underruns"]),
         "underruns": sum(a["underruns"] for a in admitted),
@@ -256,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-streams", type=int, default=4)
     parser.add_argument("--overload-seconds", type=float, default=60)
+    parser.add_argument("--retry-after-s", type=float, default=0.25, help="a refused client")
     parser.add_argument("--out", type=Path, default=Path("docs/reliability-faults.json"))
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="voxfleet-faults-"))
@@ -284,15 +288,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report["heal"]), flush=True)
     if "overload" in args.what:
         runs = [
-            measure_overload(work, args.max_streams, args.overload_seconds)
+            measure_overload(work, args.max_streams, args.overload_seconds, args.retry_after_s)
             for _ in range(args.runs)
         ]
-        report["overload"] = {
+        report[f"overload_{args.max_streams}"] = {
             "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
             "refusal_ms": summary([r["refusal_ms_max"] or 0.0 for r in runs]),
             "runs": runs,
         }
-        print(json.dumps(report["overload"]), flush=True)
+        print(json.dumps(report[f"overload_{args.max_streams}"]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     return 0
