@@ -186,7 +186,7 @@ def measure_heal(work: Path) -> dict[str, Any]:
 
 
 def measure_overload(
-    work: Path, limit: int, seconds: float, retry_after_s: float
+    work: Path, limit: int, seconds: float, retry_after_s: float, listeners: int
 ) -> dict[str, Any]:
     server = start(work, ["--max-streams", str(limit)])
     sentences = sentence_order(load_corpus())
@@ -200,7 +200,7 @@ def measure_overload(
         turn = n
         while time.monotonic() < deadline:
             text = sentences[turn % len(sentences)]
-            turn += 2 * limit
+            turn += listeners
             sent = [time.monotonic()]
 
             def mark(sent: list[float] = sent) -> None:
@@ -225,7 +225,7 @@ def measure_overload(
             with lock:
                 admitted.append({"underruns": underruns, "audio_s": audio_s})
 
-    threads = [threading.Thread(target=listener, args=(n,)) for n in range(2 * limit)]
+    threads = [threading.Thread(target=listener, args=(n,)) for n in range(listeners)]
     try:
         for thread in threads:
             thread.start()
@@ -236,7 +236,7 @@ def measure_overload(
     refusals_ms = sorted(r * 1000 for r in refusals)
     return {
         "max_streams": limit,
-        "listeners": 2 * limit,
+        "listeners": listeners,
         "seconds": seconds,
         "retry_after_s": retry_after_s,
         "admitted_streams": len(admitted),
@@ -259,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-streams", type=int, default=4)
     parser.add_argument("--overload-seconds", type=float, default=60)
+    parser.add_argument("--listeners", type=int, help="default: twice --max-streams")
     parser.add_argument("--retry-after-s", type=float, default=0.25, help="a refused client")
     parser.add_argument("--out", type=Path, default=Path("docs/reliability-faults.json"))
     args = parser.parse_args(argv)
@@ -288,15 +289,24 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report["heal"]), flush=True)
     if "overload" in args.what:
         runs = [
-            measure_overload(work, args.max_streams, args.overload_seconds, args.retry_after_s)
+            measure_overload(
+                work,
+                args.max_streams,
+                args.overload_seconds,
+                args.retry_after_s,
+                args.listeners or 2 * args.max_streams,
+            )
             for _ in range(args.runs)
         ]
-        report[f"overload_{args.max_streams}"] = {
+        label = f"overload_{args.max_streams}" + (
+            f"_{args.listeners}_listeners" if args.listeners else ""
+        )
+        report[label] = {
             "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
             "refusal_ms": summary([r["refusal_ms_max"] or 0.0 for r in runs]),
             "runs": runs,
         }
-        print(json.dumps(report[f"overload_{args.max_streams}"]), flush=True)
+        print(json.dumps(report[label]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     return 0
