@@ -332,6 +332,7 @@ class Supervisor:
         idle_since: float | None = None
         while self.process is not None and self.process.poll() is None:
             now = time.monotonic()
+            state.last_tick = now  # still live while it drains
             if now >= deadline:
                 break
             live = self.live_streams()
