@@ -240,20 +240,25 @@ class Supervisor:
         current = self._current_stubs()
         alive = {stub.model for stub in current.values()}
         dead = None
+        undecided: dict[int, _Stub] = {}
         for pid, stub in self._stubs.items():
             if pid in current or stub.model in alive:
                 continue  # a reload starts the new stub before the old one ends
-            if self._model_ready(stub.model):
+            status = self._http("GET", f"/v2/models/{stub.model}/ready")
+            if status == 200:
                 dead = stub.model
+            elif status == 0:
+                undecided[pid] = stub  # no answer (a busy server): ask again next time
             else:  # unloaded on purpose
                 self._configs.pop(stub.model, None)
                 self._pending_config.discard(stub.model)
         for pid, stub in current.items():
             if pid not in self._stubs:
                 self._pending_config.add(stub.model)  # loaded or reloaded: read its config
-        self._stubs = {**current, **{p: s for p, s in self._stubs.items() if p not in current}}
-        if dead is None:
-            self._stubs = current
+        if dead is not None:  # keep the dead stub's shared memory to remove
+            self._stubs = {**self._stubs, **current}
+        else:
+            self._stubs = {**current, **undecided}
         return dead
 
     def _read_configs(self) -> None:

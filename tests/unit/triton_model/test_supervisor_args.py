@@ -28,3 +28,29 @@ def test_the_rendered_probes_are_the_supervisors() -> None:
     assert operator_names.HEALTH_PORT == names.HEALTH_PORT
     assert operator_names.SUPERVISOR_READY_PATH == names.READY_PATH
     assert operator_names.SUPERVISOR_LIVE_PATH == names.LIVE_PATH
+
+
+class FakeProcess:
+    def __init__(self, name: str, cmdline: list[str]) -> None:
+        self._name, self._cmdline = name, cmdline
+
+    def name(self) -> str:
+        return self._name
+
+    def cmdline(self) -> list[str]:
+        return self._cmdline
+
+
+def test_a_stubs_voice_is_read_from_its_instance_name() -> None:
+    from engines.supervisor import stub_of
+
+    # As Triton 2.51 starts the Python backend's stub for instance 0 of group 0 of `joe_2`.
+    cmdline = [
+        "/backends/python/triton_python_backend_stub", "/models/joe_2/1/model.py",
+        "triton_python_backend_shm_region_1f2e", "1048576", "1048576", "4242",
+        "/backends/python", "336", "joe_2_0_0", "DEFAULT",
+    ]  # fmt: skip
+    stub = stub_of(FakeProcess("triton_python_backend_stub", cmdline))  # type: ignore[arg-type]
+    assert stub is not None
+    assert (stub.model, stub.shm_region) == ("joe_2", "triton_python_backend_shm_region_1f2e")
+    assert stub_of(FakeProcess("tritonserver", cmdline)) is None  # type: ignore[arg-type]
