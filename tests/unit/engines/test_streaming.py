@@ -15,8 +15,8 @@ from engines.streaming import (
     StreamSink,
     SynthesisParams,
     WindowConfig,
-    _CostModel,
 )
+from engines.streaming.costs import CostModel
 from engines.voice import Voice
 
 TEXT = (
@@ -165,7 +165,7 @@ def test_window_config_rejects_nonsense() -> None:
 def test_the_cost_model_learns_what_a_call_costs_besides_its_frames() -> None:
     # A GPU: 2 ms per call whatever its size, 1 µs per frame. Judged per frame of small calls,
     # a 128-window batch would look 60x dearer than it is, and steps would stay tiny.
-    costs = _CostModel()
+    costs = CostModel()
     for _ in range(3):
         for rows in (1, 8, 32, 128, 2, 64):
             costs.observe("vocoder", 0.002 + 1e-6 * rows * 144, rows, 144)

@@ -1,0 +1,189 @@
+"""Choosing a step's work: which sentences to encode and which windows to decode.
+
+Pure: the planner reads streams, the window settings and the cost model, and calls no stage,
+so it is tested without a runtime. The scheduler (engines/streaming/scheduler.py) runs what
+it plans.
+
+A stream's windows grow from `first_window_frames` (short, for first audio) by doubling up to
+`window_frames`, so the second chunk is due soon after the first and steady windows keep the
+context overhead small. Window k decodes frames [start, end); its flow chunk is computed one
+vocoder context ahead, so the vocoder always has real right context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from engines.plan import WindowConfig
+from engines.streaming.costs import CostModel
+from engines.streaming.types import Stream, Window
+
+# Never shrink a step below this on account of streams that are already late: a late stream
+# is best helped by a step that still makes progress for everyone.
+MIN_STEP_BUDGET_S = 0.03
+# Where an encoder call has a large fixed cost (a GPU), a new stream waits up to this many
+# such costs, never more than `WindowConfig.max_encoder_wait_ms`, for others to share its
+# call; only on a busy scheduler (at least ENCODE_HOLD_MIN_STREAMS live), where others arrive.
+ENCODE_HOLD_CALLS = 5.0
+ENCODE_HOLD_MIN_STREAMS = 16
+
+Scales = tuple[float, float, float]
+
+
+@dataclass
+class StepPlan:
+    """A step's work: streams whose next sentence is encoded, then windows to decode."""
+
+    encodes: list[Stream] = field(default_factory=list)
+    windows: list[Window] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.encodes or self.windows)
+
+
+def next_window(stream: Stream, cfg: WindowConfig) -> Window:
+    """The stream's next window of its current sentence, with the flow chunk it needs."""
+    state = stream.current
+    assert state is not None
+    size = min(cfg.window_frames, cfg.first_window_frames << min(stream.windows_sent, 16))
+    start, end = state.vocoded, min(state.frames, state.vocoded + size)
+    needed = min(state.frames, end + cfg.vocoder_context_frames)
+    if state.flowed >= needed:
+        return Window(stream, (state.flowed, state.flowed), (start, end))
+    flow_end = min(state.frames, max(needed, state.flowed + 2 * size))
+    return Window(stream, (state.flowed, flow_end), (start, end))
+
+
+def window_shape(window: Window, cfg: WindowConfig) -> tuple[int, int]:
+    """(flow size class, or 0 without a flow chunk; vocoder size class) of a window."""
+    flow_frames = window.flow[1] - window.flow[0]
+    decode = cfg.size_class(window.decode[1] - window.decode[0])
+    return (cfg.size_class(flow_frames, flow=True) if flow_frames else 0, decode)
+
+
+def window_calls(window: Window, cfg: WindowConfig) -> list[tuple[str, int]]:
+    """The (stage, width) calls a window takes part in; same-width windows share one."""
+    flow_width, decode_width = window_shape(window, cfg)
+    calls = [("vocoder", decode_width + 2 * cfg.vocoder_context_frames)]
+    if flow_width:
+        calls.append(("flow", flow_width + 2 * cfg.flow_context_frames))
+    return calls
+
+
+def group_calls(
+    windows: list[Window], size: Callable[[Window], int], batching: bool
+) -> list[list[Window]]:
+    """One call per size; one call per window when cross-stream batching is off."""
+    if not batching:
+        return [[window] for window in windows]
+    groups: dict[int, list[Window]] = {}
+    for window in windows:
+        groups.setdefault(size(window), []).append(window)
+    return list(groups.values())
+
+
+def _cost(costs: CostModel, calls: list[tuple[str, int]], planned: set[tuple[str, int]]) -> float:
+    return sum(
+        costs.estimate(stage, width, (stage, width) not in planned) for stage, width in calls
+    )
+
+
+def plan_step(
+    streams: list[Stream], cfg: WindowConfig, costs: CostModel, batching: bool, now: float
+) -> StepPlan:
+    """Earliest deadline first over all work: sentences to encode and windows to decode.
+
+    Work is added while every chosen stream still gets its audio before its deadline and
+    the step stays under `max_step_ms` (both by the cost model), so a stream that arrives
+    while others race ahead of playback waits one short step, not one long one. A playing
+    stream that cannot wait a whole step is always served (its window runs before any
+    encoder call), and nothing is added that would make a playing stream left for later
+    run dry. A stream whose sentence is encoded this step also gets its first window.
+
+    Every stream passed in has a current sentence or one waiting to be encoded.
+    """
+    streams = sorted(streams, key=Stream.deadline)
+    encode_limit = cfg.max_encoder_batch if batching else len(streams)
+    window_limit = cfg.max_batch_windows if batching else len(streams)
+    plan = StepPlan()
+    step_cost, budget = 0.0, cfg.max_step_ms / 1000
+    waiting_slack = float("inf")  # the least slack of a playing stream left for later
+    planned: set[tuple[str, int]] = set()  # calls the step makes so far
+    hold = 0.0
+    if batching and len(streams) >= ENCODE_HOLD_MIN_STREAMS:
+        hold = min(cfg.max_encoder_wait_ms / 1000, ENCODE_HOLD_CALLS * costs.per_call["encoder"])
+        new = sum(1 for s in streams if s.first_audio_at is None and s.current is None)
+        if new >= encode_limit:
+            hold = 0.0  # a full encoder batch is waiting already
+    for stream in streams:
+        window: Window | None = None
+        if stream.current is None:
+            if len(plan.encodes) >= encode_limit:
+                continue
+            if stream.first_audio_at is None and now - stream.arrived < hold:
+                continue
+            # New streams' encoder call (one per step is counted: they split by length
+            # only) and first windows (a vocoder call of their own, after the encoder).
+            calls = [("encoder", 0), ("first-window", 0)]
+            cost = costs.estimate(
+                "encoder", len(stream.sentences[0].ids), calls[0] not in planned
+            ) + costs.estimate(
+                "vocoder",
+                cfg.first_window_frames + 2 * cfg.vocoder_context_frames,
+                calls[1] not in planned,
+            )
+        else:
+            if len(plan.windows) >= window_limit:
+                continue
+            window = next_window(stream, cfg)
+            calls = window_calls(window, cfg)
+            cost = _cost(costs, calls, planned)
+        slack = max(stream.deadline() - now, MIN_STEP_BUDGET_S)
+        playing = stream.first_audio_at is not None
+        urgent = playing and stream.current is not None and slack < budget
+        limit = min(budget, slack, waiting_slack)
+        if not urgent and plan and step_cost + cost > limit:
+            if playing:
+                waiting_slack = min(waiting_slack, slack)
+            continue
+        if window is None:
+            plan.encodes.append(stream)
+        else:
+            plan.windows.append(window)
+        step_cost += cost
+        planned.update(calls)
+        budget = max(MIN_STEP_BUDGET_S, min(budget, slack))
+    return plan
+
+
+def encoder_calls(
+    waiting: list[Stream], costs: CostModel, batching: bool
+) -> Iterator[tuple[Scales, list[Stream]]]:
+    """The encoder calls for streams whose next sentence is to be encoded: batches sharing
+    scales and speaker, sorted by length and split where padding costs more than a call.
+
+    A generator: each split is decided with the cost model as it stands after the calls
+    before it have run and been observed.
+    """
+    groups: dict[tuple[float, float, float, int], list[Stream]] = {}
+    for stream in waiting:
+        key = (*stream.params.scales(), stream.params.speaker_id)
+        groups.setdefault(key, []).append(stream)
+    for (noise, length, noise_w, _), streams in groups.items():
+        # Padding a short sentence to a long one costs the long one's time: split at 1.25x,
+        # unless one more call costs more than the padding (a GPU's fixed cost per call).
+        streams.sort(key=lambda s: len(s.sentences[0].ids))
+        batch: list[Stream] = []
+        for stream in streams:
+            split = not batching
+            if batch and not split:
+                shortest, size = len(batch[0].sentences[0].ids), len(stream.sentences[0].ids)
+                longest = len(batch[-1].sentences[0].ids)
+                padding = costs.estimate("encoder", (size - longest) * len(batch), False)
+                split = size > 1.25 * shortest and padding > costs.per_call["encoder"]
+            if batch and split:
+                yield (noise, length, noise_w), batch
+                batch = []
+            batch.append(stream)
+        yield (noise, length, noise_w), batch

@@ -1,0 +1,91 @@
+"""The step planner without a runtime: which windows and encoder calls a step makes."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from engines.frontend import Sentence
+from engines.plan import WindowConfig
+from engines.streaming.costs import CostModel
+from engines.streaming.planner import encoder_calls, next_window, plan_step
+from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams
+
+NOW = 1000.0
+
+
+def make_stream(
+    stream_id: int,
+    ids: int = 40,
+    frames: int | None = None,
+    buffered_s: float | None = None,
+    windows_sent: int = 0,
+) -> Stream:
+    """A stream with a sentence of `ids` phoneme ids waiting, or one of `frames` frames
+    playing with `buffered_s` seconds of audio left in its listener's buffer."""
+    stream = Stream(
+        stream_id, deque([Sentence("x", [1] * ids)]), SynthesisParams(), StreamSink(), NOW
+    )
+    if frames is not None:
+        stream.sentences.clear()
+        stream.current = SentenceState(pages=np.array([1]), frames=frames)
+        stream.first_audio_at = NOW - 1.0
+        stream.audio_seconds_sent = 1.0 + (buffered_s or 0.0)
+        stream.windows_sent = windows_sent
+    return stream
+
+
+def test_windows_grow_from_the_first_window_to_the_steady_window() -> None:
+    cfg = WindowConfig()
+    stream = make_stream(1, frames=1000)
+    sizes = []
+    for sent in range(5):
+        stream.windows_sent = sent
+        window = next_window(stream, cfg)
+        sizes.append(window.decode[1] - window.decode[0])
+    assert sizes == [16, 32, 64, 128, 128]
+    # The flow runs ahead of the vocoder by at least its context.
+    window = next_window(stream, cfg)
+    assert window.flow[1] >= window.decode[1] + cfg.vocoder_context_frames
+
+
+def test_a_playing_stream_about_to_run_dry_is_served_before_a_new_stream() -> None:
+    costs = CostModel(fixed_part=False)
+    costs.per_frame.update(encoder=1e-3, vocoder=1e-3, flow=1e-3)  # a slow machine
+    playing = make_stream(1, frames=600, buffered_s=0.01, windows_sent=4)
+    newcomer = make_stream(2, ids=200)  # due 50 ms after it arrived, now
+
+    plan = plan_step([newcomer, playing], WindowConfig(), costs, batching=True, now=NOW)
+
+    assert [w.stream.stream_id for w in plan.windows] == [1]
+    # The newcomer's encoder call would push the playing stream past its buffer: it waits.
+    assert plan.encodes == []
+
+
+def test_with_room_in_the_step_every_stream_is_planned() -> None:
+    costs = CostModel(fixed_part=False)
+    costs.per_frame.update(encoder=1e-7, vocoder=1e-7, flow=1e-7)  # a fast machine
+    streams = [make_stream(i, frames=600, buffered_s=2.0, windows_sent=4) for i in range(3)]
+    streams += [make_stream(10 + i, ids=30 + i) for i in range(2)]
+
+    plan = plan_step(streams, WindowConfig(), costs, batching=True, now=NOW)
+
+    assert sorted(w.stream.stream_id for w in plan.windows) == [0, 1, 2]
+    assert sorted(s.stream_id for s in plan.encodes) == [10, 11]
+
+
+def test_encoder_calls_split_by_scales_and_not_without_batching() -> None:
+    costs = CostModel()
+    slow = SynthesisParams(length_scale=1.5)
+    streams = [make_stream(i, ids=40) for i in range(3)]
+    streams[2] = Stream(3, deque([Sentence("x", [1] * 40)]), slow, StreamSink(), NOW)
+
+    calls = [
+        (scales, [s.stream_id for s in batch])
+        for scales, batch in encoder_calls(streams, costs, batching=True)
+    ]
+    assert calls == [((0.667, 1.0, 0.8), [0, 1]), ((0.667, 1.5, 0.8), [3])]
+
+    unbatched = list(encoder_calls(streams[:2], costs, batching=False))
+    assert [len(batch) for _, batch in unbatched] == [1, 1]
