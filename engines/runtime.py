@@ -1,12 +1,8 @@
 """Stage runtimes: who executes the encoder, flow and vocoder graphs.
 
-The stream model only talks to a `StageRuntime`; onnxruntime (CPU, every machine) lives here,
-GPU runtimes in their own packages. `load_stages` finds a runtime's loader through the runtime
-registry (engines/plan.py), so nothing here imports a GPU runtime.
-
-Shapes: ``ids`` int64 [B, P]; ``lengths`` int64 [B]; ``scales`` float32 [3] =
-(noise_scale, length_scale, noise_w); ``prior``/``latent`` float32 [B, 192, T];
-``mask`` float32 [B, 1, T]; audio float32 [B, T * hop].
+The stream model only talks to a `StageRuntime` (engines/stages.py); onnxruntime (CPU, every
+machine) lives here, GPU runtimes in their own packages. `load_stages` finds a runtime's
+loader through the runtime registry (engines/plan.py), so nothing here imports a GPU runtime.
 """
 
 from __future__ import annotations
@@ -15,29 +11,13 @@ import importlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
 from engines.plan import WindowConfig, runtime_info
+from engines.stages import StageRuntime
 
-
-class StageRuntime(Protocol):
-    name: str
-
-    def encode(
-        self,
-        ids: np.ndarray,
-        lengths: np.ndarray,
-        scales: np.ndarray,
-        speaker_ids: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]: ...
-
-    def flow(
-        self, prior: np.ndarray, mask: np.ndarray, speaker_ids: np.ndarray | None = None
-    ) -> np.ndarray: ...
-
-    def vocode(self, latent: np.ndarray, speaker_ids: np.ndarray | None = None) -> np.ndarray: ...
+__all__ = ["OnnxStages", "StageRuntime", "load_onnx", "load_stages"]
 
 
 class OnnxStages:

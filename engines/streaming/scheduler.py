@@ -13,7 +13,7 @@ Each step, the planner picks windows earliest-deadline-first by the cost model
 (engines/streaming/costs.py); then one batched flow call and one batched vocoder call run per
 window size, and every decoded window is sent at once. The frames themselves live in the
 backend's paged stores (engines/frames.py): host memory for CPU runtimes, GPU memory for GPU
-runtimes. The runtime comes in as an object; nothing here imports a runtime library.
+runtimes. Nothing here imports a runtime library (an import contract in pyproject.toml).
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from engines.frames import StreamBackend, stream_backend
 from engines.frontend import Sentence
 from engines.plan import WindowConfig
+from engines.stages import StageRuntime
 from engines.streaming.costs import CostModel
 from engines.streaming.planner import (
     StepPlan,
@@ -63,7 +63,7 @@ class StreamScheduler:
 
     def __init__(
         self,
-        runtime: Any,
+        runtime: StageRuntime,
         sample_rate: int,
         hop_length: int = 256,
         windows: WindowConfig | None = None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engines.plan import WindowConfig
-from engines.runtime import StageRuntime
+from engines.stages import StageRuntime
 
 
 def load(engine_dir: Path, windows: WindowConfig) -> StageRuntime:
