@@ -28,7 +28,30 @@ MIN_STEP_BUDGET_S = 0.03
 ENCODE_HOLD_CALLS = 5.0
 ENCODE_HOLD_MIN_STREAMS = 16
 
+# A playing stream with at least this much audio buffered has a lead: where the runtime takes
+# windows of any width (onnxruntime), it may take a longer window and flow chunk
+# (`WindowRules`) and pay the context frames once where it would pay them twice or more. The
+# planner takes the longer window only where its cost still fits the step.
+LEAD_SECONDS = 0.5
+
 Scales = tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class WindowRules:
+    """How a scheduler's windows are cut, beyond the serving plan's `WindowConfig`.
+
+    `exact_widths`: calls are as wide as their windows (plus context) rather than rounded up
+    to the few widths that fixed-shape engines (CUDA graphs, TensorRT profiles) are built for;
+    windows of different widths then never share a call, which costs nothing where the cost
+    per frame does not fall with the batch (the CPU). `lead_window_frames` and
+    `lead_flow_frames`: the window and the flow chunk of a stream with a lead (0: no lead
+    windows).
+    """
+
+    exact_widths: bool = False
+    lead_window_frames: int = 0
+    lead_flow_frames: int = 0
 
 
 @dataclass
@@ -42,29 +65,43 @@ class StepPlan:
         return bool(self.encodes or self.windows)
 
 
-def next_window(stream: Stream, cfg: WindowConfig) -> Window:
-    """The stream's next window of its current sentence, with the flow chunk it needs."""
+def next_window(stream: Stream, cfg: WindowConfig, lead: WindowRules | None = None) -> Window:
+    """The stream's next window of its current sentence, with the flow chunk it needs; with
+    `lead`, the lead window and flow chunk where they are longer than the usual ones."""
     state = stream.current
     assert state is not None
     size = min(cfg.window_frames, cfg.first_window_frames << min(stream.windows_sent, 16))
+    chunk = 2 * size
+    if lead is not None:
+        size, chunk = max(size, lead.lead_window_frames), max(chunk, lead.lead_flow_frames)
     start, end = state.vocoded, min(state.frames, state.vocoded + size)
     needed = min(state.frames, end + cfg.vocoder_context_frames)
     if state.flowed >= needed:
         return Window(stream, (state.flowed, state.flowed), (start, end))
-    flow_end = min(state.frames, max(needed, state.flowed + 2 * size))
+    flow_end = min(state.frames, max(needed, state.flowed + chunk))
     return Window(stream, (state.flowed, flow_end), (start, end))
 
 
-def window_shape(window: Window, cfg: WindowConfig) -> tuple[int, int]:
-    """(flow size class, or 0 without a flow chunk; vocoder size class) of a window."""
+def call_frames(frames: int, cfg: WindowConfig, rules: WindowRules, flow: bool = False) -> int:
+    """Frames a call gives `frames` frames of window (context not counted): the smallest
+    size class that holds them, or exactly `frames` with exact widths."""
+    return frames if rules.exact_widths else cfg.size_class(frames, flow=flow)
+
+
+def window_shape(
+    window: Window, cfg: WindowConfig, rules: WindowRules = WindowRules()
+) -> tuple[int, int]:
+    """(flow call frames, or 0 without a flow chunk; vocoder call frames) of a window."""
     flow_frames = window.flow[1] - window.flow[0]
-    decode = cfg.size_class(window.decode[1] - window.decode[0])
-    return (cfg.size_class(flow_frames, flow=True) if flow_frames else 0, decode)
+    decode = call_frames(window.decode[1] - window.decode[0], cfg, rules)
+    return (call_frames(flow_frames, cfg, rules, flow=True) if flow_frames else 0, decode)
 
 
-def window_calls(window: Window, cfg: WindowConfig) -> list[tuple[str, int]]:
+def window_calls(
+    window: Window, cfg: WindowConfig, rules: WindowRules = WindowRules()
+) -> list[tuple[str, int]]:
     """The (stage, width) calls a window takes part in; same-width windows share one."""
-    flow_width, decode_width = window_shape(window, cfg)
+    flow_width, decode_width = window_shape(window, cfg, rules)
     calls = [("vocoder", decode_width + 2 * cfg.vocoder_context_frames)]
     if flow_width:
         calls.append(("flow", flow_width + 2 * cfg.flow_context_frames))
@@ -90,7 +127,12 @@ def _cost(costs: CostModel, calls: list[tuple[str, int]], planned: set[tuple[str
 
 
 def plan_step(
-    streams: list[Stream], cfg: WindowConfig, costs: CostModel, batching: bool, now: float
+    streams: list[Stream],
+    cfg: WindowConfig,
+    costs: CostModel,
+    batching: bool,
+    now: float,
+    rules: WindowRules = WindowRules(),
 ) -> StepPlan:
     """Earliest deadline first over all work: sentences to encode and windows to decode.
 
@@ -99,7 +141,8 @@ def plan_step(
     while others race ahead of playback waits one short step, not one long one. A playing
     stream that cannot wait a whole step is always served (its window runs before any
     encoder call), and nothing is added that would make a playing stream left for later
-    run dry. A stream whose sentence is encoded this step also gets its first window.
+    run dry. A stream whose sentence is encoded this step also gets its first window. A
+    stream with a lead takes a lead window (`rules`) where it fits the step, else the usual one.
 
     Every stream passed in has a current sentence or one waiting to be encoded.
     """
@@ -137,8 +180,16 @@ def plan_step(
             if len(plan.windows) >= window_limit:
                 continue
             window = next_window(stream, cfg)
-            calls = window_calls(window, cfg)
+            calls = window_calls(window, cfg, rules)
             cost = _cost(costs, calls, planned)
+            if rules.lead_window_frames and stream.buffered_seconds(now) >= LEAD_SECONDS:
+                longer = next_window(stream, cfg, rules)
+                longer_calls = window_calls(longer, cfg, rules)
+                longer_cost = _cost(costs, longer_calls, planned)
+                if longer != window and (
+                    not plan or step_cost + longer_cost <= min(budget, waiting_slack)
+                ):
+                    window, calls, cost = longer, longer_calls, longer_cost
         slack = max(stream.deadline() - now, MIN_STEP_BUDGET_S)
         playing = stream.first_audio_at is not None
         urgent = playing and stream.current is not None and slack < budget

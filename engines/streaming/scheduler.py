@@ -34,6 +34,8 @@ from engines.stages import StageRuntime
 from engines.streaming.costs import CostModel
 from engines.streaming.planner import (
     StepPlan,
+    WindowRules,
+    call_frames,
     encoder_calls,
     group_calls,
     next_window,
@@ -69,12 +71,25 @@ class StreamScheduler:
         windows: WindowConfig | None = None,
         cross_stream_batching: bool = True,
         on_step: Callable[[SchedulerStats], None] | None = None,
+        exact_widths: bool | None = None,
     ) -> None:
         self.runtime = runtime
         self.backend: StreamBackend = stream_backend(runtime)
         self.sample_rate = sample_rate
         self.hop = hop_length
         self.windows = windows or WindowConfig()
+        # onnxruntime runs a window of any width at the same cost per frame, so its calls are
+        # as wide as their windows, and a stream with a lead takes windows twice the steady
+        # size and flow chunks of four steady windows; engines built for fixed shapes (CUDA
+        # graphs, TensorRT profiles) keep the size classes. (planner.WindowRules)
+        if exact_widths is None:
+            exact_widths = getattr(runtime, "name", "") == "onnxruntime"
+        steady = self.windows.window_frames
+        self.rules = (
+            WindowRules(True, lead_window_frames=2 * steady, lead_flow_frames=4 * steady)
+            if exact_widths
+            else WindowRules()
+        )
         self.batching = cross_stream_batching
         self.stats = SchedulerStats()
         # Only a device backend's calls have a fixed cost worth planning around; the CPU keeps
@@ -193,14 +208,17 @@ class StreamScheduler:
             self.costs,
             self.batching,
             time.monotonic(),
+            self.rules,
         )
 
     def _run(self, windows: list[Window]) -> None:
         flows = [w for w in windows if w.flow[1] > w.flow[0]]
-        for batch in group_calls(flows, lambda w: window_shape(w, self.windows)[0], self.batching):
+        for batch in group_calls(
+            flows, lambda w: window_shape(w, self.windows, self.rules)[0], self.batching
+        ):
             self._flow(batch)
         for batch in group_calls(
-            windows, lambda w: window_shape(w, self.windows)[1], self.batching
+            windows, lambda w: window_shape(w, self.windows, self.rules)[1], self.batching
         ):
             self._run_windows(batch)
 
@@ -294,7 +312,7 @@ class StreamScheduler:
             return
         context = self.windows.flow_context_frames
         width = 2 * context + max(
-            self.windows.size_class(w.flow[1] - w.flow[0], flow=True) for w in windows
+            call_frames(w.flow[1] - w.flow[0], self.windows, self.rules, flow=True) for w in windows
         )
         states = [w.state for w in windows]
         ends = np.array([w.flow[1] for w in windows], dtype=np.int64)
@@ -317,7 +335,7 @@ class StreamScheduler:
     def _vocode(self, windows: list[Window]) -> list[np.ndarray]:
         context = self.windows.vocoder_context_frames
         sizes = [w.decode[1] - w.decode[0] for w in windows]
-        width = max(self.windows.size_class(size) for size in sizes) + 2 * context
+        width = max(call_frames(size, self.windows, self.rules) for size in sizes) + 2 * context
         states = [w.state for w in windows]
         ends = np.array([w.decode[1] for w in windows], dtype=np.int64)
         limits = np.minimum(np.array([s.frames for s in states], dtype=np.int64), ends + context)

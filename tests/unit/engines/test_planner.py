@@ -9,7 +9,13 @@ import numpy as np
 from engines.frontend import Sentence
 from engines.plan import WindowConfig
 from engines.streaming.costs import CostModel
-from engines.streaming.planner import encoder_calls, next_window, plan_step
+from engines.streaming.planner import (
+    WindowRules,
+    encoder_calls,
+    next_window,
+    plan_step,
+    window_calls,
+)
 from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams
 
 NOW = 1000.0
@@ -89,3 +95,50 @@ def test_encoder_calls_split_by_scales_and_not_without_batching() -> None:
 
     unbatched = list(encoder_calls(streams[:2], costs, batching=False))
     assert [len(batch) for _, batch in unbatched] == [1, 1]
+
+
+def test_a_stream_with_a_lead_takes_a_longer_window_on_exact_widths_only() -> None:
+    cfg = WindowConfig()
+    costs = CostModel(fixed_part=False)
+    costs.per_frame.update(encoder=1e-7, vocoder=1e-7, flow=1e-7)
+    cpu = WindowRules(True, lead_window_frames=256, lead_flow_frames=512)
+
+    ahead = make_stream(1, frames=1000, buffered_s=3.0, windows_sent=4)
+    (window,) = plan_step([ahead], cfg, costs, True, NOW, cpu).windows
+    assert window.decode == (0, 256)
+    assert window.flow == (0, 512)
+    assert window_calls(window, cfg, cpu) == [("vocoder", 256 + 16), ("flow", 512 + 48)]
+
+    # Fixed-shape engines keep the steady window and its size classes.
+    (window,) = plan_step([ahead], cfg, costs, True, NOW).windows
+    assert window.decode == (0, 128)
+    assert window_calls(window, cfg) == [("vocoder", 128 + 16), ("flow", 256 + 48)]
+
+    # Without a lead, the usual window.
+    behind = make_stream(2, frames=1000, buffered_s=0.2, windows_sent=4)
+    (window,) = plan_step([behind], cfg, costs, True, NOW, cpu).windows
+    assert window.decode == (0, 128)
+
+
+def test_a_lead_window_that_does_not_fit_the_step_falls_back_to_the_usual_one() -> None:
+    cfg = WindowConfig()
+    costs = CostModel(fixed_part=False)
+    # A usual window costs 25 ms here, a lead window 46 ms: only the first fits a 60 ms step.
+    costs.per_frame.update(encoder=1e-4, vocoder=1.5e-4, flow=1e-5)
+    cpu = WindowRules(True, lead_window_frames=256, lead_flow_frames=512)
+    due = make_stream(1, frames=1000, buffered_s=0.1, windows_sent=4)
+    ahead = make_stream(2, frames=1000, buffered_s=3.0, windows_sent=4)
+
+    plan = plan_step([due, ahead], cfg, costs, True, NOW, cpu)
+
+    assert [w.decode for w in plan.windows] == [(0, 128), (0, 128)]
+
+
+def test_exact_widths_decode_a_sentence_tail_without_padding() -> None:
+    cfg = WindowConfig()
+    stream = make_stream(1, frames=100, windows_sent=4)
+    stream.current.flowed = 100  # type: ignore[union-attr]
+    window = next_window(stream, cfg)
+    assert window.decode == (0, 100)
+    assert window_calls(window, cfg, WindowRules(exact_widths=True)) == [("vocoder", 116)]
+    assert window_calls(window, cfg) == [("vocoder", 128 + 16)]
