@@ -94,9 +94,21 @@ def test_rate_window_is_configurable() -> None:
 
 
 def test_rules_read_the_counters_the_stream_model_exports() -> None:
-    """The series names in the rules are families the Triton stream model registers."""
-    model = (ROOT / "engines" / "triton_model" / "model.py").read_text()
-    exported = set(re.findall(r'"(voxfleet_[a-z_]+)"', model))
+    """The series names in the rules are series the Triton stream model exports."""
+    from engines import names
+
+    exported = {
+        names.LIVE_STREAMS,
+        names.UNDERRUN_RISK_STREAMS,
+        names.STREAMS_TOTAL,
+        names.VOCODER_BATCHES_TOTAL,
+        *(f"{names.FIRST_AUDIO_SECONDS}{part}" for part in ("_bucket", "_sum", "_count")),
+        *(f"{names.QUEUE_SECONDS}{part}" for part in ("_sum", "_count")),
+    }
+    model = "".join(
+        path.read_text() for path in (ROOT / "engines" / "triton_model").glob("*.py")
+    )
+    assert "names.FIRST_AUDIO_SECONDS" in model and "HISTOGRAM" in model
     for rule in adapter_rules():
         used = set(re.findall(r"voxfleet_[a-z_]+", rule["seriesQuery"] + rule["metricsQuery"]))
         assert used <= exported, f"not exported by the stream model: {used - exported}"
