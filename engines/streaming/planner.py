@@ -150,7 +150,8 @@ def plan_step(
     encode_limit = cfg.max_encoder_batch if batching else len(streams)
     window_limit = cfg.max_batch_windows if batching else len(streams)
     plan = StepPlan()
-    step_cost, budget = 0.0, cfg.max_step_ms / 1000
+    step_s = cfg.max_step_ms / 1000
+    step_cost, budget = 0.0, step_s
     waiting_slack = float("inf")  # the least slack of a playing stream left for later
     planned: set[tuple[str, int]] = set()  # calls the step makes so far
     hold = 0.0
@@ -190,9 +191,13 @@ def plan_step(
                     not plan or step_cost + longer_cost <= min(budget, waiting_slack)
                 ):
                     window, calls, cost = longer, longer_calls, longer_cost
-        slack = max(stream.deadline() - now, MIN_STEP_BUDGET_S)
+        time_left = stream.deadline() - now
+        slack = max(time_left, MIN_STEP_BUDGET_S)
         playing = stream.first_audio_at is not None
-        urgent = playing and stream.current is not None and slack < budget
+        # A playing stream whose audio runs out within a step cannot wait for the next one.
+        # (Judged against the step's length, not the budget left: that shrinks to the least
+        # slack chosen so far, and a second late stream would then wait a whole step.)
+        urgent = playing and stream.current is not None and time_left < step_s
         limit = min(budget, slack, waiting_slack)
         if not urgent and plan and step_cost + cost > limit:
             if playing:

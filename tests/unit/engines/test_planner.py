@@ -142,3 +142,17 @@ def test_exact_widths_decode_a_sentence_tail_without_padding() -> None:
     assert window.decode == (0, 100)
     assert window_calls(window, cfg, WindowRules(exact_widths=True)) == [("vocoder", 116)]
     assert window_calls(window, cfg) == [("vocoder", 128 + 16)]
+
+
+def test_every_playing_stream_about_to_run_dry_is_served_in_the_step() -> None:
+    cfg = WindowConfig()
+    costs = CostModel(fixed_part=False)
+    costs.per_frame.update(encoder=1e-4, vocoder=2e-4, flow=1e-5)  # a window: about 32 ms
+    late = [make_stream(i, frames=1000, buffered_s=0.01 * i, windows_sent=4) for i in (1, 2, 3)]
+    ahead = make_stream(9, frames=1000, buffered_s=3.0, windows_sent=4)
+
+    plan = plan_step([ahead, *late], cfg, costs, True, NOW)
+
+    # Each of them would run dry before the next step: all go in this one, late as it gets;
+    # the stream with seconds of audio left waits.
+    assert sorted(w.stream.stream_id for w in plan.windows) == [1, 2, 3]
