@@ -98,14 +98,20 @@ timeout 60 python3 -m engines.cli say --url 127.0.0.1:18000 --json -o "$OUT/smok
     grep -iE "terminate|error" -A3 "$OUT"/triton-*.log | tail -12
     exit 1
 }
+children_of() {  # from /proc: the GPU machine's image has no pgrep
+    local proc
+    for proc in /proc/[0-9]*; do
+        [[ "$(cut -d' ' -f4 "$proc/stat" 2>/dev/null)" == "$1" ]] && echo "${proc#/proc/}"
+    done
+}
 if [[ -n "${PROFILE_DELAY:-}" ]]; then
     # Where the batched server's processes spend their CPU under load: per-process CPU (the
     # tritonserver and its Python stub), per-thread CPU of the stub, and py-spy on the stub's
     # busy threads, summarised by engines.bench.profile.
     (
         sleep "$PROFILE_DELAY"
-        server=$(pgrep -P "$P1" | head -n 1)  # the serve command.s child: the batched tritonserver
-        stub=$(pgrep -P "$server" | head -n 1)
+        server=$(children_of "$P1" | head -n 1)  # the serve command's child: the batched tritonserver
+        stub=$(children_of "$server" | head -n 1)
         echo "server $server stub $stub" >"$OUT/profile-processes.txt"
         top -b -n 2 -d 5 -p "$server,$stub" | tail -n 4 >>"$OUT/profile-processes.txt"
         top -H -b -n 2 -d 5 -p "$stub" | tail -n 25 >"$OUT/profile-stub-threads.txt"
