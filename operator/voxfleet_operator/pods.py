@@ -55,8 +55,7 @@ async def sync_pods(
     rt: Runtime, voice: Voice, pool: Pool, key: str, engine_ready: bool
 ) -> tuple[int, int, list[str]]:
     """Load the voice on ready pool pods that lack it; return (ready pods, serving, errors)."""
-    selector = ",".join(f"{k}={v}" for k, v in pool_selector(pool.name).items())
-    pods = await rt.client.list(PODS, voice.namespace, selector)
+    pods = await rt.pool_pods(voice.namespace, pool_selector(pool.name))
     body = loading.load_request(serving_plan(voice.name, voice.spec, pool, key))
     digest = loading.load_digest(body)
     ready = [p for p in pods if pod_ready(p)]
@@ -82,7 +81,8 @@ async def sync_pods(
             continue
         try:
             url = f"http://{pod['status']['podIP']}:{_http_port(pod)}"
-            await loading.load_voice(rt.http, url, voice.name, body, rt.config.repository_key)
+            key = await rt.repository_key(voice.namespace)
+            await loading.load_voice(rt.http, url, voice.name, body, key)
         except Exception as error:  # an import, a refusal or a network error: all reported
             message = f"pod {meta['name']}: {error}"
             delay = min(LOAD_RETRY_FIRST_SECONDS * 2**failures, LOAD_RETRY_MAX_SECONDS)
@@ -90,7 +90,7 @@ async def sync_pods(
             errors.append(message)
             continue
         rt.load_failures.pop(attempt, None)
-        await rt.client.patch(
+        patched = await rt.client.patch(
             PODS,
             voice.namespace,
             meta["name"],
@@ -101,21 +101,21 @@ async def sync_pods(
                 }
             },
         )
+        rt.cache.seen(PODS.plural, patched)
         serving += 1
     return len(ready), serving, errors
 
 
 async def unload_from_pods(rt: Runtime, name: str, namespace: str, pool: Pool) -> list[str]:
-    selector = ",".join(f"{k}={v}" for k, v in pool_selector(pool.name).items())
     errors = []
-    for pod in await rt.client.list(PODS, namespace, selector):
+    for pod in await rt.pool_pods(namespace, pool_selector(pool.name)):
         meta = pod["metadata"]
         labels = meta.get("labels") or {}
         annotations = meta.get("annotations") or {}
         if serving_label(name) not in labels and LOADED_PREFIX + name not in annotations:
             continue
         # Unlabel first so that the Service stops routing new streams before the unload.
-        await rt.client.patch(
+        patched = await rt.client.patch(
             PODS,
             namespace,
             meta["name"],
@@ -126,10 +126,12 @@ async def unload_from_pods(rt: Runtime, name: str, namespace: str, pool: Pool) -
                 }
             },
         )
+        rt.cache.seen(PODS.plural, patched)
         if pod_ready(pod):
             url = f"http://{pod['status']['podIP']}:{_http_port(pod)}"
             try:
-                await loading.unload_voice(rt.http, url, name, rt.config.repository_key)
-            except loading.LoadError as error:
+                key = await rt.repository_key(namespace)
+                await loading.unload_voice(rt.http, url, name, key)
+            except (loading.LoadError, LookupError) as error:
                 errors.append(str(error))
     return errors

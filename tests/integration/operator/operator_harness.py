@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import aiohttp.web
 import kmock
 import pytest
 import yaml
@@ -29,6 +30,8 @@ from kmock._internal import enums, rendering
 REAL_CLUSTER = bool(os.environ.get("VOXFLEET_E2E_KUBECONFIG"))
 NAMESPACE = "voxfleet-e2e" if REAL_CLUSTER else "default"
 
+# The operator watches its children (to repair them at once and to read them from a cache).
+CHILD_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
 RESOURCES: dict[str, kmock.ResourceInfo] = {
     # kopf waits to discover these two before it starts any watch.
     "v1/namespaces": kmock.ResourceInfo(
@@ -51,9 +54,11 @@ RESOURCES: dict[str, kmock.ResourceInfo] = {
         subresources={"status"},
         verbs={"get", "list", "watch", "create", "patch", "delete"},
     ),
-    "apps/v1/deployments": kmock.ResourceInfo(kind="Deployment", namespaced=True),
-    "v1/services": kmock.ResourceInfo(kind="Service", namespaced=True),
-    "v1/secrets": kmock.ResourceInfo(kind="Secret", namespaced=True),
+    "apps/v1/deployments": kmock.ResourceInfo(
+        kind="Deployment", namespaced=True, verbs=CHILD_VERBS
+    ),
+    "v1/services": kmock.ResourceInfo(kind="Service", namespaced=True, verbs=CHILD_VERBS),
+    "v1/secrets": kmock.ResourceInfo(kind="Secret", namespaced=True, verbs=CHILD_VERBS),
     "v1/pods": kmock.ResourceInfo(
         kind="Pod",
         namespaced=True,
@@ -62,10 +67,13 @@ RESOURCES: dict[str, kmock.ResourceInfo] = {
     ),
     "v1/events": kmock.ResourceInfo(kind="Event", namespaced=True),
     "autoscaling/v2/horizontalpodautoscalers": kmock.ResourceInfo(
-        kind="HorizontalPodAutoscaler", namespaced=True
+        kind="HorizontalPodAutoscaler", namespaced=True, verbs=CHILD_VERBS
     ),
     "policy/v1/poddisruptionbudgets": kmock.ResourceInfo(
-        kind="PodDisruptionBudget", namespaced=True
+        kind="PodDisruptionBudget", namespaced=True, verbs=CHILD_VERBS
+    ),
+    "v1/persistentvolumeclaims": kmock.ResourceInfo(
+        kind="PersistentVolumeClaim", namespaced=True, verbs=CHILD_VERBS
     ),
 }
 
@@ -88,6 +96,13 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
     conflicts: dict[str, int]
     # When set, requests without this bearer token get 401 (an expired service-account token).
     required_token: str | None = None
+    # Requests from the operator (they carry a token; the tests' own do not) with these
+    # methods answer 503, as an API server in an outage does.
+    outage_methods: frozenset[str] = frozenset()
+    # Paths whose next requests from the operator answer 429 with `Retry-After: 1`.
+    throttled: dict[str, int]
+    # Every request from the operator but watches, as "METHOD /path", to count its reads.
+    served: list[str]
 
     async def _handle(self, request: rendering.Request) -> Any:
         try:
@@ -99,7 +114,17 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
 
     async def _serve(self, request: rendering.Request) -> Any:
         if not hasattr(self, "writes"):
-            self.writes, self.conflicts = [], {}
+            self.writes, self.conflicts, self.throttled, self.served = [], {}, {}, []
+        from_operator = "Authorization" in request.headers
+        if from_operator and request.params.get("watch") not in ("true", "1"):
+            self.served.append(f"{request.method} {request.url.path}")
+        if from_operator and request.method in self.outage_methods:
+            return aiohttp.web.json_response(_status(503, "ServiceUnavailable"), status=503)
+        if from_operator and self.throttled.get(request.url.path, 0) > 0:
+            self.throttled[request.url.path] -= 1
+            return aiohttp.web.json_response(
+                _status(429, "TooManyRequests"), status=429, headers={"Retry-After": "1"}
+            )
         if request.method in ("PATCH", "PUT", "POST"):
             self.writes.append(f"{request.method} {request.url.path}")
         if self.required_token is not None:
@@ -204,6 +229,17 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
                 raw = obj.raw
                 obj.delete()
                 await self._buses[resource].put({"type": "DELETED", "object": raw})
+
+
+def _status(code: int, reason: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": reason,
+    }
 
 
 def _merge(base: Any, patch: Any) -> Any:
@@ -357,6 +393,20 @@ POOLS = {
     ],
 }
 REPOSITORY_KEY = "e2e-repository-key"
+ENGINE_CACHE_CLAIM = "voxfleet-engine-cache"
+
+
+def engine_cache_claim() -> dict[str, Any]:
+    """The engine-cache claim the chart's users create in each voice namespace."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": ENGINE_CACHE_CLAIM},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": "20Gi"}},
+        },
+    }
 
 
 @contextlib.asynccontextmanager
@@ -372,10 +422,9 @@ async def running_operator(tmp_path: Path, resync_seconds: float) -> AsyncIterat
 
     pools = tmp_path / "pools.yaml"
     pools.write_text(yaml.safe_dump(POOLS))
-    key = tmp_path / "repository-key"
-    key.write_text(REPOSITORY_KEY + "\n")
+    # Set for the operator's thread, and put back afterwards for the tests that follow.
+    saved = {k: os.environ.get(k) for k in ("VOXFLEET_POOLS_FILE", "VOXFLEET_WATCH_NAMESPACES")}
     os.environ["VOXFLEET_POOLS_FILE"] = str(pools)
-    os.environ["VOXFLEET_REPOSITORY_KEY_FILE"] = str(key)
     os.environ.pop("VOXFLEET_WATCH_NAMESPACES", None)
     stop = threading.Event()
     ready = threading.Event()
@@ -407,6 +456,11 @@ async def running_operator(tmp_path: Path, resync_seconds: float) -> AsyncIterat
     finally:
         stop.set()
         await asyncio.to_thread(thread.join, 15)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     assert not errors, f"the operator crashed: {errors[0]!r}"
 
 
@@ -417,6 +471,8 @@ async def operator(
     """The operator with a short drift-correction interval (0.5 s)."""
     for name in ("VOXFLEET_POOLS_FILE", "VOXFLEET_REPOSITORY_KEY_FILE"):
         monkeypatch.delenv(name, raising=False)  # restored after the test
+    if await api.get("v1", "persistentvolumeclaims", ENGINE_CACHE_CLAIM) is None:
+        await api.create("v1", "persistentvolumeclaims", engine_cache_claim())
     async with running_operator(tmp_path, resync_seconds=0.5):
         yield
         if REAL_CLUSTER:
