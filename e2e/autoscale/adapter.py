@@ -30,6 +30,7 @@ import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,8 @@ from e2e.autoscale.hpa import MetricUnavailable, PodSample
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "voxfleet"
 NAMESPACE_RESOURCE = ("", "namespaces")
+# Series seen this recently count, as with prometheus-adapter's --metrics-max-age default.
+DISCOVERY_SECONDS = 600
 
 _TEMPLATE_VAR = re.compile(r"<<\s*\.(\w+)\s*>>")
 _GO_GROUP = re.compile(r"\$\{?(\d+)\}?")
@@ -186,8 +189,13 @@ class PrometheusAdapter:
     def discover(self) -> dict[tuple[str, tuple[str, str]], tuple[AdapterRule, str]]:
         """(metric name, resource) -> (rule, series name), as the adapter's discovery finds."""
         found: dict[tuple[str, tuple[str, str]], tuple[AdapterRule, str]] = {}
+        end = datetime.now(timezone.utc)
+        start = end - timedelta(seconds=DISCOVERY_SECONDS)
         for rule in self.rules:
-            for labels in self.prometheus.get_series([rule.series_query]):
+            series_found = self.prometheus.get_series(
+                start, end, params={"match[]": rule.series_query}
+            )
+            for labels in series_found:
                 series = labels["__name__"]
                 metric = rule.metric_name(series)
                 if metric is None:
