@@ -8,6 +8,7 @@ from typing import Any
 
 from voxfleet_operator import loading
 from voxfleet_operator.names import pool_selector, serving_label
+from voxfleet_operator.placement import place_voice
 from voxfleet_operator.plan import Voice
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.runtime import PODS, Runtime
@@ -53,16 +54,25 @@ def pod_load_marker(digest: str, pod: Mapping[str, Any]) -> str:
 async def sync_pods(
     rt: Runtime, voice: Voice, pool: Pool, key: str, engine_ready: bool
 ) -> tuple[int, int, list[str]]:
-    """Load the voice on ready pool pods that lack it; return (ready pods, serving, errors)."""
+    """Load the voice on the ready pool pods it is placed on (all of them, or `spec.replicas`
+    of them) and leave the others; return (ready pods, serving, errors)."""
     selector = ",".join(f"{k}={v}" for k, v in pool_selector(pool.name).items())
     pods = await rt.client.list(PODS, voice.namespace, selector)
     plan = loading.serving_plan(voice, pool, key)
     digest = loading.load_digest(plan)
     ready = [p for p in pods if pod_ready(p)]
+    placement = place_voice(voice.name, ready, voice.spec.replicas)
     serving = 0
     errors: list[str] = []
+    for pod in ready:
+        if pod["metadata"]["name"] in placement.release:
+            error = await unload_from_pod(rt, voice.name, voice.namespace, pod)
+            if error is not None:
+                errors.append(error)
     body: dict[str, Any] | None = None
     for pod in ready:
+        if pod["metadata"]["name"] not in placement.serve:
+            continue
         meta = pod["metadata"]
         marker = pod_load_marker(digest, pod)
         labels = meta.get("labels") or {}
@@ -111,27 +121,37 @@ async def unload_from_pods(rt: Runtime, name: str, namespace: str, pool: Pool) -
     selector = ",".join(f"{k}={v}" for k, v in pool_selector(pool.name).items())
     errors = []
     for pod in await rt.client.list(PODS, namespace, selector):
-        meta = pod["metadata"]
-        labels = meta.get("labels") or {}
-        annotations = meta.get("annotations") or {}
-        if serving_label(name) not in labels and LOADED_PREFIX + name not in annotations:
-            continue
-        # Unlabel first so that the Service stops routing new streams before the unload.
-        await rt.client.patch(
-            PODS,
-            namespace,
-            meta["name"],
-            {
-                "metadata": {
-                    "labels": {serving_label(name): None},
-                    "annotations": {LOADED_PREFIX + name: None},
-                }
-            },
-        )
-        if pod_ready(pod):
-            url = f"http://{pod['status']['podIP']}:{_http_port(pod)}"
-            try:
-                await loading.unload_voice(rt.http, url, name, rt.config.repository_key)
-            except loading.LoadError as error:
-                errors.append(str(error))
+        error = await unload_from_pod(rt, name, namespace, pod)
+        if error is not None:
+            errors.append(error)
     return errors
+
+
+async def unload_from_pod(
+    rt: Runtime, name: str, namespace: str, pod: Mapping[str, Any]
+) -> str | None:
+    """Take the voice off one pod (if it is there); the error of the unload, if any."""
+    meta = pod["metadata"]
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    if serving_label(name) not in labels and LOADED_PREFIX + name not in annotations:
+        return None
+    # Unlabel first so that the Service stops routing new streams before the unload.
+    await rt.client.patch(
+        PODS,
+        namespace,
+        meta["name"],
+        {
+            "metadata": {
+                "labels": {serving_label(name): None},
+                "annotations": {LOADED_PREFIX + name: None},
+            }
+        },
+    )
+    if pod_ready(pod):
+        url = f"http://{pod['status']['podIP']}:{_http_port(pod)}"
+        try:
+            await loading.unload_voice(rt.http, url, name, rt.config.repository_key)
+        except loading.LoadError as error:
+            return str(error)
+    return None
