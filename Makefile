@@ -26,8 +26,9 @@ demo: $(STAMP)
 	$(VENV)/bin/voxfleet demo -o demo.wav
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check engines operator tests e2e
+	$(VENV)/bin/ruff check engines operator tests e2e scripts
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 test: setup lint
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(VENV)/bin/pytest -q $(PYTEST_ARGS)

@@ -14,6 +14,7 @@ import sys
 # (an optional part not installed) leaves its commands out instead of breaking the CLI.
 COMMAND_MODULES = (
     "engines.commands.serve",
+    "engines.commands.triton",
     "engines.commands.say",
     "engines.commands.demo",
     "engines.commands.build_engines",
@@ -40,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    raw = sys.argv[1:] if argv is None else argv
+    if raw[:1] == ["triton"]:
+        # tritonserver's options are its own: passed on as they are, never parsed here.
+        from engines.commands.triton import run
+
+        return run(raw[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -18,19 +18,16 @@ serve from the cache volume alone.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import re
 import shutil
-import subprocess
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from engines.engine_cache import (
-    PRECISIONS,
-    RUNTIMES,
     STAGES,
     EngineCache,
     EngineCacheError,
@@ -40,68 +37,32 @@ from engines.engine_cache import (
     normalize_gpu_product,
     sha256_file,
 )
-
-VOICE_CONFIG_NAME = "voice.onnx.json"
-# Precisions each runtime can build; the first is its default.
-RUNTIME_PRECISIONS = {
-    "onnxruntime": ("fp32",),
-    "torch-cuda": ("fp16", "fp32"),
-    "tensorrt": ("fp16", "fp32", "int8"),
-}
+from engines.plan import VOICE_CONFIG_NAME, WindowConfig, runtime_info
+from engines.plan import check_precision as _check_plan_precision
+from engines.target import Target, nvidia_smi_gpu
 
 
 class EngineBuildError(RuntimeError):
     """The engines cannot be built here as asked (wrong runtime, precision, GPU, input)."""
 
 
-@dataclass(frozen=True)
-class Target:
-    """Where the artifacts will run: part of the cache key."""
-
-    runtime_version: str
-    gpu_product: str = "cpu"
-    compute_capability: str = ""
-
-
 def default_precision(runtime: str) -> str:
     _check_runtime(runtime)
-    return RUNTIME_PRECISIONS[runtime][0]
+    return runtime_info(runtime).default_precision
 
 
 def _check_runtime(runtime: str) -> None:
-    if runtime not in RUNTIMES:
-        raise EngineBuildError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
+    try:
+        runtime_info(runtime)
+    except ValueError as error:
+        raise EngineBuildError(str(error)) from None
 
 
 def check_precision(runtime: str, precision: str) -> None:
-    _check_runtime(runtime)
-    if precision not in PRECISIONS:
-        raise EngineBuildError(
-            f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}"
-        )
-    if precision not in RUNTIME_PRECISIONS[runtime]:
-        raise EngineBuildError(
-            f"runtime {runtime} does not build {precision} engines; it builds "
-            f"{', '.join(RUNTIME_PRECISIONS[runtime])}"
-        )
-
-
-def _nvidia_smi_gpu() -> tuple[str, str] | None:
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    first = out.strip().splitlines()[0] if out.strip() else ""
-    if "," not in first:
-        return None
-    name, capability = (part.strip() for part in first.split(",", 1))
-    return normalize_gpu_product(name), capability
+        _check_plan_precision(runtime, precision)
+    except ValueError as error:
+        raise EngineBuildError(str(error)) from None
 
 
 def detect_target(runtime: str) -> Target:
@@ -137,7 +98,7 @@ def detect_target(runtime: str) -> Target:
             "runtime tensorrt needs the `tensorrt` Python package, which ships in NVIDIA's "
             "TensorRT and Triton images (PyPI has only download stubs); run build-engines there"
         ) from None
-    gpu = _nvidia_smi_gpu()
+    gpu = nvidia_smi_gpu()
     if gpu is None:
         raise EngineBuildError(
             "TensorRT plans are built for one GPU type, and nvidia-smi found no GPU here"
@@ -218,7 +179,7 @@ def publish_entry(entry_path: Path, name: str) -> Path:
     return link
 
 
-def engine_key(
+def cache_key(
     model_path: Path,
     runtime: str,
     precision: str,
@@ -233,10 +194,53 @@ def engine_key(
         runtime_version=target.runtime_version,
         gpu_product=target.gpu_product,
         compute_capability=target.compute_capability,
-        # Only TensorRT plans are shaped by the profiles; other artifacts are shape-free.
-        profiles=dict(profiles or {}) if runtime == "tensorrt" else {},
+        # Only shaped runtimes' artifacts (TensorRT plans) depend on the profiles.
+        profiles=dict(profiles or {}) if runtime_info(runtime).shaped else {},
         config_sha256=sha256_file(config_path) if config_path.is_file() else "",
     )
+
+
+# A runtime's build: (voice .onnx, output folder, cache key, target, calibration ids) ->
+# file name -> stage ("" for other files). Named in the runtime registry (engines/plan.py).
+Builder = Callable[
+    [Path, Path, EngineKey, Target, "Sequence[Sequence[int]] | None"], dict[str, str]
+]
+
+
+def split_stages(
+    model_path: Path,
+    out_dir: Path,
+    key: EngineKey,
+    target: Target,
+    calibration_ids: Sequence[Sequence[int]] | None = None,
+) -> dict[str, str]:
+    """onnxruntime's build: the voice split into encoder, flow and vocoder ONNX graphs."""
+    from engines.split import split_voice
+
+    stage_onnx = split_voice(model_path, out_dir)
+    return {path.name: stage for stage, path in stage_onnx.items()}
+
+
+def split_stages_for_torch(
+    model_path: Path,
+    out_dir: Path,
+    key: EngineKey,
+    target: Target,
+    calibration_ids: Sequence[Sequence[int]] | None = None,
+) -> dict[str, str]:
+    """torch-cuda's build: the split graphs, checked for operators the torch port lacks."""
+    from engines.torch_cuda.convert import check_supported
+
+    files = split_stages(model_path, out_dir, key, target)
+    for name in files:
+        check_supported(out_dir / name)
+    return files
+
+
+def load_builder(runtime: str) -> Builder:
+    module, _, attribute = runtime_info(runtime).builder.partition(":")
+    builder: Builder = getattr(importlib.import_module(module), attribute)
+    return builder
 
 
 def build_engines(
@@ -248,11 +252,14 @@ def build_engines(
     target: Target | None = None,
     calibration_ids: list[list[int]] | None = None,
     force: bool = False,
+    windows: WindowConfig | None = None,
 ) -> EngineEntry:
     """The cache entry for this voice/runtime/precision on `target`, building it if needed.
 
-    A second call with the same inputs returns the same entry without building
-    (``entry.built`` is False); a damaged entry is rebuilt.
+    Shaped runtimes (TensorRT) take their profiles from `profiles`, else from `windows`
+    (the serving plan's), else from the default windows. A second call with the same inputs
+    returns the same entry without building (``entry.built`` is False); a damaged entry is
+    rebuilt.
     """
     model_path = Path(voice_model_path)
     if not model_path.is_file():
@@ -260,36 +267,16 @@ def build_engines(
     precision = precision or default_precision(runtime)
     check_precision(runtime, precision)
     target = target or detect_target(runtime)
-    if runtime == "tensorrt" and not profiles:
-        from engines.tensorrt.profiles import stage_profiles
+    if runtime_info(runtime).shaped and not profiles:
+        from engines.tensorrt.profiles import ServingShapes, stage_profiles
 
-        profiles = stage_profiles()
-    key = engine_key(model_path, runtime, precision, target, profiles)
+        profiles = stage_profiles(ServingShapes.from_windows(windows or WindowConfig()))
+    key = cache_key(model_path, runtime, precision, target, profiles)
     cache = EngineCache(cache_dir)
+    build_stages = load_builder(runtime)
 
     def builder(out_dir: Path) -> Mapping[str, str]:
-        from engines.split import split_voice
-
-        if runtime == "tensorrt":
-            from engines.tensorrt.build import build_plans
-
-            onnx_dir = out_dir / "onnx"
-            stage_onnx = split_voice(model_path, onnx_dir)
-            ids = calibration_ids
-            if precision == "int8" and not ids:
-                from engines.tensorrt.build import corpus_ids
-
-                ids = corpus_ids(model_path.with_name(model_path.name + ".json"))
-            files = build_plans(stage_onnx, out_dir, key, calibration_ids=ids, target=target)
-            shutil.rmtree(onnx_dir)
-        else:
-            stage_onnx = split_voice(model_path, out_dir)
-            files = {path.name: stage for stage, path in stage_onnx.items()}
-            if runtime == "torch-cuda":
-                from engines.torch_cuda.convert import check_supported
-
-                for path in stage_onnx.values():
-                    check_supported(path)
+        files = build_stages(model_path, out_dir, key, target, calibration_ids)
         config_path = model_path.with_name(model_path.name + ".json")
         if config_path.is_file():
             shutil.copyfile(config_path, out_dir / VOICE_CONFIG_NAME)

@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engines.plan import PRECISIONS, RUNTIME_NAMES
+
 FORMAT_VERSION = 1
-RUNTIMES = ("onnxruntime", "tensorrt", "torch-cuda")
-PRECISIONS = ("fp32", "fp16", "int8")
 STAGES = ("encoder", "flow", "vocoder")
 MANIFEST = "manifest.json"
 # An unfinished build older than this is taken to be dead and its directory is removed.
@@ -97,8 +97,10 @@ class EngineKey:
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        if self.runtime not in RUNTIMES:
-            raise ValueError(f"runtime {self.runtime!r} is not one of {', '.join(RUNTIMES)}")
+        if self.runtime not in RUNTIME_NAMES:
+            raise ValueError(
+                f"runtime {self.runtime!r} is not one of {', '.join(RUNTIME_NAMES)}"
+            )
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if len(self.model_sha256) != 64:

@@ -1,78 +1,128 @@
-"""Serving plan → Triton model repository: a pure function from plain data to file contents."""
+"""Serving plans → Triton model repository: pure functions from plain data to file contents.
+
+One model per voice. Its configuration is built once, as the dict `stream_model_config`;
+`config.pbtxt` (a repository on disk, `voxfleet serve`) and the JSON `config` of Triton's
+load API (the operator) are two spellings of that dict. The serving plan rides inside it
+as one JSON string parameter, the only serialisation between operator and stream model.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import base64
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
-from engines.voice_plan import VoicePlan
+from engines import names
+from engines.plan import ServingPlan
 
-_INPUTS = (
-    ("TEXT", "TYPE_STRING", False),
-    ("SPEAKER_ID", "TYPE_INT32", True),
-    ("LENGTH_SCALE", "TYPE_FP32", True),
-    ("NOISE_SCALE", "TYPE_FP32", True),
-    ("NOISE_W", "TYPE_FP32", True),
-)
-_OUTPUTS = (("AUDIO", "TYPE_INT16", "-1"), ("SAMPLE_RATE", "TYPE_INT32", "1"))
+MODEL_SOURCE = "1/model.py"
 
 
-@dataclass(frozen=True)
-class ServingPlan:
-    voices: tuple[VoicePlan, ...]
-
-    def __post_init__(self) -> None:
-        names = [voice.name for voice in self.voices]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            raise ValueError(f"voice name(s) used twice: {', '.join(duplicates)}")
+def check_unique_names(plans: Iterable[ServingPlan]) -> None:
+    seen: list[str] = [plan.name for plan in plans]
+    duplicates = sorted({name for name in seen if seen.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"voice name(s) used twice: {', '.join(duplicates)}")
 
 
-def _quote(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+def stream_model_config(plan: ServingPlan) -> dict[str, Any]:
+    """One voice's decoupled stream model, in the fields of Triton's ModelConfig."""
+    return {
+        "name": plan.name,
+        "backend": "python",
+        "max_batch_size": 0,
+        "model_transaction_policy": {"decoupled": True},
+        "input": [
+            {"name": name, "data_type": dtype, "dims": [1], "optional": optional}
+            for name, dtype, optional in names.INPUTS
+        ],
+        "output": [
+            {"name": name, "data_type": dtype, "dims": list(dims)}
+            for name, dtype, dims in names.OUTPUTS
+        ],
+        # One instance per pod: the scheduler batches every stream of the voice itself.
+        "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
+        "parameters": {names.PLAN_PARAMETER: {"string_value": plan.to_json()}},
+    }
 
 
-def stream_model_config(voice: VoicePlan) -> str:
-    """The `config.pbtxt` of one voice's decoupled stream model."""
-    inputs = ",\n".join(
-        f"  {{ name: {_quote(name)} data_type: {dtype} dims: [ 1 ]"
-        + (" optional: true }" if optional else " }")
-        for name, dtype, optional in _INPUTS
-    )
-    outputs = ",\n".join(
-        f"  {{ name: {_quote(name)} data_type: {dtype} dims: [ {dims} ] }}"
-        for name, dtype, dims in _OUTPUTS
-    )
-    return (
-        f"name: {_quote(voice.name)}\n"
-        'backend: "python"\n'
-        "max_batch_size: 0\n"
-        "model_transaction_policy { decoupled: true }\n"
-        f"input [\n{inputs}\n]\n"
-        f"output [\n{outputs}\n]\n"
-        f"instance_group [ {{ count: {voice.instance_count} kind: KIND_CPU }} ]\n"
-        "parameters [\n"
-        f'  {{ key: "voxfleet_plan" value: {{ string_value: {_quote(voice.to_json())} }} }}\n'
-        "]\n"
-    )
+def _pbtxt_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        if value.startswith(("TYPE_", "KIND_")):
+            return value  # enum values are bare words
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise TypeError(f"no text-format spelling for {value!r}")
+
+
+def _pbtxt_fields(data: Mapping[str, Any], indent: str) -> list[str]:
+    lines: list[str] = []
+    for key, value in data.items():
+        if key == "parameters":  # a map<string, ModelParameter>: key/value entries
+            for name, parameter in value.items():
+                lines.append(f"{indent}parameters {{")
+                lines.append(f"{indent}  key: {_pbtxt_value(name)}")
+                lines.append(f"{indent}  value {{")
+                lines.extend(_pbtxt_fields(parameter, indent + "    "))
+                lines.append(f"{indent}  }}")
+                lines.append(f"{indent}}}")
+        elif isinstance(value, Mapping):
+            lines.append(f"{indent}{key} {{")
+            lines.extend(_pbtxt_fields(value, indent + "  "))
+            lines.append(f"{indent}}}")
+        elif isinstance(value, list) and value and isinstance(value[0], Mapping):
+            for item in value:
+                lines.append(f"{indent}{key} {{")
+                lines.extend(_pbtxt_fields(item, indent + "  "))
+                lines.append(f"{indent}}}")
+        elif isinstance(value, list):
+            lines.append(f"{indent}{key}: [ {', '.join(_pbtxt_value(v) for v in value)} ]")
+        else:
+            lines.append(f"{indent}{key}: {_pbtxt_value(value)}")
+    return lines
+
+
+def config_pbtxt(config: Mapping[str, Any]) -> str:
+    """A ModelConfig dict in protobuf text format (what `config.pbtxt` holds)."""
+    return "\n".join(_pbtxt_fields(config, "")) + "\n"
 
 
 def stream_model_source() -> bytes:
     return resources.files("engines.triton_model").joinpath("model.py").read_bytes()
 
 
-def build_model_repository(plan: ServingPlan) -> dict[str, bytes]:
-    """Relative path → file content for every model in the plan."""
+def build_model_repository(plans: Sequence[ServingPlan]) -> dict[str, bytes]:
+    """Relative path → file content for every voice's model."""
+    check_unique_names(plans)
     source = stream_model_source()
     files: dict[str, bytes] = {}
-    for voice in plan.voices:
-        files[f"{voice.name}/config.pbtxt"] = stream_model_config(voice).encode()
-        files[f"{voice.name}/1/model.py"] = source
+    for plan in plans:
+        files[f"{plan.name}/config.pbtxt"] = config_pbtxt(stream_model_config(plan)).encode()
+        files[f"{plan.name}/{MODEL_SOURCE}"] = source
     return files
 
 
-def write_model_repository(files: dict[str, bytes], root: Path) -> Path:
+def load_request(plan: ServingPlan) -> dict[str, Any]:
+    """The body of Triton's `POST /v2/repository/models/<voice>/load` for one voice.
+
+    The config goes as the JSON `config` parameter; the model's files as `file:<path>`
+    parameters (base64), so a pod needs nothing voice-specific on disk but its engines.
+    """
+    return {
+        "parameters": {
+            "config": json.dumps(stream_model_config(plan), sort_keys=True),
+            f"file:{MODEL_SOURCE}": base64.b64encode(stream_model_source()).decode(),
+        }
+    }
+
+
+def write_model_repository(files: Mapping[str, bytes], root: Path) -> Path:
     for relative, content in files.items():
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)

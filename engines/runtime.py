@@ -1,39 +1,23 @@
 """Stage runtimes: who executes the encoder, flow and vocoder graphs.
 
-The stream model only talks to a `StageRuntime`; onnxruntime (CPU, every machine) lives here,
-GPU runtimes register themselves in `RUNTIMES` from their own modules.
-
-Shapes: ``ids`` int64 [B, P]; ``lengths`` int64 [B]; ``scales`` float32 [3] =
-(noise_scale, length_scale, noise_w); ``prior``/``latent`` float32 [B, 192, T];
-``mask`` float32 [B, 1, T]; audio float32 [B, T * hop].
+The stream model only talks to a `StageRuntime` (engines/stages.py); onnxruntime (CPU, every
+machine) lives here, GPU runtimes in their own packages. `load_stages` finds a runtime's
+loader through the runtime registry (engines/plan.py), so nothing here imports a GPU runtime.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
+from engines.plan import WindowConfig, runtime_info
+from engines.stages import StageRuntime
 
-class StageRuntime(Protocol):
-    name: str
-
-    def encode(
-        self,
-        ids: np.ndarray,
-        lengths: np.ndarray,
-        scales: np.ndarray,
-        speaker_ids: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]: ...
-
-    def flow(
-        self, prior: np.ndarray, mask: np.ndarray, speaker_ids: np.ndarray | None = None
-    ) -> np.ndarray: ...
-
-    def vocode(self, latent: np.ndarray, speaker_ids: np.ndarray | None = None) -> np.ndarray: ...
+__all__ = ["OnnxStages", "StageRuntime", "load_onnx", "load_stages"]
 
 
 class OnnxStages:
@@ -89,19 +73,18 @@ class OnnxStages:
         return audio.reshape(audio.shape[0], -1)
 
 
-# runtime name -> factory(engine_dir) ; GPU runtimes add themselves on import.
-RUNTIMES: dict[str, Callable[[Path], StageRuntime]] = {"onnxruntime": OnnxStages}
+def load_onnx(engine_dir: Path, windows: WindowConfig) -> StageRuntime:
+    """onnxruntime's loader (the registry's): shape-free, so the windows change nothing."""
+    return OnnxStages(engine_dir)
 
 
-def load_stages(runtime: str, engine_dir: Path) -> StageRuntime:
-    if runtime == "torch-cuda":
-        import engines.torch_cuda  # noqa: F401  (registers itself)
-    elif runtime == "tensorrt":
-        from engines.tensorrt import runtime as _tensorrt  # noqa: F401  (registers itself)
-    try:
-        factory = RUNTIMES[runtime]
-    except KeyError:
-        raise ValueError(
-            f"unknown runtime {runtime!r}; available: {', '.join(sorted(RUNTIMES))}"
-        ) from None
-    return factory(engine_dir)
+def load_stages(
+    runtime: str, engine_dir: Path, windows: WindowConfig | None = None
+) -> StageRuntime:
+    """The stages of the engine entry `engine_dir` on `runtime`, sized for `windows`."""
+    info = runtime_info(runtime)
+    module, _, attribute = info.loader.partition(":")
+    factory: Callable[[Path, WindowConfig], StageRuntime] = getattr(
+        importlib.import_module(module), attribute
+    )
+    return factory(Path(engine_dir), windows or WindowConfig())

@@ -8,10 +8,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from engines.engine_build import build_engines
-from engines.repository import ServingPlan, build_model_repository, write_model_repository
+from engines.plan import ServingPlan
+from engines.repository import build_model_repository, write_model_repository
 from engines.triton_server import TritonServer
 from engines.voice import load_voice
-from engines.voice_plan import VoicePlan
 
 
 def default_cache_dir() -> Path:
@@ -24,44 +24,41 @@ def default_cache_dir() -> Path:
 def plan_local_voices(
     voices: list[str],
     cache_dir: Path | None = None,
-    runtime: str = "onnxruntime",
-    template: VoicePlan | None = None,
-) -> ServingPlan:
-    """Build (or find in the cache) the engines of each voice and plan one model per voice."""
+    template: ServingPlan | None = None,
+) -> list[ServingPlan]:
+    """Build (or find in the cache) the engines of each voice and plan one model per voice.
+
+    `template` carries everything but the voice itself (runtime, precision, windows, limits);
+    its `name` and `engine_dir` are replaced per voice.
+    """
     cache = cache_dir or default_cache_dir()
+    template = template or ServingPlan(name="template", engine_dir="")
     plans = []
     for spec in voices or ["joe"]:
         voice = load_voice(spec)
-        entry = build_engines(voice.model_path, runtime, None, cache)
-        plan = VoicePlan(
-            name=voice.name,
-            engine_dir=str(entry.path),
-            voice_config_path=str(voice.config_path),
-            runtime=runtime,
-        )
-        if template is not None:
-            plan = replace(
+        entry = build_engines(voice.model_path, template.runtime, template.precision, cache)
+        plans.append(
+            replace(
                 template,
-                name=plan.name,
-                engine_dir=plan.engine_dir,
-                voice_config_path=plan.voice_config_path,
-                runtime=runtime,
+                name=voice.name,
+                engine_dir=str(entry.path),
+                voice_config_path=str(voice.config_path),
             )
-        plans.append(plan)
-    return ServingPlan(tuple(plans))
+        )
+    return plans
 
 
 def local_server(
-    plan: ServingPlan,
+    plans: list[ServingPlan],
     grpc_port: int | None = None,
     http_port: int | None = None,
     metrics_port: int | None = None,
     work_dir: Path | None = None,
     extra_args: list[str] | None = None,
 ) -> TritonServer:
-    """A not-yet-started TritonServer on a fresh repository for `plan`."""
+    """A not-yet-started TritonServer on a fresh repository for `plans`."""
     work = work_dir or Path(tempfile.mkdtemp(prefix="voxfleet-serve-"))
-    repository = write_model_repository(build_model_repository(plan), work / "models")
+    repository = write_model_repository(build_model_repository(plans), work / "models")
     return TritonServer(
         repository,
         grpc_port=grpc_port,

@@ -35,7 +35,8 @@ import numpy as np
 
 from engines.frames import StreamBackend, stream_backend
 from engines.frontend import Sentence
-from engines.runtime import StageRuntime
+from engines.plan import WindowConfig
+from engines.stages import StageRuntime
 
 LOGGER = logging.getLogger(__name__)
 # A new stream's first audio is due this long after it arrives (after its encoder call).
@@ -44,74 +45,15 @@ FIRST_AUDIO_TARGET_S = 0.05
 # is best helped by a step that still makes progress for everyone.
 MIN_STEP_BUDGET_S = 0.03
 # Where an encoder call has a large fixed cost (a GPU), a new stream waits up to this many
-# such costs, never more than half its first-audio target, for others to share its call;
-# only on a busy scheduler (at least ENCODE_HOLD_MIN_STREAMS live), where others do arrive.
+# such costs, never more than `WindowConfig.max_encoder_wait_ms`, for others to share its
+# call; only on a busy scheduler (at least ENCODE_HOLD_MIN_STREAMS live), where others arrive.
 ENCODE_HOLD_CALLS = 5.0
 ENCODE_HOLD_MIN_STREAMS = 16
 IDLE_WAIT_S = 0.002
+MAX_FIRST_AUDIO_SAMPLES = 10_000
 # How often each stream's sink is asked whether its client went away: for a Triton stream
 # the question is a round trip to the server process, too dear to ask every step.
 CANCEL_CHECK_S = 0.5
-
-
-@dataclass(frozen=True)
-class WindowConfig:
-    """Streaming windows in latent frames (one frame = hop samples, 256 at 22,050 Hz ≈ 11.6 ms).
-
-    Defaults come from measurements on the joe voice (docs/streaming.md,
-    `scripts/measure_windows.py`): a 16-frame first window for first-audio latency, windows
-    doubling up to 128 frames so the context overhead stays small, and enough context for
-    > 50 dB SNR against a one-shot decode (8 vocoder and 24 flow frames; fewer flow frames
-    fall below 40 dB).
-    """
-
-    first_window_frames: int = 16
-    window_frames: int = 128
-    vocoder_context_frames: int = 8
-    flow_context_frames: int = 24
-    max_batch_windows: int = 128
-    max_encoder_batch: int = 32
-    # A step's estimated length; new streams wait at most about this long for the next step.
-    max_step_ms: int = 60
-
-    def __post_init__(self) -> None:
-        for name in (
-            "first_window_frames",
-            "window_frames",
-            "max_batch_windows",
-            "max_encoder_batch",
-            "max_step_ms",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("vocoder_context_frames", "flow_context_frames"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
-        if self.first_window_frames > self.window_frames:
-            raise ValueError(
-                f"first_window_frames ({self.first_window_frames}) must not exceed "
-                f"window_frames ({self.window_frames})"
-            )
-
-    def window_sizes(self) -> list[int]:
-        """The window sizes in use: first, doubled, ..., steady."""
-        sizes, size = [], self.first_window_frames
-        while size < self.window_frames:
-            sizes.append(size)
-            size *= 2
-        return [*sizes, self.window_frames]
-
-    def size_class(self, frames: int, flow: bool = False) -> int:
-        """The smallest window (or flow chunk) size holding `frames`: calls batch per size.
-
-        The flow runs two windows ahead, in chunks twice the window's size: half the calls,
-        half the context overhead of running it window by window.
-        """
-        scale = 2 if flow else 1
-        for size in self.window_sizes():
-            if frames <= size * scale:
-                return size * scale
-        return self.window_frames * scale
 
 
 class StreamCancelled(Exception):
@@ -191,6 +133,9 @@ class SchedulerStats:
     streams_total: int = 0
     first_audio_seconds_sum: float = 0.0
     first_audio_count: int = 0
+    # Each new stream's first-audio time, until the metrics publisher takes them (a histogram
+    # needs every observation); bounded, so a scheduler nobody publishes stays small.
+    first_audio_samples: list[float] = field(default_factory=list)
     queue_seconds_sum: float = 0.0
     queue_count: int = 0
     underrun_risk_streams: int = 0
@@ -521,7 +466,9 @@ class StreamScheduler:
         planned: set[tuple[str, int]] = set()  # calls the step makes so far
         hold = 0.0
         if self.batching and len(streams) >= ENCODE_HOLD_MIN_STREAMS:
-            hold = min(FIRST_AUDIO_TARGET_S / 2, ENCODE_HOLD_CALLS * self.costs.per_call["encoder"])
+            hold = min(
+                cfg.max_encoder_wait_ms / 1000, ENCODE_HOLD_CALLS * self.costs.per_call["encoder"]
+            )
             new = sum(1 for s in streams if s.first_audio_at is None and s.current is None)
             if new >= encode_limit:
                 hold = 0.0  # a full encoder batch is waiting already
@@ -581,6 +528,8 @@ class StreamScheduler:
                 stream.first_audio_at = now
                 self.stats.first_audio_seconds_sum += now - stream.arrived
                 self.stats.first_audio_count += 1
+                if len(self.stats.first_audio_samples) < MAX_FIRST_AUDIO_SAMPLES:
+                    self.stats.first_audio_samples.append(now - stream.arrived)
             stream.audio_seconds_sent += len(pcm) / self.sample_rate
             stream.windows_sent += 1
             stream.window_ready_at = now

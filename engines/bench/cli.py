@@ -181,8 +181,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     import asyncio
 
-    from engines.bench.corpus import CorpusError
     from engines.bench.systems import BenchSystemError
+    from engines.corpus import CorpusError
 
     if args.from_json:
         try:
@@ -217,11 +217,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
-    from engines.bench.corpus import load_corpus, sentence_order
     from engines.bench.machine import describe_machine, measure_one_shot_limit
     from engines.bench.runner import SweepSettings, run_sweep
     from engines.bench.stats import auto_concurrencies, evaluate_goals, profile_level
     from engines.bench.systems import BenchSystemError, PiperSystem, TritonSystem
+    from engines.corpus import load_corpus, sentence_order
 
     sentences = sentence_order(load_corpus(args.corpus))
     voice_model = args.voice_model or _default_voice_model()

@@ -200,7 +200,7 @@ def build_page(
         "Every number on this page comes from one command, rerun by anyone with `make bench`\n"
         "(which starts the servers, runs the sweep below and rewrites this page). All systems\n"
         "ran in the same run, on the same machine, with the same corpus\n"
-        "(`engines/bench/corpus.txt`, public-domain sentences of 3 to 60 words).\n",
+        "(`engines/corpus.txt`, public-domain sentences of 3 to 60 words).\n",
         f"## CPU: {machine.get('cores', '?')} cores, {machine.get('date_utc', '')}\n",
         f"- machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} usable cores, "
         f"{machine.get('memory_gib', '?')} GiB memory, {machine.get('os', '?')}, "

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from engines.bench.corpus import cycle_sentences
 from engines.bench.loadgen import run_closed_loop
 from engines.bench.resources import (
     MachineCpuSampler,
@@ -24,6 +23,7 @@ from engines.bench.resources import (
     own_process,
 )
 from engines.bench.stats import RunSummary, summarise_run
+from engines.corpus import cycle_sentences
 
 
 class BenchSystem(Protocol):

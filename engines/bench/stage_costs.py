@@ -77,14 +77,13 @@ def measure_voice_stage_costs(voice: str = "joe") -> list[dict[str, Any]]:
     """Stage costs of a voice's onnxruntime engines (built into the engine cache if needed)."""
     from engines.runtime import load_stages
     from engines.serving import plan_local_voices
-    from engines.streaming import WindowConfig
 
-    plan = plan_local_voices([voice]).voices[0]
+    plan = plan_local_voices([voice])[0]
     runtime = load_stages(plan.runtime, Path(plan.engine_dir))
     import json
 
     config = json.loads(Path(plan.voice_config_path).read_text("utf-8"))
     sample_rate = int(config["audio"]["sample_rate"])
     hop = int(config.get("hop_length", 256))
-    windows = plan.windows if isinstance(plan.windows, WindowConfig) else WindowConfig()
+    windows = plan.windows
     return [asdict(cost) for cost in measure_stage_costs(runtime, windows, hop, sample_rate)]

@@ -9,8 +9,14 @@ import sys
 import time
 from pathlib import Path
 
-RUNTIME_CHOICES = ("onnxruntime", "tensorrt", "torch-cuda")
-PRECISION_CHOICES = ("fp32", "fp16", "int8")
+from engines.plan import PRECISIONS, RUNTIME_NAMES, RUNTIMES
+
+RUNTIME_CHOICES = RUNTIME_NAMES
+PRECISION_CHOICES = PRECISIONS
+
+
+def runtime_help() -> str:
+    return "; ".join(f"{info.name}: {info.description}" for info in RUNTIMES.values())
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,12 +34,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="joe",
         help="embedded voice name, path to a Piper .onnx (or its folder), or http(s) URL",
     )
-    parser.add_argument("--runtime", choices=RUNTIME_CHOICES, default="onnxruntime")
+    parser.add_argument(
+        "--plan",
+        metavar="JSON",
+        help="the voice's serving plan (what the operator's engine-build Job passes): runtime, "
+        "precision and the windows that size TensorRT's profiles come from it",
+    )
+    parser.add_argument(
+        "--runtime", choices=RUNTIME_CHOICES, default=None, help=f"{runtime_help()} (default "
+        "onnxruntime)"
+    )
     parser.add_argument(
         "--precision",
         choices=PRECISION_CHOICES,
         default=None,
-        help="default: fp32 for onnxruntime, fp16 for tensorrt and torch-cuda",
+        help="default: the runtime's first ("
+        + ", ".join(f"{i.name} {i.default_precision}" for i in RUNTIMES.values())
+        + ")",
     )
     parser.add_argument("--cache", required=True, type=Path, help="engine cache directory")
     parser.add_argument(
@@ -70,8 +87,19 @@ def handle(args: argparse.Namespace) -> int:
         publish_entry,
         resolve_voice_model,
     )
+    from engines.plan import ServingPlan, WindowConfig
 
     try:
+        windows: WindowConfig | None = None
+        if args.plan:
+            if args.runtime or args.precision or args.max_batch is not None:
+                raise EngineBuildError(
+                    "--plan names the runtime, precision and batch sizes; leave out --runtime, "
+                    "--precision and --max-batch"
+                )
+            plan = ServingPlan.from_json(args.plan)
+            args.runtime, args.precision, windows = plan.runtime, plan.precision, plan.windows
+        args.runtime = args.runtime or "onnxruntime"
         target = None
         if args.gpu_product or args.compute_capability:
             if args.runtime != "torch-cuda" or not (args.gpu_product and args.compute_capability):
@@ -106,6 +134,7 @@ def handle(args: argparse.Namespace) -> int:
             profiles=profiles,
             target=target,
             force=args.force,
+            windows=windows,
         )
         published = publish_entry(entry.path, args.publish_as) if args.publish_as else None
     except (EngineBuildError, ValueError, OSError) as error:

@@ -21,9 +21,9 @@ def handle(args: argparse.Namespace) -> int:
     print("voxfleet demo: starting Triton on the CPU…", file=sys.stderr)
     with server.start():
         try:
-            synthesize(server.grpc_url, "Warming up.", voice=plan.voices[0].name)
+            synthesize(server.grpc_url, "Warming up.", voice=plan[0].name)
             runs = [
-                synthesize(server.grpc_url, args.text, voice=plan.voices[0].name)
+                synthesize(server.grpc_url, args.text, voice=plan[0].name)
                 for _ in range(args.repeat)
             ]
         except SynthesisError as error:

@@ -6,7 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from engines.commands.build_engines import RUNTIME_CHOICES
+from engines.commands.build_engines import PRECISION_CHOICES, RUNTIME_CHOICES, runtime_help
+
+GPU_SERVER_ARGS = ["--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0"]
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,32 +24,55 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "--runtime",
         choices=RUNTIME_CHOICES,
         default="onnxruntime",
-        help="stage runtime: onnxruntime on the CPU (default), torch-cuda (a GPU with PyTorch) "
-        "or tensorrt (NVIDIA's TensorRT images only)",
+        help=f"stage runtime (default onnxruntime): {runtime_help()}",
+    )
+    parser.add_argument("--precision", choices=PRECISION_CHOICES, help="default: the runtime's")
+    parser.add_argument(
+        "--max-batch-windows",
+        type=int,
+        default=None,
+        help="most windows in one flow/vocoder call (default 128)",
+    )
+    parser.add_argument(
+        "--max-encoder-batch",
+        type=int,
+        default=None,
+        help="most sentences in one encoder call (default 32)",
     )
     parser.add_argument("--no-batching", action="store_true", help="turn cross-stream batching off")
     parser.add_argument(
         "--max-text-bytes", type=int, default=5000, help="longest TEXT accepted (default 5000)"
     )
     parser.add_argument(
-        "--max-streams", type=int, default=0, help="streams per voice before UNAVAILABLE (0: none)"
+        "--max-streams",
+        type=int,
+        default=0,
+        help="live streams per voice before RESOURCE_EXHAUSTED (0: no limit)",
     )
 
 
-def plan_from_args(args: argparse.Namespace):  # -> ServingPlan, imported lazily
-    from engines.serving import plan_local_voices
-    from engines.voice_plan import VoicePlan
+def plan_from_args(args: argparse.Namespace):  # -> list[ServingPlan], imported lazily
+    from dataclasses import replace
 
-    template = VoicePlan(
+    from engines.plan import ServingPlan, WindowConfig
+    from engines.serving import plan_local_voices
+
+    windows = WindowConfig()
+    if args.max_batch_windows is not None:
+        windows = replace(windows, max_batch_windows=args.max_batch_windows)
+    if args.max_encoder_batch is not None:
+        windows = replace(windows, max_encoder_batch=args.max_encoder_batch)
+    template = ServingPlan(
         name="template",
         engine_dir="",
-        voice_config_path="",
         runtime=args.runtime,
+        precision=args.precision or "",
+        windows=windows,
         cross_stream_batching=not args.no_batching,
         max_text_bytes=args.max_text_bytes,
-        max_streams=args.max_streams,
+        max_streams_per_pod=args.max_streams,
     )
-    return plan_local_voices(args.voice, args.cache, runtime=args.runtime, template=template)
+    return plan_local_voices(args.voice, args.cache, template=template)
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -57,10 +82,14 @@ def handle(args: argparse.Namespace) -> int:
     from engines.voice import VoiceError
 
     try:
-        plan = plan_from_args(args)
-        server = local_server(plan, args.grpc_port, args.http_port, args.metrics_port)
-        print(f"voxfleet: serving {', '.join(v.name for v in plan.voices)}", file=sys.stderr)
-        server.start(stdout_to_log=False)
+        plans = plan_from_args(args)
+        # A GPU model moves request data to the device itself: requests stay in host memory.
+        gpu = any(plan.runtime_info.needs_gpu for plan in plans)
+        extra = GPU_SERVER_ARGS if gpu else []
+        server = local_server(plans, args.grpc_port, args.http_port, args.metrics_port, None, extra)
+        print(f"voxfleet: serving {', '.join(p.name for p in plans)}", file=sys.stderr)
+        # GPU runtimes capture CUDA graphs for every call shape before the model is ready.
+        server.start(timeout_s=600 if gpu else 120, stdout_to_log=False)
     except (VoiceError, EngineBuildError, TritonError, ValueError) as error:
         print(f"voxfleet serve: {error}", file=sys.stderr)
         return 1

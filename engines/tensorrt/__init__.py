@@ -4,7 +4,7 @@
 needs the `tensorrt` package, which exists only in NVIDIA's TensorRT/Triton images: PyPI
 carries stubs that download it from elsewhere, so it was never installed or run in this
 project's CI. The engine-build Job runs it on a node of the target GPU type. `runtime`
-executes the built plans (`TensorRTStages`, registered as runtime "tensorrt" when
-`engines.runtime.load_stages` first asks for it); it imports `tensorrt` and `torch` only when
+executes the built plans (`TensorRTStages`; `runtime.load` is the runtime registry's loader,
+engines/plan.py); it imports `tensorrt` and `torch` only when
 a runtime is created, and it has not been run here either.
 """

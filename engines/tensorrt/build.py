@@ -15,6 +15,7 @@ on the shipped corpus.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from engines.engine_cache import EngineCacheError, EngineKey
+from engines.target import Target, nvidia_smi_gpu
 
 WORKSPACE_BYTES = 4 << 30
 CALIBRATION_BATCHES = 16
@@ -55,6 +57,29 @@ def stage_precision(stage: str, precision: str) -> str:
     return "fp32" if stage == "encoder" else precision
 
 
+def build_entry(
+    model_path: Path,
+    out_dir: Path,
+    key: EngineKey,
+    target: Target,
+    calibration_ids: Sequence[Sequence[int]] | None = None,
+) -> dict[str, str]:
+    """TensorRT's build (the runtime registry's builder): split the voice, then build plans.
+
+    INT8 is calibrated on `calibration_ids`, or on the shipped corpus through this voice.
+    """
+    from engines.split import split_voice
+
+    onnx_dir = out_dir / "onnx"
+    stage_onnx = split_voice(model_path, onnx_dir)
+    ids = calibration_ids
+    if key.precision == "int8" and not ids:
+        ids = corpus_ids(model_path.with_name(model_path.name + ".json"))
+    files = build_plans(stage_onnx, out_dir, key, calibration_ids=ids, target=target)
+    shutil.rmtree(onnx_dir)
+    return files
+
+
 def build_plans(
     stage_onnx: Mapping[str, Path],
     out_dir: Path,
@@ -65,9 +90,7 @@ def build_plans(
     """Write ``<stage>.plan`` for every stage into `out_dir`; returns file name -> stage."""
     import tensorrt as trt
 
-    from engines.engine_build import _nvidia_smi_gpu
-
-    gpu = _nvidia_smi_gpu()
+    gpu = nvidia_smi_gpu()
     if gpu is None:
         raise TensorRTBuildError("nvidia-smi found no GPU: TensorRT plans are built on the GPU")
     check_target(key, f"tensorrt-{trt.__version__}", gpu[0], gpu[1])
@@ -176,7 +199,7 @@ def corpus_ids(voice_config_path: Path) -> list[list[int]]:
     """Phoneme ids of the shipped benchmark corpus for this voice (needs the phonemiser)."""
     import json
 
-    from engines.bench.corpus import load_corpus
+    from engines.corpus import load_corpus
     from engines.frontend import text_to_sentences
     from engines.voice import VoiceConfig
 

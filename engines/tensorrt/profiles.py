@@ -2,7 +2,7 @@
 
 TensorRT builds a plan for ranges of input shapes; a shape outside the range is refused at
 run time, and a wide range costs speed and activation memory, so each range follows what the
-stream model (`engines/streaming.py`, `WindowConfig`) really sends:
+stream model (`WindowConfig` of the serving plan, engines/plan.py) really sends:
 
 - vocoder: batches of 1 to `max_batch_windows` windows, each `size + 2 * vocoder_context_frames`
   frames wide for every size in `window_sizes()` (defaults: 32, 48, 80 and 144 frames);
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from engines.engine_cache import ShapeRange
-from engines.streaming import WindowConfig
+from engines.plan import WindowConfig
 
 LATENT_CHANNELS = 192  # inter_channels of every Piper VITS voice
 # Sentences are cut at 300 characters (engines/frontend.py); their ids (a pad between
@@ -39,12 +39,12 @@ DEFAULT_WINDOWS = WindowConfig()
 
 def vocoder_call_frames(windows: WindowConfig = DEFAULT_WINDOWS) -> list[int]:
     """Every width of a vocoder call the stream model sends, narrowest first."""
-    return [size + 2 * windows.vocoder_context_frames for size in windows.window_sizes()]
+    return windows.vocoder_call_frames()
 
 
 def flow_call_frames(windows: WindowConfig = DEFAULT_WINDOWS) -> list[int]:
     """Every width of a flow call (two windows' frames per chunk), narrowest first."""
-    return [2 * size + 2 * windows.flow_context_frames for size in windows.window_sizes()]
+    return windows.flow_call_frames()
 
 
 @dataclass(frozen=True)

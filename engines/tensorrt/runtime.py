@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engines.engine_cache import MANIFEST, EngineKey, normalize_gpu_product
-from engines.runtime import RUNTIMES
+from engines.plan import RUNTIME_NAMES, WindowConfig
 from engines.tensorrt.build import TensorRTBuildError, check_target
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 STAGES = ("encoder", "flow", "vocoder")
 # Inputs without a batch dimension: passed whole to every part of a split batch.
 UNBATCHED_INPUTS = frozenset({"scales"})
-OTHER_RUNTIMES = ("onnxruntime", "torch-cuda")
+OTHER_RUNTIMES = tuple(name for name in RUNTIME_NAMES if name != "tensorrt")
 BUILD_COMMAND = "voxfleet build-engines --runtime tensorrt"
 
 
@@ -555,4 +555,7 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().to(torch.float32).cpu().numpy()
 
 
-RUNTIMES["tensorrt"] = TensorRTStages
+
+def load(engine_dir: Path, windows: WindowConfig) -> TensorRTStages:
+    """The runtime registry's loader; the plans' profiles already fix the call shapes."""
+    return TensorRTStages(engine_dir)

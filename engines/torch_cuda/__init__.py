@@ -1,6 +1,6 @@
 """The torch-cuda stage runtime: encoder, flow and vocoder on a CUDA GPU with PyTorch.
 
-Importing this package registers `RUNTIMES["torch-cuda"]`; PyTorch itself is imported only
+`load` is the runtime registry's loader (engines/plan.py); PyTorch itself is imported only
 when a runtime is created, so the package imports where torch is absent.
 """
 
@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engines.runtime import RUNTIMES, StageRuntime
+from engines.plan import WindowConfig
+from engines.stages import StageRuntime
 
 
-def _factory(engine_dir: Path) -> StageRuntime:
-    import os
-
+def load(engine_dir: Path, windows: WindowConfig) -> StageRuntime:
     from engines.torch_cuda.runtime import (
         DEFAULT_BATCH_BUCKETS,
         ENCODER_BATCH_BUCKETS,
@@ -21,8 +20,7 @@ def _factory(engine_dir: Path) -> StageRuntime:
     )
 
     # Graphs are memory: capture no bucket larger than the scheduler ever sends.
-    max_windows = int(os.environ.get("VOXFLEET_TORCH_MAX_WINDOWS", "256"))
-    max_sentences = int(os.environ.get("VOXFLEET_TORCH_MAX_SENTENCES", "64"))
+    max_windows, max_sentences = windows.max_batch_windows, windows.max_encoder_batch
     stages = TorchCudaStages(
         engine_dir,
         batch_buckets=[b for b in DEFAULT_BATCH_BUCKETS if b < 2 * max_windows],
@@ -30,5 +28,3 @@ def _factory(engine_dir: Path) -> StageRuntime:
     )
     return stages
 
-
-RUNTIMES["torch-cuda"] = _factory

@@ -23,8 +23,10 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from engines import names
 from engines.frontend import Sentence
 from engines.frontend_pool import FrontendPool
+from engines.plan import ServingPlan
 from engines.runtime import load_stages
 from engines.streaming import (
     SchedulerStats,
@@ -34,7 +36,6 @@ from engines.streaming import (
     SynthesisParams,
 )
 from engines.voice import VoiceConfig
-from engines.voice_plan import VoicePlan
 
 LOGGER = logging.getLogger("voxfleet.model")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -121,7 +122,7 @@ class _ResponseSink(StreamSink):
         rate = self._rate
 
         def send() -> None:
-            tensors = [pb_utils.Tensor("AUDIO", pcm), pb_utils.Tensor("SAMPLE_RATE", rate)]
+            tensors = [pb_utils.Tensor(names.AUDIO, pcm), pb_utils.Tensor(names.SAMPLE_RATE, rate)]
             self._sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
 
         self._senders.submit(self._key, send)
@@ -140,7 +141,7 @@ class _ResponseSink(StreamSink):
 
 class _Metrics:
     def __init__(self, model: str) -> None:
-        labels = {"model": model}
+        labels = {names.MODEL_LABEL: model}
         # A Metric is only valid while its MetricFamily lives: keep the families.
         self._families: list[Any] = []
 
@@ -150,26 +151,29 @@ class _Metrics:
             return metric_family.Metric(labels=labels)
 
         gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
-        self.live = family("voxfleet_live_streams", "Streams in progress", gauge)
+        self.live = family(names.LIVE_STREAMS, "Streams in progress", gauge)
         self.risk = family(
-            "voxfleet_underrun_risk_streams",
+            names.UNDERRUN_RISK_STREAMS,
             "Live streams with less than one window of audio buffered ahead of playback",
             gauge,
         )
-        self.streams = family("voxfleet_streams_total", "Streams accepted", counter)
-        self.first_sum = family(
-            "voxfleet_first_audio_seconds_sum", "Total seconds from request to first audio", counter
+        self.streams = family(names.STREAMS_TOTAL, "Streams accepted", counter)
+        first_audio = pb_utils.MetricFamily(
+            name=names.FIRST_AUDIO_SECONDS,
+            description="Seconds from a request to its first audio",
+            kind=pb_utils.MetricFamily.HISTOGRAM,
         )
-        self.first_count = family(
-            "voxfleet_first_audio_seconds_count", "Streams that produced first audio", counter
+        self._families.append(first_audio)
+        self.first_audio = first_audio.Metric(
+            labels=labels, buckets=list(names.FIRST_AUDIO_BUCKETS_SECONDS)
         )
         self.queue_sum = family(
-            "voxfleet_queue_seconds_sum", "Total seconds windows waited for the vocoder", counter
+            f"{names.QUEUE_SECONDS}_sum", "Total seconds windows waited for the vocoder", counter
         )
-        self.queue_count = family("voxfleet_queue_seconds_count", "Windows decoded", counter)
+        self.queue_count = family(f"{names.QUEUE_SECONDS}_count", "Windows decoded", counter)
         self._labels = labels
         self._batches_family = pb_utils.MetricFamily(
-            name="voxfleet_vocoder_batches_total",
+            name=names.VOCODER_BATCHES_TOTAL,
             description="Vocoder calls by the number of stream windows they decoded together",
             kind=counter,
         )
@@ -190,13 +194,14 @@ class _Metrics:
             self.risk.set(stats.underrun_risk_streams)
             for metric, new, old in (
                 (self.streams, stats.streams_total, last.streams_total),
-                (self.first_sum, stats.first_audio_seconds_sum, last.first_audio_seconds_sum),
-                (self.first_count, stats.first_audio_count, last.first_audio_count),
                 (self.queue_sum, stats.queue_seconds_sum, last.queue_seconds_sum),
                 (self.queue_count, stats.queue_count, last.queue_count),
             ):
                 if new > old:
                     metric.increment(new - old)
+            samples, stats.first_audio_samples = stats.first_audio_samples, []
+            for seconds in samples:
+                self.first_audio.observe(seconds)
             for size, calls in list(stats.vocoder_batches.items()):
                 seen = self._batches_seen.get(size, 0)
                 if calls > seen:
@@ -208,8 +213,6 @@ class _Metrics:
                     self._batches_seen[size] = calls
             self._last = SchedulerStats(
                 streams_total=stats.streams_total,
-                first_audio_seconds_sum=stats.first_audio_seconds_sum,
-                first_audio_count=stats.first_audio_count,
                 queue_seconds_sum=stats.queue_seconds_sum,
                 queue_count=stats.queue_count,
             )
@@ -228,19 +231,19 @@ def _optional_scalar(request: Any, name: str) -> float | None:
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         config = json.loads(args["model_config"])
-        raw_plan = config["parameters"]["voxfleet_plan"]["string_value"]
-        self.plan = VoicePlan.from_json(raw_plan)
+        raw_plan = config["parameters"][names.PLAN_PARAMETER]["string_value"]
+        self.plan = ServingPlan.from_json(raw_plan)
         self.name = config["name"]
         with open(self.plan.voice_config_path, encoding="utf-8") as handle:
             self.voice = VoiceConfig.from_dict(json.load(handle), self.plan.voice_config_path)
-        runtime = load_stages(self.plan.runtime, Path(self.plan.engine_dir))
+        runtime = load_stages(self.plan.runtime, Path(self.plan.engine_dir), self.plan.windows)
         self.metrics = _Metrics(self.name)
         # A GPU scheduler thread spends its time waiting on the device and needs the GIL the
         # moment each wait ends: send from threads, phonemise in worker processes, switch the
         # GIL often. On the CPU data plane the stages use every core, and more threads and
         # processes would compete with them: responses and phonemes are done on the threads
         # that have them, as before the GPU work.
-        gpu = self.plan.runtime != "onnxruntime"
+        gpu = self.plan.runtime_info.needs_gpu
         if gpu:
             sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         self.senders = _Senders(SENDER_THREADS if gpu else 0)
@@ -267,7 +270,7 @@ class TritonPythonModel:
         self.metrics.publish(self.scheduler.stats, force=True)
 
     def _parse(self, request: Any) -> tuple[str, SynthesisParams]:
-        tensor = pb_utils.get_input_tensor_by_name(request, "TEXT")
+        tensor = pb_utils.get_input_tensor_by_name(request, names.TEXT)
         values = tensor.as_numpy().reshape(-1) if tensor is not None else np.array([])
         if values.size != 1:
             raise _invalid(f"TEXT must hold exactly one string, got {values.size}")
@@ -287,17 +290,17 @@ class TritonPythonModel:
         if not text.strip():
             raise _invalid("TEXT is empty; send the text to speak")
         defaults = self.voice
-        speaker = _optional_scalar(request, "SPEAKER_ID")
+        speaker = _optional_scalar(request, names.SPEAKER_ID)
         speaker_id = int(speaker) if speaker is not None else 0
         if not 0 <= speaker_id < max(1, defaults.num_speakers):
             raise _invalid(
                 f"SPEAKER_ID {speaker_id} is out of range: voice {self.name!r} has "
                 f"{defaults.num_speakers} speaker(s), ids 0..{max(0, defaults.num_speakers - 1)}"
             )
-        length = _optional_scalar(request, "LENGTH_SCALE")
-        length_scale = defaults.length_scale * self.plan.speaking_rate if length is None else length
-        noise = _optional_scalar(request, "NOISE_SCALE")
-        noise_w = _optional_scalar(request, "NOISE_W")
+        length = _optional_scalar(request, names.LENGTH_SCALE)
+        length_scale = defaults.length_scale / self.plan.speaking_rate if length is None else length
+        noise = _optional_scalar(request, names.NOISE_SCALE)
+        noise_w = _optional_scalar(request, names.NOISE_W)
         params = SynthesisParams(
             speaker_id=speaker_id,
             length_scale=length_scale,
@@ -315,10 +318,11 @@ class TritonPythonModel:
         for request in requests:
             sink = _ResponseSink(request, self.voice.sample_rate, self.senders)
             try:
-                limit = self.plan.max_streams
+                limit = self.plan.max_streams_per_pod
                 if limit and self.scheduler.live_streams() + self._preparing >= limit:
                     raise RequestError(
-                        f"voice {self.name!r} is serving its limit of {limit} streams; retry later",
+                        f"voice {self.name!r} is serving its limit of {limit} streams on this "
+                        "server (max_streams_per_pod); retry later",
                         "RESOURCE_EXHAUSTED",
                         pb_utils.TritonError.UNAVAILABLE,
                     )

@@ -147,7 +147,7 @@ def register(subparsers: Any) -> None:
         "operator",
         help="run the TTSVoice operator (kopf) against the current kubeconfig",
         description="Configured by VOXFLEET_POOLS_FILE, VOXFLEET_WATCH_NAMESPACES, "
-        "VOXFLEET_REPOSITORY_KEY_FILE, VOXFLEET_ENGINE_CACHE_PVC and VOXFLEET_PROMETHEUS_URL.",
+        "VOXFLEET_REPOSITORY_KEY_FILE and VOXFLEET_ENGINE_CACHE_PVC.",
     )
     operator.add_argument(
         "-n",

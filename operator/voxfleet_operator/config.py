@@ -11,7 +11,6 @@ from voxfleet_operator.pools import PoolsConfig, load_pools
 WATCH_NAMESPACES_ENV = "VOXFLEET_WATCH_NAMESPACES"
 REPOSITORY_KEY_FILE_ENV = "VOXFLEET_REPOSITORY_KEY_FILE"
 ENGINE_CACHE_PVC_ENV = "VOXFLEET_ENGINE_CACHE_PVC"
-PROMETHEUS_URL_ENV = "VOXFLEET_PROMETHEUS_URL"
 DEFAULT_ENGINE_CACHE_PVC = "voxfleet-engine-cache"
 
 
@@ -25,7 +24,6 @@ class OperatorConfig:
     watch_namespaces: tuple[str, ...]
     repository_key: str
     engine_cache_pvc: str
-    prometheus_url: str | None
 
 
 def read_repository_key(path: str | None) -> str:
@@ -51,5 +49,4 @@ def load_config(environ: dict[str, str] | None = None) -> OperatorConfig:
         watch_namespaces=namespaces,
         repository_key=read_repository_key(env.get(REPOSITORY_KEY_FILE_ENV)),
         engine_cache_pvc=env.get(ENGINE_CACHE_PVC_ENV) or DEFAULT_ENGINE_CACHE_PVC,
-        prometheus_url=env.get(PROMETHEUS_URL_ENV) or None,
     )

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-
-from voxfleet_operator.pools import Pool
-from voxfleet_operator.spec import TTSVoiceSpec
 
 PART_OF = "voxfleet"
 MANAGED_BY = "voxfleet-operator"
@@ -80,25 +75,3 @@ def common_labels(component: str) -> dict[str, str]:
         "app.kubernetes.io/managed-by": MANAGED_BY,
         COMPONENT_LABEL: component,
     }
-
-
-def engine_key(spec: TTSVoiceSpec, pool: Pool) -> str:
-    """Identity of the engines a voice needs on a pool: same key, same engines, no rebuild.
-
-    It covers what changes the built artifacts: the voice's content, precision, the
-    optimisation profiles (batch and window sizes), the runtime version (the image) and the
-    GPU product. Rate, limits and autoscaling are deliberately left out.
-    """
-    material = {
-        "source": spec.source.identity(),
-        "runtime": "tensorrt",
-        "precision": spec.precision.value,
-        "max_batch": spec.batching.max_batch_size,
-        "first_window_frames": spec.streaming.first_window_frames,
-        "steady_window_frames": spec.streaming.steady_window_frames,
-        "context_frames": spec.streaming.context_frames,
-        "image": pool.triton_image,
-        "gpu_product": pool.gpu_product,
-    }
-    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
-    return digest[:20]

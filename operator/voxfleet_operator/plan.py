@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from voxfleet_operator.names import engine_key
 from voxfleet_operator.pools import Pool, PoolsConfig
 from voxfleet_operator.spec import TTSVoiceSpec
 
@@ -63,7 +62,3 @@ def place_voices(voices: Iterable[Voice], pools: PoolsConfig) -> list[PoolPlan]:
         plan_pool(pools.get(pool_name), namespace, members)
         for (namespace, pool_name), members in sorted(groups.items())
     ]
-
-
-def voice_engine_key(voice: Voice, pools: PoolsConfig) -> str:
-    return engine_key(voice.spec, pools.get(voice.spec.pool))

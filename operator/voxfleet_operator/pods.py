@@ -12,6 +12,7 @@ from voxfleet_operator.placement import place_voice
 from voxfleet_operator.plan import Voice
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.runtime import PODS, Runtime
+from voxfleet_operator.serving import serving_plan
 
 LOADED_PREFIX = "loaded.voxfleet.io/"
 # A load Triton refused is tried again after 5 s, 10 s, 20 s ... at most every 5 minutes.
@@ -58,8 +59,8 @@ async def sync_pods(
     of them) and leave the others; return (ready pods, serving, errors)."""
     selector = ",".join(f"{k}={v}" for k, v in pool_selector(pool.name).items())
     pods = await rt.client.list(PODS, voice.namespace, selector)
-    plan = loading.serving_plan(voice, pool, key)
-    digest = loading.load_digest(plan)
+    body = loading.load_request(serving_plan(voice.name, voice.spec, pool, key))
+    digest = loading.load_digest(body)
     ready = [p for p in pods if pod_ready(p)]
     placement = place_voice(voice.name, ready, voice.spec.replicas)
     serving = 0
@@ -69,7 +70,6 @@ async def sync_pods(
             error = await unload_from_pod(rt, voice.name, voice.namespace, pod)
             if error is not None:
                 errors.append(error)
-    body: dict[str, Any] | None = None
     for pod in ready:
         if pod["metadata"]["name"] not in placement.serve:
             continue
@@ -91,8 +91,6 @@ async def sync_pods(
             errors.append(last_error)
             continue
         try:
-            if body is None:
-                body = loading.load_request(voice.name, loading.model_repository_files(plan))
             url = f"http://{pod['status']['podIP']}:{_http_port(pod)}"
             await loading.load_voice(rt.http, url, voice.name, body, rt.config.repository_key)
         except Exception as error:  # an import, a refusal or a network error: all reported

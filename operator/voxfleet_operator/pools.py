@@ -1,17 +1,20 @@
-"""GPU pools: the operator's configuration of where Triton pods may run.
+"""Pools: the operator's configuration of where Triton pods may run and on which runtime.
 
 The chart mounts a YAML file and points `VOXFLEET_POOLS_FILE` at it:
 
     defaultPool: t4
     pools:
       - name: t4
+        runtime: tensorrt
         nodeSelector: {cloud.google.com/gke-accelerator: nvidia-tesla-t4}
         tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
         gpuProduct: Tesla-T4
-        gpuMemory: 16Gi
         gpusPerPod: 1
         tritonImage: ghcr.io/voxfleet/triton:0.1.0
         maxPods: 8
+      - name: cpu          # kind, a laptop, CI: no GPU requested, no GPU node selector
+        runtime: onnxruntime
+        maxPods: 4
 
 Without a file the operator runs with `default_pools_config()`: one T4 pool named `t4`.
 """
@@ -23,8 +26,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
+
+from engines.plan import RUNTIME_NAMES, RuntimeInfo, runtime_info
 
 POOLS_FILE_ENV = "VOXFLEET_POOLS_FILE"
 DEFAULT_TRITON_IMAGE = "ghcr.io/voxfleet/triton:0.1.0"
@@ -40,12 +52,34 @@ class _Model(BaseModel):
     )
 
 
+DEFAULT_RUNTIME = "tensorrt"
+# Requests of a pool pod where the pool sets none: a GPU pod feeds its GPU from two cores; a
+# CPU pod runs one voice's stages on one core.
+GPU_POD_CPU, GPU_POD_MEMORY = "2", "8Gi"
+CPU_POD_CPU, CPU_POD_MEMORY = "1", "2Gi"
+
+
 class Pool(_Model):
     name: str = Field(
         min_length=1,
         max_length=40,
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
         description="Pool name; voices refer to it and it is part of child object names.",
+    )
+    runtime: str = Field(
+        default=DEFAULT_RUNTIME,
+        description="Stage runtime of the pool's pods and engine builds: "
+        + ", ".join(RUNTIME_NAMES)
+        + ". A CPU runtime (onnxruntime) requests no GPU and needs no GPU node.",
+    )
+    cpu: str | None = Field(
+        default=None,
+        description="CPU request of a pool pod (default 2 on GPU pools, 1 on CPU pools).",
+    )
+    memory: str | None = Field(
+        default=None,
+        description="Memory request of a pool pod (default 8Gi on GPU pools, 2Gi on CPU "
+        "pools); the limit is twice the request.",
     )
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Node labels the pool's pods (and engine Jobs) need."
@@ -59,7 +93,6 @@ class Pool(_Model):
         description="Value of the node label `nvidia.com/gpu.product` (GPU feature "
         "discovery); engines are built on, and only valid for, this product.",
     )
-    gpu_memory: str = Field(default="16Gi", description="GPU memory of one GPU of this product.")
     gpus_per_pod: int = Field(default=1, ge=1, le=16, description="`nvidia.com/gpu` per pod.")
     triton_image: str = Field(
         default=DEFAULT_TRITON_IMAGE,
@@ -68,6 +101,32 @@ class Pool(_Model):
     )
     max_pods: int = Field(default=8, ge=1, le=1000, description="Most Triton pods in the pool.")
 
+    @field_validator("runtime")
+    @classmethod
+    def _known_runtime(cls, value: str) -> str:
+        runtime_info(value)  # ValueError naming the registered runtimes
+        return value
+
+    @property
+    def runtime_info(self) -> RuntimeInfo:
+        return runtime_info(self.runtime)
+
+    @property
+    def needs_gpu(self) -> bool:
+        return self.runtime_info.needs_gpu
+
+    @property
+    def target_product(self) -> str:
+        """What the pool's engines are built for: its GPU product, or `cpu`."""
+        return self.gpu_product if self.needs_gpu else "cpu"
+
+    @property
+    def cpu_request(self) -> str:
+        return self.cpu or (GPU_POD_CPU if self.needs_gpu else CPU_POD_CPU)
+
+    @property
+    def memory_request(self) -> str:
+        return self.memory or (GPU_POD_MEMORY if self.needs_gpu else CPU_POD_MEMORY)
 
 class PoolsConfig(_Model):
     default_pool: str = Field(description="Pool of voices that name none.")

@@ -12,12 +12,13 @@ from typing import Any
 
 from voxfleet_operator.children import ensure, with_owners
 from voxfleet_operator.engine_builds import sync_engine
-from voxfleet_operator.names import MANAGED_BY, endpoint, engine_key, pool_deployment_name
+from voxfleet_operator.names import MANAGED_BY, endpoint, pool_deployment_name
 from voxfleet_operator.placement import scale_status
 from voxfleet_operator.pods import sync_pods
 from voxfleet_operator.render import render_voice
 from voxfleet_operator.render.voice_scaling import voice_hpa_name
 from voxfleet_operator.runtime import HPAS, TTSVOICES, Peers, Runtime, peer_entry
+from voxfleet_operator.serving import voice_engine_key
 from voxfleet_operator.shared import leave_previous_pool, sync_shared
 from voxfleet_operator.status import (
     AVAILABLE,
@@ -60,7 +61,7 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
         return status
 
     pool = rt.config.pools.get(voice.spec.pool)
-    key = engine_key(voice.spec, pool)
+    key = voice_engine_key(voice.spec, pool)
     own = peer_entry(body)
 
     def peers_and_self() -> list[Mapping[str, Any]]:

@@ -17,6 +17,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+# The stream model's largest vocoder call (batch x widest window with its context) must fit
+# the engines' profile: the same arithmetic as the data plane's (`WindowConfig`).
+from engines.plan import MAX_VOCODER_BATCH_FRAMES, WindowConfig
+
 GROUP = "voxfleet.io"
 VERSION = "v1alpha1"
 PLURAL = "ttsvoices"
@@ -24,9 +28,6 @@ KIND = "TTSVoice"
 SINGULAR = "ttsvoice"
 SHORT_NAMES = ["ttsv"]
 
-# The vocoder's TensorRT optimisation profile is sized for this many frames per call
-# (batch x padded window); a spec that needs more could never be served by one engine.
-MAX_VOCODER_BATCH_FRAMES = 8192
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -152,20 +153,17 @@ class Streaming(_Model):
             )
         return self
 
-    @property
-    def padded_window_frames(self) -> int:
-        return self.steady_window_frames + 2 * self.context_frames
-
 
 class Batching(_Model):
     max_batch_size: int = Field(
         default=8, ge=1, le=64, description="Most vocoder windows decoded in one call."
     )
     max_queue_delay_ms: int = Field(
-        default=5,
+        default=25,
         ge=0,
         le=1000,
-        description="Longest a ready window waits for others to join its batch.",
+        description="Longest a new stream waits for others to share its encoder call, on a "
+        "busy GPU (16 or more live streams) only; 0 never waits.",
     )
 
 
@@ -262,7 +260,7 @@ class TTSVoiceSpec(_Model):
         default=None,
         max_length=40,
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
-        description="GPU pool (from the operator's configuration) to run on; "
+        description="Pool (from the operator's configuration) to run on; "
         "empty means the operator's default pool.",
     )
     precision: Precision = Field(
@@ -296,7 +294,12 @@ class TTSVoiceSpec(_Model):
 
     @model_validator(mode="after")
     def _cross_field(self) -> TTSVoiceSpec:
-        frames = self.batching.max_batch_size * self.streaming.padded_window_frames
+        frames = WindowConfig(
+            first_window_frames=self.streaming.first_window_frames,
+            window_frames=self.streaming.steady_window_frames,
+            vocoder_context_frames=self.streaming.context_frames,
+            max_batch_windows=self.batching.max_batch_size,
+        ).vocoder_batch_frames()
         if frames > MAX_VOCODER_BATCH_FRAMES:
             raise ValueError(
                 f"batching.maxBatchSize x (streaming.steadyWindowFrames + 2 x "

@@ -29,7 +29,7 @@ def entry_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_fp16_audio_is_within_30_db_of_fp32_on_the_corpus(
     entry_dir: Path, corpus_ids: list[list[int]]
 ) -> None:
-    from engines.torch_cuda.gpu_bench import fp16_quality
+    from engines.bench.gpu_bench import fp16_quality
 
     quality = fp16_quality(entry_dir, corpus_ids, sentences=40)
     print(f"\nFP16 vs FP32 on {quality['sentences']} corpus sentences: {quality}")
@@ -68,7 +68,7 @@ def test_graph_replay_equals_eager_and_padding_rows_do_not_leak(entry_dir: Path)
 
 
 def test_stream_scheduler_runs_on_the_gpu_runtime(entry_dir: Path, corpus_ids) -> None:
-    from engines.torch_cuda.gpu_bench import simulate_streams
+    from engines.bench.gpu_bench import simulate_streams
     from engines.torch_cuda.runtime import TorchCudaStages
 
     stages = TorchCudaStages(entry_dir, precision="fp16")

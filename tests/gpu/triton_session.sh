@@ -23,9 +23,9 @@ export VOXFLEET_CACHE=/tmp/voxfleet-cache
 # (the TEXT tensor) and dies. The stub imports the environment's own NumPy.
 python3 -c 'import numpy, sys; print("numpy", numpy.__version__, numpy.__file__); sys.exit(numpy.__version__ >= "2")' \
     || echo "warning: NumPy 2 in this environment; the Triton Python backend will fail on TEXT"
-python3 -c 'from engines.serving import plan_local_voices; plan_local_voices(["joe"], None, "torch-cuda")' || exit 1
+python3 -c 'from engines.plan import ServingPlan; from engines.serving import plan_local_voices; plan_local_voices(["joe"], None, ServingPlan("template", "", runtime="torch-cuda"))' || exit 1
 pkill -f tritonserver && sleep 3  # servers of an earlier, interrupted session
-python3 -m engines.torch_cuda.serve_gpu --voice joe --grpc-port 18000 >"$OUT/triton-batched.log" 2>&1 &
+python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch 32 --voice joe --grpc-port 18000 --metrics-port 18001 --http-port 18002 >"$OUT/triton-batched.log" 2>&1 &
 P1=$!
 trap 'kill -TERM $P1 ${P2:-} 2>/dev/null; wait 2>/dev/null' EXIT
 # One server warms up at a time: cuDNN's autotuning of two at once can take the whole GPU.
@@ -35,7 +35,7 @@ for _ in $(seq 1 300); do
     sleep 1
 done
 if [[ "${NOBATCH:-1}" == 1 ]]; then
-    python3 -m engines.torch_cuda.serve_gpu --voice joe --grpc-port 18010 --no-batching \
+    python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch 32 --voice joe --grpc-port 18010 --metrics-port 18011 --http-port 18012 --no-batching \
         >"$OUT/triton-nobatch.log" 2>&1 &
     P2=$!
     PORTS="18002 18012"
@@ -75,7 +75,7 @@ if [[ -n "${PROFILE_DELAY:-}" ]]; then
     # busy threads, summarised by engines.bench.profile.
     (
         sleep "$PROFILE_DELAY"
-        server=$(pgrep -P "$P1" | head -n 1)  # serve_gpu's child: the batched tritonserver
+        server=$(pgrep -P "$P1" | head -n 1)  # the serve command.s child: the batched tritonserver
         stub=$(pgrep -P "$server" | head -n 1)
         echo "server $server stub $stub" >"$OUT/profile-processes.txt"
         top -b -n 2 -d 5 -p "$server,$stub" | tail -n 4 >>"$OUT/profile-processes.txt"

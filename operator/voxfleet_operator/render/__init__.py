@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from voxfleet_operator.names import engine_key
 from voxfleet_operator.plan import PoolPlan, Voice, place_voices
 from voxfleet_operator.pools import PoolsConfig
 from voxfleet_operator.render.engine_job import build_engine_job
@@ -22,6 +21,7 @@ from voxfleet_operator.render.pool import (
 )
 from voxfleet_operator.render.voice import build_repository_key_secret, build_voice_service
 from voxfleet_operator.render.voice_scaling import build_voice_hpa
+from voxfleet_operator.serving import voice_engine_key
 
 __all__ = [
     "build_engine_job",
@@ -58,7 +58,7 @@ def render_voice(voice: Voice, pools: PoolsConfig, engine_cache_pvc: str) -> lis
     """The children of one voice alone: its engine-build Job, its Service, and its HPA when
     it scales on its own (`autoscaling.perVoice`)."""
     pool = pools.get(voice.spec.pool)
-    key = engine_key(voice.spec, pool)
+    key = voice_engine_key(voice.spec, pool)
     objects = [
         build_engine_job(voice.name, voice.namespace, voice.spec, pool, key, engine_cache_pvc),
         build_voice_service(voice.name, voice.namespace, pool),

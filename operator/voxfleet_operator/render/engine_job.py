@@ -1,4 +1,8 @@
-"""The engine-build Job: one per (voice, engine key), on a node of the voice's GPU product."""
+"""The engine-build Job: one per (voice, engine key), on a node of the voice's pool.
+
+The Job receives the voice's serving plan, so it builds for the pool's runtime and precision,
+with TensorRT profiles sized by the voice's own windows and batch.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,14 @@ from voxfleet_operator.names import ENGINE_KEY_LABEL, POOL_LABEL, VOICE_LABEL, e
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.render.common import (
     container_security_context,
-    gpu_node_selector,
-    gpu_resources,
     metadata,
     pod_security_context,
+    pool_node_selector,
+    pool_resources,
 )
+from voxfleet_operator.serving import ENGINE_CACHE_MOUNT, serving_plan
 from voxfleet_operator.spec import TTSVoiceSpec
 
-ENGINE_CACHE_MOUNT = "/engines"
 VOICE_MOUNT = "/voice"
 BUILD_BACKOFF_LIMIT = 2
 BUILD_DEADLINE_SECONDS = 3600
@@ -66,13 +70,11 @@ def build_engine_job(
         "build-engines",
         "--voice",
         voice_argument(spec),
-        "--runtime",
-        "tensorrt",
-        "--precision",
-        spec.precision.value,
+        "--plan",
+        serving_plan(voice, spec, pool, engine_key).to_json(),
         "--cache",
         ENGINE_CACHE_MOUNT,
-        # Pods load the voice from /engines/<engine key>/ (see loading.serving_plan).
+        # Pods load the voice from /engines/<engine key>/ (the plan's engine_dir).
         "--publish-as",
         engine_key,
     ]
@@ -88,7 +90,7 @@ def build_engine_job(
                 "spec": {
                     "restartPolicy": "Never",
                     "securityContext": pod_security_context(),
-                    "nodeSelector": gpu_node_selector(pool),
+                    "nodeSelector": pool_node_selector(pool),
                     "tolerations": [dict(t) for t in pool.tolerations],
                     "containers": [
                         {
@@ -96,7 +98,7 @@ def build_engine_job(
                             "image": pool.triton_image,
                             "command": command,
                             "env": env,
-                            "resources": gpu_resources(pool),
+                            "resources": pool_resources(pool),
                             "securityContext": container_security_context(),
                             "volumeMounts": mounts,
                         }

@@ -1,4 +1,4 @@
-"""One GPU pool in one namespace: the Triton Deployment and what scales and watches it.
+"""One pool in one namespace: the Triton Deployment and what scales and watches it.
 
 The Deployment's pod template depends only on the pool, never on its voices, so adding or
 removing a voice loads or unloads a model on running pods instead of rolling the pool.
@@ -23,12 +23,12 @@ from voxfleet_operator.plan import PoolPlan
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.render.common import (
     container_security_context,
-    gpu_node_selector,
-    gpu_resources,
     metadata,
     pod_security_context,
+    pool_node_selector,
+    pool_resources,
 )
-from voxfleet_operator.render.engine_job import ENGINE_CACHE_MOUNT
+from voxfleet_operator.serving import ENGINE_CACHE_MOUNT
 
 MODEL_REPOSITORY = "/models"
 # Triton finishes in-flight streams for up to this long after SIGTERM; the pod's grace period
@@ -43,6 +43,7 @@ FIRST_AUDIO_METRIC = "voxfleet_first_audio_p95_seconds"
 QUEUE_METRIC = "voxfleet_queue_seconds"
 VOICE_FIRST_AUDIO_METRIC = "voxfleet_voice_first_audio_p95_seconds"
 KEY_ENV = "VOXFLEET_REPOSITORY_KEY"
+TRITON_COMMAND = ["voxfleet", "triton"]
 
 
 def triton_args() -> list[str]:
@@ -67,7 +68,8 @@ def build_pool_deployment(pool: Pool, namespace: str, engine_cache_pvc: str) -> 
     container = {
         "name": "triton",
         "image": pool.triton_image,
-        "command": ["tritonserver"],
+        # `voxfleet triton` runs the image's tritonserver with these arguments as they are.
+        "command": TRITON_COMMAND,
         "args": triton_args(),
         "env": [
             {
@@ -103,7 +105,7 @@ def build_pool_deployment(pool: Pool, namespace: str, engine_cache_pvc: str) -> 
             "failureThreshold": 2,
         },
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
-        "resources": gpu_resources(pool),
+        "resources": pool_resources(pool),
         "securityContext": container_security_context(),
         "volumeMounts": [
             {"name": "engines", "mountPath": ENGINE_CACHE_MOUNT, "readOnly": True},
@@ -128,7 +130,7 @@ def build_pool_deployment(pool: Pool, namespace: str, engine_cache_pvc: str) -> 
                 "spec": {
                     "securityContext": pod_security_context(),
                     "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-                    "nodeSelector": gpu_node_selector(pool),
+                    "nodeSelector": pool_node_selector(pool),
                     "tolerations": [dict(t) for t in pool.tolerations],
                     "enableServiceLinks": False,
                     "containers": [container],

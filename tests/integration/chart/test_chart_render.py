@@ -99,7 +99,6 @@ def test_operator_configuration_reaches_the_operator_as_files_and_env() -> None:
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["VOXFLEET_WATCH_NAMESPACES"] == "speech,speech-staging"
     assert env["VOXFLEET_ENGINE_CACHE_PVC"] == "voxfleet-engine-cache"
-    assert env["VOXFLEET_PROMETHEUS_URL"] == "http://prometheus-operated.monitoring.svc:9090"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     # The pools file path is the mounted ConfigMap's key.

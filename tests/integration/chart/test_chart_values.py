@@ -20,7 +20,8 @@ BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
     ("pool-without-name", {"pools": [{"gpuProduct": "Tesla-T4"}]}, ["name"]),
     ("pool-unknown-field", {"pools": [{**T4, "gpus": 2}]}, ["gpus"]),
     ("max-pods-string", {"pools": [{**T4, "maxPods": "four"}]}, ["maxPods"]),
-    ("gpu-memory-not-quantity", {"pools": [{**T4, "gpuMemory": "16 GB"}]}, ["gpuMemory"]),
+    ("memory-not-quantity", {"pools": [{**T4, "memory": "16 GB"}]}, ["memory"]),
+    ("unknown-runtime", {"pools": [{**T4, "runtime": "cuda"}]}, ["runtime"]),
     ("digest-not-sha256", {"operator": {"image": {"repository": "x", "digest": "latest"}}},
      ["digest"]),
     ("image-repository-empty", {"tritonImage": {"repository": ""}}, ["repository"]),
@@ -28,7 +29,7 @@ BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
     ("unknown-top-level-value", {"replicaCount": 2}, ["replicaCount"]),
     ("interval-not-duration", {"serviceMonitor": {"interval": "fast"}}, ["interval"]),
     ("access-mode-unknown", {"engineCache": {"accessModes": ["ReadWriteAll"]}}, ["accessModes"]),
-    ("prometheus-url-not-http", {"prometheus": {"url": "prometheus:9090"}}, ["url"]),
+    ("prometheus-url-is-gone", {"prometheus": {"url": "http://prometheus:9090"}}, ["prometheus"]),
     ("health-port-privileged", {"operator": {"image": {"repository": "x"}, "healthPort": 80}},
      ["healthPort"]),
     # Cross-field rules the template enforces (JSON Schema draft-07 cannot).

@@ -353,7 +353,7 @@ POOLS = {
                 {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
             ],
         },
-        {"name": "l4", "gpuProduct": "NVIDIA-L4", "gpuMemory": "24Gi", "maxPods": 2},
+        {"name": "l4", "gpuProduct": "NVIDIA-L4", "maxPods": 2},
     ],
 }
 REPOSITORY_KEY = "e2e-repository-key"

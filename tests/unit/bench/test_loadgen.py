@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from engines.bench.corpus import cycle_sentences
 from engines.bench.loadgen import run_closed_loop
+from engines.corpus import cycle_sentences
 
 
 class FakeServer:

@@ -22,14 +22,25 @@ def test_pools_file_with_defaults_filled_in(tmp_path: Path) -> None:
         "  - name: t4\n"
         "    nodeSelector: {cloud.google.com/gke-accelerator: nvidia-tesla-t4}\n"
         "    tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]\n"
-        "  - {name: l4, gpuProduct: NVIDIA-L4, gpuMemory: 24Gi, gpusPerPod: 2, maxPods: 3}\n",
+        "  - {name: l4, gpuProduct: NVIDIA-L4, runtime: torch-cuda, gpusPerPod: 2, maxPods: 3}\n"
+        "  - {name: cpu, runtime: onnxruntime}\n",
     )
     pools = load_pools(path)
     assert pools.get(None).name == "t4"
     t4 = pools.get("t4")
-    assert t4.gpu_product == "Tesla-T4" and t4.gpu_memory == "16Gi" and t4.gpus_per_pod == 1
+    assert t4.gpu_product == "Tesla-T4" and t4.runtime == "tensorrt" and t4.gpus_per_pod == 1
     assert t4.node_selector == {"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}
     assert pools.get("l4").gpus_per_pod == 2 and pools.get("l4").max_pods == 3
+    cpu = pools.get("cpu")
+    assert not cpu.needs_gpu and cpu.target_product == "cpu"
+    assert (cpu.cpu_request, cpu.memory_request) == ("1", "2Gi")
+    assert (t4.cpu_request, t4.memory_request) == ("2", "8Gi")
+
+
+def test_an_unknown_runtime_names_the_registered_ones(tmp_path: Path) -> None:
+    path = write(tmp_path, "defaultPool: a\npools: [{name: a, runtime: cuda}]\n")
+    with pytest.raises(PoolsConfigError, match="unknown runtime 'cuda'; choose one of onnxruntime"):
+        load_pools(path)
 
 
 def test_env_var_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

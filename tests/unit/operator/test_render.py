@@ -6,7 +6,6 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from voxfleet_operator.names import engine_key
 from voxfleet_operator.plan import Voice, place_voices, plan_pool
 from voxfleet_operator.pools import Pool, PoolsConfig
 from voxfleet_operator.render import (
@@ -19,7 +18,10 @@ from voxfleet_operator.render import (
     render_voices,
 )
 from voxfleet_operator.render.pool import TRITON_EXIT_TIMEOUT_SECONDS
+from voxfleet_operator.serving import voice_engine_key as engine_key
 from voxfleet_operator.spec import TTSVoiceSpec
+
+from engines.plan import ServingPlan
 
 T4 = Pool(
     name="t4",
@@ -49,20 +51,13 @@ def test_engine_job_builds_on_the_pool_gpu_into_the_cache() -> None:
     job = build_engine_job("joe", "tts", voice.spec, T4, key, "engine-cache")
     assert job["metadata"]["name"] == f"engine-joe-{key[:10]}"
     main = container(job)
-    assert main["command"] == [
-        "voxfleet",
-        "build-engines",
-        "--voice",
-        URL_SOURCE["url"],
-        "--runtime",
-        "tensorrt",
-        "--precision",
-        "int8",
-        "--cache",
-        "/engines",
-        "--publish-as",
-        key,
-    ]
+    command = main["command"]
+    assert command[:4] == ["voxfleet", "build-engines", "--voice", URL_SOURCE["url"]]
+    assert command[4] == "--plan"
+    assert command[6:] == ["--cache", "/engines", "--publish-as", key]
+    plan = ServingPlan.from_json(command[5])
+    assert (plan.runtime, plan.precision) == ("tensorrt", "int8")
+    assert plan.engine_dir == f"/engines/{key}"
     assert {"name": "VOXFLEET_VOICE_SHA256", "value": "ab" * 32} in main["env"]
     assert main["resources"]["limits"]["nvidia.com/gpu"] == "1"
     pod = job["spec"]["template"]["spec"]
@@ -93,6 +88,41 @@ def test_engine_key_changes_only_with_what_changes_the_engines() -> None:
     assert engine_key(base, T4) != engine_key(make_voice(precision="fp32").spec, T4)
     assert engine_key(base, T4) != engine_key(base, L4)  # another GPU product
     assert engine_key(base, T4) != engine_key(make_voice(batching={"maxBatchSize": 4}).spec, T4)
+
+
+CPU = Pool(name="cpu", runtime="onnxruntime", max_pods=4)
+CPU_POOLS = PoolsConfig(default_pool="cpu", pools=[CPU])
+
+
+def test_a_cpu_pool_renders_onnxruntime_builds_and_pods_without_gpus() -> None:
+    (job,) = [o for o in render_voices([make_voice()], CPU_POOLS, "cache") if o["kind"] == "Job"]
+    plan = ServingPlan.from_json(container(job)["command"][5])
+    # The spec's default fp16 is a GPU precision: the CPU pool builds onnxruntime's fp32.
+    assert (plan.runtime, plan.precision) == ("onnxruntime", "fp32")
+    deployment = build_pool_deployment(CPU, "tts", "cache")
+    for pod in (deployment, job):
+        spec = pod["spec"]["template"]["spec"]
+        assert "nvidia.com/gpu.product" not in spec["nodeSelector"]
+        resources = container(pod)["resources"]
+        assert "nvidia.com/gpu" not in {**resources["requests"], **resources["limits"]}
+    assert container(deployment)["resources"]["requests"]["cpu"] == "1"
+    assert container(deployment)["command"] == ["voxfleet", "triton"]
+
+
+def test_window_edits_reach_the_build_and_rebuild_only_shaped_engines() -> None:
+    def job_command(pool: Pool, frames: int) -> list[str]:
+        voice = make_voice(streaming={"steadyWindowFrames": frames})
+        pools = PoolsConfig(default_pool=pool.name, pools=[pool])
+        (job,) = [o for o in render_voices([voice], pools, "cache") if o["kind"] == "Job"]
+        return list(container(job)["command"])
+
+    for pool in (T4, CPU):
+        narrow, wide = job_command(pool, 32), job_command(pool, 64)
+        assert ServingPlan.from_json(narrow[5]).windows.window_frames == 32
+        assert ServingPlan.from_json(wide[5]).windows.window_frames == 64
+    # TensorRT's profiles follow the windows, so its key does too; onnxruntime's do not.
+    assert job_command(T4, 32)[-1] != job_command(T4, 64)[-1]
+    assert job_command(CPU, 32)[-1] == job_command(CPU, 64)[-1]
 
 
 def test_triton_deployment_serves_safely_and_drains() -> None:

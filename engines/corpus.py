@@ -1,4 +1,4 @@
-"""The benchmark corpus shipped with the project (`corpus.txt`, provenance inside it)."""
+"""The corpus of sentences shipped with the project (`corpus.txt`, provenance inside it)."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def parse_corpus(text: str, source: str = "corpus") -> list[str]:
 def load_corpus(path: Path | None = None) -> list[str]:
     """The shipped corpus, or the one at `path`."""
     if path is None:
-        text = resources.files("engines.bench").joinpath("corpus.txt").read_text("utf-8")
-        return parse_corpus(text, "engines/bench/corpus.txt")
+        text = resources.files("engines").joinpath("corpus.txt").read_text("utf-8")
+        return parse_corpus(text, "engines/corpus.txt")
     try:
         text = path.read_text("utf-8")
     except OSError as error:

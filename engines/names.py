@@ -1,0 +1,55 @@
+"""Names the stream model shares with its clients, Prometheus and the operator: defined once.
+
+Plain strings and numbers only: the operator, the chart's generator and the clients import
+this module without the data plane's dependencies.
+"""
+
+from __future__ import annotations
+
+# -- the stream model's tensors -----------------------------------------------------------
+TEXT = "TEXT"
+SPEAKER_ID = "SPEAKER_ID"
+LENGTH_SCALE = "LENGTH_SCALE"
+NOISE_SCALE = "NOISE_SCALE"
+NOISE_W = "NOISE_W"
+AUDIO = "AUDIO"
+SAMPLE_RATE = "SAMPLE_RATE"
+
+# (name, Triton data type, optional)
+INPUTS = (
+    (TEXT, "TYPE_STRING", False),
+    (SPEAKER_ID, "TYPE_INT32", True),
+    (LENGTH_SCALE, "TYPE_FP32", True),
+    (NOISE_SCALE, "TYPE_FP32", True),
+    (NOISE_W, "TYPE_FP32", True),
+)
+# (name, Triton data type, dims)
+OUTPUTS = ((AUDIO, "TYPE_INT16", (-1,)), (SAMPLE_RATE, "TYPE_INT32", (1,)))
+
+# The model-config parameter that carries the serving plan (JSON).
+PLAN_PARAMETER = "voxfleet_plan"
+
+# -- metrics (labelled `model`) -----------------------------------------------------------
+MODEL_LABEL = "model"
+LIVE_STREAMS = "voxfleet_live_streams"
+UNDERRUN_RISK_STREAMS = "voxfleet_underrun_risk_streams"
+STREAMS_TOTAL = "voxfleet_streams_total"
+# A histogram: _bucket{le}, _sum and _count series.
+FIRST_AUDIO_SECONDS = "voxfleet_first_audio_seconds"
+FIRST_AUDIO_BUCKETS_SECONDS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.0,
+    5.0,
+)
+QUEUE_SECONDS = "voxfleet_queue_seconds"  # _sum and _count counters
+VOCODER_BATCHES_TOTAL = "voxfleet_vocoder_batches_total"  # labelled batch_size too
