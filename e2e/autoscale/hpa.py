@@ -18,10 +18,10 @@ applies the documented algorithm (and, where the documentation is silent, what
   propose a scale-down, nothing scales;
 - `minReplicas`/`maxReplicas` clamping, and `spec.replicas == 0` disables autoscaling;
 - `behavior` with the API server's defaults filled in: stabilisation windows (the highest
-  recommendation of the scale-down window, the lowest of the scale-up window, the first
-  scale-down window seeded with the current count), and rate policies (`Pods`/`Percent`
-  over `periodSeconds`, counted from the scale events of this controller, with
-  `selectPolicy` Max, Min or Disabled).
+  recommendation of the scale-down window, the lowest of the scale-up window, the count at
+  the controller's first sync of the HPA being the first recommendation), and rate policies
+  (`Pods`/`Percent` over `periodSeconds`, counted from the scale events of this controller,
+  with `selectPolicy` Max, Min or Disabled).
 
 Not emulated: `Resource` and `ContainerResource` metrics (they need metrics-server), the
 per-HPA tolerance of `behavior` (alpha in Kubernetes 1.33), the controller's events and
@@ -500,9 +500,9 @@ class HorizontalPodAutoscaler:
     ) -> Decision:
         up, down = behavior_with_defaults(self.spec, self.downscale_stabilization_seconds)
         if not self._initialized:
+            # maybeInitScaleDownStabilizationWindow: the count at start is the first sample.
             self._initialized = True
-            if int(down["stabilizationWindowSeconds"]) > 0:
-                self._recommendations.append(_Recommendation(current, now))
+            self._recommendations.append(_Recommendation(current, now))
         stabilized = self._stabilize(current, desired, up, down, now)
         if stabilized > current:
             limit = max(

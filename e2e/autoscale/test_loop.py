@@ -4,6 +4,7 @@ algorithm on the operator-rendered HPA."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -25,7 +26,7 @@ from voxfleet_operator.render.pool import (
 )
 from voxfleet_operator.spec import TTSVoiceSpec
 
-from e2e.autoscale.adapter import PrometheusAdapter, rules_from_chart
+from e2e.autoscale.adapter import ROOT, PrometheusAdapter, rules_from_chart
 from e2e.autoscale.cluster_objects import pool_pod
 from e2e.autoscale.hpa import HorizontalPodAutoscaler, MetricUnavailable, Scale, pod_state
 from e2e.autoscale.prometheus import PrometheusServer, service_monitor_targets
@@ -46,6 +47,8 @@ TEXTS = [
     "One more sentence keeps the vocoder busy for a moment.",
 ]
 T = TypeVar("T")
+# Grafana's variables, as Grafana fills them in for "All" and a 1-minute rate interval.
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$namespace": ".*", "$voice": ".*"}
 
 
 @pytest.fixture(scope="module")
@@ -197,14 +200,20 @@ def test_p95_rule_and_hpa_recommendation(
     )
     hpa = build_pool_hpa(plan_pool(POOL, NAMESPACE, [Voice("joe", NAMESPACE, spec)]))
     controller = HorizontalPodAutoscaler(hpa)
-    decision = controller.sync(Scale(1, 1), [pod_state(p) for p in pods], adapter, time.time())
+    now = time.time()
+    decision = controller.sync(Scale(1, 1), [pod_state(p) for p in pods], adapter, now)
     proposals = {p.metric: p for p in decision.proposals}
     p95_proposal = proposals[FIRST_AUDIO_METRIC]
-    assert p95_proposal.usage_milli == int(p95 * 1000)
+    usage = p95_proposal.usage_milli
+    # Read again by the HPA a moment later: the window has slid a little.
+    assert usage is not None and usage == pytest.approx(p95 * 1000, rel=0.1)
     # triton-b is not ready: set aside, so one pod's p95 over the 10 ms target.
-    assert p95_proposal.replicas == math.ceil(int(p95 * 1000) / 10)
-    # The rendered behaviour allows 2 more pods per minute, and maxReplicas is 4.
-    assert decision.desired_replicas == min(3, p95_proposal.replicas)
+    assert p95_proposal.replicas == math.ceil(usage / 10)
+    # The rendered scale-up window (30 s) holds the count the controller started with ...
+    assert (decision.desired_replicas, decision.reason) == (1, "DesiredWithinRange")
+    # ... and after it, the rendered policy allows 2 more pods per minute (maxReplicas 4).
+    later = controller.sync(Scale(1, 1), [pod_state(p) for p in pods], adapter, now + 31)
+    assert later.desired_replicas == min(3, p95_proposal.replicas)
     assert adapter.queries and all("<<" not in q for q in adapter.queries)
 
 
@@ -229,3 +238,24 @@ def test_targets_follow_pods_without_a_restart(
         assert targets[0]["scrapeInterval"] == "2s"
 
     eventually(back, timeout_s=20)
+
+
+def test_dashboard_queries_run_on_the_scraped_metrics(
+    prometheus: PrometheusServer, pods: list[dict[str, Any]], first_audio_seconds: list[float]
+) -> None:
+    dashboard = json.loads(
+        (ROOT / "charts" / "voxfleet" / "dashboards" / "voxfleet.json").read_text()
+    )
+    client = adapter_for(prometheus, pods).prometheus
+    results: dict[str, list[dict[str, Any]]] = {}
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            query = target["expr"]
+            for variable, value in GRAFANA_VARIABLES.items():
+                query = query.replace(variable, value)
+            # Prometheus refuses a bad query (the client raises); an empty result is fine.
+            results.setdefault(panel["title"], []).extend(client.custom_query(query))
+    # Panels fed by the stream model show the voice; replicas need kube-state-metrics.
+    for title in ("Live streams", "First audio p50 / p95", "Pods per voice", "Queue time"):
+        assert results[title], f"{title}: no data"
+    assert {r["metric"].get("model") for r in results["Pods per voice"]} == {"joe"}
