@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 from prometheus_api_client import PrometheusConnect
 
-from e2e.autoscale.hpa import MetricUnavailable, PodSample
+from autoscale.hpa import MetricUnavailable, PodSample
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "voxfleet"

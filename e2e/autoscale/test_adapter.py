@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from e2e.autoscale.adapter import (
+from autoscale.adapter import (
     ROOT,
     AdapterRule,
     adapter_milli,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from e2e.autoscale.hpa import (
+from autoscale.hpa import (
     HorizontalPodAutoscaler,
     MetricUnavailable,
     PodSample,

@@ -26,11 +26,11 @@ from voxfleet_operator.render.pool import (
 )
 from voxfleet_operator.spec import TTSVoiceSpec
 
-from e2e.autoscale.adapter import ROOT, PrometheusAdapter, rules_from_chart
-from e2e.autoscale.cluster_objects import pool_pod
-from e2e.autoscale.hpa import HorizontalPodAutoscaler, MetricUnavailable, Scale, pod_state
-from e2e.autoscale.prometheus import PrometheusServer, service_monitor_targets
-from e2e.autoscale.test_adapter import helm
+from autoscale.adapter import ROOT, PrometheusAdapter, rules_from_chart
+from autoscale.cluster_objects import pool_pod
+from autoscale.hpa import HorizontalPodAutoscaler, MetricUnavailable, Scale, pod_state
+from autoscale.prometheus import PrometheusServer, service_monitor_targets
+from autoscale.test_adapter import helm
 from engines.client import synthesize
 from engines.serving import local_server, plan_local_voices
 from engines.triton_server import TritonServer

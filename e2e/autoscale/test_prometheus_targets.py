@@ -5,8 +5,8 @@ from __future__ import annotations
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.render.pool import build_pool_metrics_service, build_pool_service_monitor
 
-from e2e.autoscale.cluster_objects import pool_pod
-from e2e.autoscale.prometheus import scrape_interval, service_monitor_targets
+from autoscale.cluster_objects import pool_pod
+from autoscale.prometheus import scrape_interval, service_monitor_targets
 
 POOL = Pool(name="cpu")
 
