@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TOOLS_STAMP := .tools/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint e2e e2e-kind bench clean
 
 setup: $(STAMP) $(TOOLS_STAMP)
 
@@ -31,7 +31,16 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 
 test: setup lint
-	PATH="$(CURDIR)/.tools/bin:$$PATH" $(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(VENV)/bin/pytest -q $(PYTEST_ARGS) tests
+	$(MAKE) e2e
+
+# The whole path, `kubectl apply` to audio, on a local cluster of real processes (docs/e2e.md).
+e2e: setup
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(VENV)/bin/pytest -q $(PYTEST_ARGS) e2e
+
+# The same suite on a kind cluster; needs Docker and kind, and stops at once without them.
+e2e-kind: setup
+	PATH="$(CURDIR)/.tools/bin:$$PATH" bash scripts/e2e-kind.sh
 
 bench: setup
 	PATH="$(CURDIR)/.tools/bin:$$PATH" bash scripts/bench.sh

@@ -15,7 +15,7 @@ import aiohttp
 import kopf
 
 from voxfleet_operator.config import load_config
-from voxfleet_operator.kube import KubeClient
+from voxfleet_operator.kube import KubeClient, login_info
 from voxfleet_operator.names import POOL_LABEL, VOICE_LABEL
 from voxfleet_operator.pods import LOADED_PREFIX, pod_load_marker, pod_ready, unload_from_pods
 from voxfleet_operator.reconcile import reconcile_voice
@@ -199,10 +199,9 @@ async def delete(
 
 
 def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo | None:
-    """The service account inside a pod, else the kubeconfig (no client library needed)."""
-    return kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-        settings=settings
-    )
+    """$KUBECONFIG, else the service account inside a pod, else ~/.kube/config."""
+    info: kopf.ConnectionInfo | None = login_info(settings)
+    return info
 
 
 def build_registry(resync: float | None = None) -> kopf.OperatorRegistry:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import ssl
 import tempfile
 from collections.abc import Mapping
@@ -246,13 +247,25 @@ class KubeClient:
         return True
 
 
+def login_info(settings: Any) -> Any:
+    """Credentials in kubectl's order: an explicit $KUBECONFIG, else the pod's service
+    account, else ~/.kube/config. A kubeconfig given on purpose wins over the account a pod
+    always has, so an operator can be pointed at another API server."""
+    import kopf
+
+    if os.environ.get("KUBECONFIG"):
+        return kopf.login_with_kubeconfig(settings=settings) or kopf.login_with_service_account(
+            settings=settings
+        )
+    return kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
+        settings=settings
+    )
+
+
 def _login() -> Any:
     import kopf
 
-    settings = kopf.OperatorSettings()
-    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-        settings=settings
-    )
+    info = login_info(kopf.OperatorSettings())
     if info is None:
         raise RuntimeError("no Kubernetes credentials: neither a service account nor a kubeconfig")
     return info

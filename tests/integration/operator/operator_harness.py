@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
-import itertools
 import os
 import threading
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +21,8 @@ import aiohttp
 import kmock
 import pytest
 import yaml
-from kmock._internal import enums, rendering
+
+from e2e.cluster.apiserver import ScriptedKubernetes
 
 REAL_CLUSTER = bool(os.environ.get("VOXFLEET_E2E_KUBECONFIG"))
 NAMESPACE = "voxfleet-e2e" if REAL_CLUSTER else "default"
@@ -68,158 +66,6 @@ RESOURCES: dict[str, kmock.ResourceInfo] = {
         kind="PodDisruptionBudget", namespaced=True
     ),
 }
-
-
-class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
-    """KMock plus the parts of a real API server the operator relies on.
-
-    KMock stores objects as sent. A real API server also: sets `metadata.namespace`, `uid`,
-    `resourceVersion`, `creationTimestamp` and `generation` (bumped on spec changes only);
-    keeps `status` out of main-resource writes and everything but `status` out of
-    `/status` writes; and garbage-collects objects whose owners are all gone. Those are
-    scripted here. CEL validation and conflicts (409 on a stale resourceVersion) are not:
-    the operator sends no resourceVersion, and CEL is checked offline in tests/unit/operator.
-    """
-
-    _versions = itertools.count(1)
-    # Every write served, as "METHOD /path", for the tests' zero-write assertions.
-    writes: list[str]
-    # Paths whose next PATCHes answer 409 Conflict, as a busy API server sometimes does.
-    conflicts: dict[str, int]
-    # When set, requests without this bearer token get 401 (an expired service-account token).
-    required_token: str | None = None
-
-    async def _handle(self, request: rendering.Request) -> Any:
-        try:
-            return await self._serve(request)
-        finally:
-            # KMock matches each request against its whole request log, so serving N requests
-            # would cost O(N^2); the log keeps only requests in flight (counts: `writes`).
-            self._requests[:] = [r for r in self._requests if r is not request]
-
-    async def _serve(self, request: rendering.Request) -> Any:
-        if not hasattr(self, "writes"):
-            self.writes, self.conflicts = [], {}
-        if request.method in ("PATCH", "PUT", "POST"):
-            self.writes.append(f"{request.method} {request.url.path}")
-        if self.required_token is not None:
-            if request.headers.get("Authorization") != f"Bearer {self.required_token}":
-                raise kmock.KubernetesError(status=401, reason="Unauthorized", message="token")
-        if request.method == "PATCH" and self.conflicts.get(request.url.path, 0) > 0:
-            self.conflicts[request.url.path] -= 1
-            raise kmock.KubernetesError(
-                status=409, reason="Conflict", message="the object has been modified"
-            )
-        if request.resource is not None and isinstance(request.data, dict):
-            if request.action == enums.action.CREATE:
-                meta = request.data.setdefault("metadata", {})
-                if request.namespace and not meta.get("namespace"):
-                    meta["namespace"] = request.namespace
-                meta["uid"] = str(uuid.uuid4())
-                meta["resourceVersion"] = str(next(self._versions))
-                meta["generation"] = 1
-                meta["creationTimestamp"] = _now()
-            elif request.action == enums.action.UPDATE:
-                self._script_update(request)
-        elif request.action == enums.action.UPDATE and isinstance(request.data, list):
-            await self._script_json_patch(request)
-        response = await super()._handle(request)
-        # Owners disappear on DELETE, or on the JSON patch that removes their last finalizer.
-        if request.action == enums.action.DELETE or (
-            request.action == enums.action.UPDATE and isinstance(request.data, list)
-        ):
-            await self._collect_garbage()
-        return response
-
-    def _script_update(self, request: rendering.Request) -> None:
-        data = request.data
-        if request.subresource == "status":
-            for key in list(data):
-                if key != "status":
-                    del data[key]
-        else:
-            data.pop("status", None)
-        meta = data.setdefault("metadata", {})
-        meta.pop("generation", None)
-        meta["resourceVersion"] = str(next(self._versions))
-        key = (request.resource, request.namespace, request.name)
-        if "spec" in data and key in self._objects and not self._objects[key].deleted:
-            current = self._objects[key].raw
-            merged = _merge(current.get("spec") or {}, data["spec"])
-            if merged != current.get("spec"):
-                meta["generation"] = int(current["metadata"].get("generation") or 1) + 1
-
-    async def _script_json_patch(self, request: rendering.Request) -> None:
-        # kopf adds and removes finalizers with a JSON patch guarded by a `test` of
-        # resourceVersion; a real API server answers 422 when the test fails, and kopf retries
-        # on the next watch event, which a real watch (resumed from a resourceVersion) always
-        # delivers for the newer version. KMock would answer 500, and its watches replay
-        # current objects instead of resuming, so kopf can miss that version: answer 422 and
-        # send the current object again.
-        key = (request.resource, request.namespace, request.name)
-        if key not in self._objects or self._objects[key].deleted:
-            return
-        current = self._objects[key].raw["metadata"].get("resourceVersion")
-        for op in request.data:
-            if op.get("op") == "test" and op.get("path") == "/metadata/resourceVersion":
-                if op.get("value") != current:
-                    raw = self._objects[key].raw
-                    await self._buses[key[0]].put({"type": "MODIFIED", "object": raw})
-                    raise kmock.KubernetesError(
-                        status=422, reason="Invalid", message="resourceVersion test failed"
-                    )
-        request.data.append(
-            {
-                "op": "replace",
-                "path": "/metadata/resourceVersion",
-                "value": str(next(self._versions)),
-            }
-        )
-
-    async def _collect_garbage(self) -> None:
-        # As Kubernetes' garbage collector: delete dependents whose owners are all gone, and
-        # drop the references to deleted owners from dependents that still have a live one.
-        while True:
-            alive = {
-                obj.raw["metadata"].get("uid") for obj in self._objects.values() if not obj.deleted
-            }
-            orphans = [
-                (key, obj)
-                for key, obj in self._objects.items()
-                if not obj.deleted
-                and obj.raw["metadata"].get("ownerReferences")
-                and not any(
-                    ref.get("uid") in alive for ref in obj.raw["metadata"]["ownerReferences"]
-                )
-            ]
-            for key, obj in list(self._objects.items()):
-                refs = [] if obj.deleted else obj.raw["metadata"].get("ownerReferences") or []
-                kept = [r for r in refs if r.get("uid") in alive]
-                if kept and len(kept) != len(refs):
-                    obj.patch({"metadata": {"ownerReferences": kept}})
-                    await self._buses[key[0]].put({"type": "MODIFIED", "object": obj.raw})
-            if not orphans:
-                return
-            for (resource, _, _), obj in orphans:
-                raw = obj.raw
-                obj.delete()
-                await self._buses[resource].put({"type": "DELETED", "object": raw})
-
-
-def _merge(base: Any, patch: Any) -> Any:
-    if not isinstance(base, dict) or not isinstance(patch, dict):
-        return patch
-    out = dict(base)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = _merge(base.get(key), value)
-    return out
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Api:

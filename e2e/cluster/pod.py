@@ -1,0 +1,295 @@
+"""One pod on the local node: sandbox (network namespace, CPU set, volumes), containers in
+order (init containers one by one, then the others together), status, and termination.
+
+Deletion as the kubelet does it: the pod leaves its Services' endpoints at once (Ready False),
+then each container runs its preStop hook, gets SIGTERM, and SIGKILL when the grace period
+(`deletionGracePeriodSeconds`, else `terminationGracePeriodSeconds`, default 30) ends; then the
+sandbox is torn down and the pod object released. The API emulator keeps a deleted pod
+visible (with `deletionTimestamp`) until then because the kubelet puts its finalizer
+`e2e.voxfleet.io/local-kubelet` on every pod it runs; a real API server needs no finalizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from .api import ApiError
+from .container import Container
+from .cpus import pod_cpu_request
+from .env import ConfigError, container_argv, container_env
+from .node import Node
+from .objects import now
+from .volumes import PodVolumes
+
+Obj = dict[str, Any]
+FINALIZER = "e2e.voxfleet.io/local-kubelet"
+log = logging.getLogger("cluster.kubelet")
+
+
+def grace_seconds(pod: Obj) -> float:
+    meta_grace = pod["metadata"].get("deletionGracePeriodSeconds")
+    if meta_grace is not None:
+        return float(meta_grace)
+    return float(pod["spec"].get("terminationGracePeriodSeconds", 30))
+
+
+class PodRuntime:
+    def __init__(self, node: Node, pod: Obj) -> None:
+        self.node = node
+        self.pod = pod
+        meta = pod["metadata"]
+        self.uid: str = meta["uid"]
+        self.namespace: str = meta.get("namespace") or "default"
+        self.name: str = meta["name"]
+        self.netns = ""
+        self.ip = ""
+        self.cpus: list[int] = []
+        self.init_containers: list[Container] = []
+        self.containers: list[Container] = []
+        self.initialized = False
+        self.phase = "Pending"
+        self.waiting: Obj | None = None  # why containers cannot start yet
+        self.terminating = False
+        self.grace_s = grace_seconds(pod)
+        self.pre_stop = True
+        self._terminate = asyncio.Event()
+        self._dirty = asyncio.Event()
+        self._published: Obj | None = None
+        self._conditions: dict[str, Obj] = {}
+        self.start_time = ""
+        self.task: asyncio.Task[None] | None = None
+
+    # -- what the kubelet calls
+
+    def start(self) -> None:
+        self.task = asyncio.ensure_future(self._run())
+
+    def request_termination(self, grace_s: float, pre_stop: bool = True) -> None:
+        if not self.terminating:
+            self.terminating = True
+            self.grace_s, self.pre_stop = grace_s, pre_stop
+            for container in self.init_containers + self.containers:
+                container.terminating = True
+                container.ready = False
+            self._terminate.set()
+            self.changed()
+
+    def kill(self) -> None:
+        """SIGKILL every process of the pod now."""
+        for container in self.init_containers + self.containers:
+            container.kill()
+
+    def changed(self) -> None:
+        self._dirty.set()
+
+    # -- the pod's life
+
+    async def _run(self) -> None:
+        publisher = asyncio.ensure_future(self._publish_loop())
+        try:
+            await self._live()
+        except Exception:
+            log.exception("pod %s/%s failed in the kubelet", self.namespace, self.name)
+        finally:
+            with contextlib.suppress(Exception):
+                await self._publish()
+            publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await publisher
+            await self._teardown()
+
+    async def _live(self) -> None:
+        if not await self._add_finalizer():
+            return
+        self.netns, self.ip = await asyncio.to_thread(self.node.network.add_pod, self.uid)
+        self.cpus = self.node.cpus.allocate(self.uid, pod_cpu_request(self.pod))
+        self.start_time = now()
+        self.changed()
+        if not await self._prepare():
+            return
+        tasks: list[asyncio.Future[None]] = []
+        for container in self.init_containers:
+            await self._race(container.run())
+            if self.terminating:
+                break
+            if container.exit_code != 0:
+                self.phase = "Failed"
+                self.changed()
+                return
+        else:
+            self.initialized = True
+            self.changed()
+            tasks = [asyncio.ensure_future(c.run()) for c in self.containers]
+            await self._race(asyncio.gather(*tasks))
+        if self.terminating:
+            await asyncio.gather(
+                *(c.stop(self.grace_s, self.pre_stop) for c in self.containers
+                  + self.init_containers)
+            )
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+            return
+        codes = [c.exit_code for c in self.containers]
+        self.phase = "Succeeded" if all(code == 0 for code in codes) else "Failed"
+        self.changed()
+
+    async def _race(self, work: Any) -> None:
+        """Wait for `work`, or for termination to be asked (work goes on; stop() ends it)."""
+        future = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self._terminate.wait())
+        await asyncio.wait({future, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+
+    async def _prepare(self) -> bool:
+        """Volumes, env and argv of every container; retried while references are missing."""
+        while not self.terminating:
+            try:
+                secrets = {s["metadata"]["name"]: s
+                           for s in await self.node.api.list("Secret", self.namespace)}
+                config_maps = {c["metadata"]["name"]: c
+                               for c in await self.node.api.list("ConfigMap", self.namespace)}
+                self._build(secrets, config_maps)
+                self.waiting = None
+                return True
+            except ConfigError as error:
+                self.waiting = {"reason": "CreateContainerConfigError", "message": str(error)}
+                self.changed()
+            except ApiError as error:
+                log.warning("pod %s/%s: %s", self.namespace, self.name, error)
+            await asyncio.sleep(1.0)
+        return False
+
+    def _build(self, secrets: dict[str, Obj], config_maps: dict[str, Obj]) -> None:
+        pod = dict(self.pod)
+        pod["status"] = {"podIP": self.ip, "podIPs": [{"ip": self.ip}],
+                         "hostIP": self.node.network.gateway}
+        volumes = PodVolumes(self.node.workdir, pod, secrets, config_maps,
+                             self.node.service_account)
+        volumes.prepare()
+        pod_dir = volumes.pod_dir
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        self.node.log_dir.mkdir(parents=True, exist_ok=True)
+        base = dict(self.node.base_env)
+        base["HOSTNAME"] = self.name
+        policy = self.pod["spec"].get("restartPolicy", "Always")
+        built: dict[str, list[Container]] = {"initContainers": [], "containers": []}
+        for field in built:
+            for spec in self.pod["spec"].get(field) or []:
+                env, defined = container_env(pod, spec, secrets, config_maps, base)
+                launch = {
+                    "argv": container_argv(spec, defined),
+                    "env": env,
+                    "mounts": volumes.mounts(spec),
+                    "cpus": self.cpus,
+                    "working_dir": spec.get("workingDir", ""),
+                    "created_file": str(self.node.created_file),
+                    "hostname": self.name,
+                    "grace_s": self.grace_s,
+                }
+                restart = policy if field == "containers" else (
+                    "Never" if policy == "Never" else "OnFailure")
+                built[field].append(Container(
+                    spec, restart, self.netns, self.ip, self.name, pod_dir, launch,
+                    self.changed, self.node.session, self.node.log_dir,
+                ))
+        self.init_containers, self.containers = built["initContainers"], built["containers"]
+
+    async def _teardown(self) -> None:
+        if self.netns:
+            await asyncio.to_thread(self.node.network.remove_pod, self.uid)
+        self.node.cpus.release(self.uid)
+        await self._remove_finalizer()
+
+    # -- API
+
+    async def _add_finalizer(self) -> bool:
+        finalizers = list(self.pod["metadata"].get("finalizers") or [])
+        if FINALIZER in finalizers:
+            return True
+        result = await self.node.api.patch(
+            "Pod", self.namespace, self.name, {"metadata": {"finalizers": [*finalizers, FINALIZER]}}
+        )
+        return result is not None
+
+    async def _remove_finalizer(self) -> None:
+        with contextlib.suppress(ApiError, OSError):
+            current = await self.node.api.get("Pod", self.namespace, self.name)
+            if current is None or current["metadata"].get("uid") != self.uid:
+                return
+            finalizers = list(current["metadata"].get("finalizers") or [])
+            if FINALIZER in finalizers:
+                finalizers.remove(FINALIZER)
+                await self.node.api.patch(
+                    "Pod", self.namespace, self.name, {"metadata": {"finalizers": finalizers}}
+                )
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            try:
+                await self._publish()
+            except (ApiError, OSError) as error:
+                log.warning("pod %s/%s status: %s", self.namespace, self.name, error)
+                self._dirty.set()
+                await asyncio.sleep(0.5)
+
+    async def _publish(self) -> None:
+        status = self.status()
+        if status == self._published:
+            return
+        await self.node.api.patch("Pod", self.namespace, self.name, {"status": status}, "status")
+        self._published = status
+
+    # -- status
+
+    def _condition(self, kind: str, value: bool, reason: str = "") -> Obj:
+        text = "True" if value else "False"
+        previous = self._conditions.get(kind)
+        if previous is None or previous["status"] != text:
+            previous = {"type": kind, "status": text, "lastTransitionTime": now()}
+            if reason:
+                previous["reason"] = reason
+            self._conditions[kind] = previous
+        return previous
+
+    def status(self) -> Obj:
+        containers = self.containers
+        ready = bool(containers) and all(c.ready for c in containers) and not self.terminating
+        phase = self.phase
+        if phase == "Pending" and self.initialized and any(
+            c.started or "running" in c.state or c.restart_count for c in containers
+        ):
+            phase = "Running"
+        terminal = phase in ("Succeeded", "Failed")
+        reason = "PodCompleted" if terminal else ("" if ready else "ContainersNotReady")
+        status: Obj = {
+            "phase": phase,
+            "conditions": [
+                self._condition("PodScheduled", True),
+                self._condition("Initialized", self.initialized or terminal),
+                self._condition("ContainersReady", ready, reason),
+                self._condition("Ready", ready, reason),
+            ],
+            "hostIP": self.node.network.gateway if self.ip else "",
+        }
+        if self.ip:
+            status.update(podIP=self.ip, podIPs=[{"ip": self.ip}],
+                          hostIPs=[{"ip": self.node.network.gateway}])
+        if self.start_time:
+            status["startTime"] = self.start_time
+        waiting = {"waiting": self.waiting} if self.waiting else None
+        status["containerStatuses"] = [
+            c.status() for c in containers
+        ] or [
+            {"name": spec["name"], "image": spec.get("image", ""), "ready": False,
+             "started": False, "restartCount": 0,
+             "state": waiting or {"waiting": {"reason": "ContainerCreating"}}}
+            for spec in self.pod["spec"].get("containers") or []
+        ]
+        if self.init_containers:
+            status["initContainerStatuses"] = [c.status() for c in self.init_containers]
+        return status

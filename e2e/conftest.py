@@ -1,0 +1,52 @@
+"""The e2e suite's one installation, shared by every scenario, and its reported timings."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_support import REAL_CLUSTER, ROOT
+from installation import Installation, kind_installation, local_installation
+
+TIMINGS: dict[str, float] = {}
+TIMINGS_FILE = ROOT / "build" / "e2e-timings.json"
+
+
+def _local_cluster_missing() -> str | None:
+    if os.geteuid() != 0:
+        return "the local cluster needs root (network and mount namespaces)"
+    for tool in ("kubectl", "helm", "ip", "unshare", "mount"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not on PATH (kubectl and helm come with `make setup`)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def installation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installation]:
+    if REAL_CLUSTER:
+        with kind_installation() as installed:
+            yield installed
+    else:
+        missing = _local_cluster_missing()
+        if missing:
+            pytest.fail(f"cannot run the local cluster: {missing}")
+        with local_installation(Path(tmp_path_factory.mktemp("e2e"))) as installed:
+            TIMINGS.update(installed.timings)
+            installed.timings = TIMINGS
+            yield installed
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not TIMINGS:
+        return
+    terminalreporter.section("voxfleet e2e timings")
+    for name, value in TIMINGS.items():
+        unit = "ms" if name.endswith("_ms") else "s"
+        terminalreporter.write_line(f"{name}: {value:.2f} {unit}")
+    TIMINGS_FILE.parent.mkdir(parents=True, exist_ok=True)
+    TIMINGS_FILE.write_text(json.dumps(TIMINGS, indent=2) + "\n")
+    terminalreporter.write_line(f"(also in {TIMINGS_FILE.relative_to(ROOT)})")

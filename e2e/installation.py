@@ -1,0 +1,260 @@
+"""One installed voxfleet for the whole suite: a cluster, the chart, the operator running.
+
+`local_installation()` builds it here: the API emulator, the local cluster of real processes,
+and the chart applied with `helm template | kubectl apply` as a user would, the operator
+running as the chart's own Deployment. `kind_installation()` takes a cluster where
+scripts/e2e-kind.sh has already run `helm install`. Scenarios see only `Installation`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from e2e_support import (
+    KUBECONFIG_ENV,
+    NAMESPACE,
+    RELEASE,
+    VALUES,
+    Kubectl,
+    LoopThread,
+    condition,
+    eventually,
+    helm_template,
+    parse_endpoint,
+    port_forward,
+)
+
+OPERATOR_SELECTOR = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
+
+
+@dataclass
+class Installation:
+    """What the scenarios may do to the installed product."""
+
+    kubectl: Kubectl
+    # A Service endpoint ("svc.ns.svc:port") -> a "host:port" this process can stream to.
+    reach_service: Callable[[str], contextlib.AbstractContextManager[str]]
+    # (pod name, container port) -> a "host:port" of that pod.
+    reach_pod: Callable[[str, int], contextlib.AbstractContextManager[str]]
+    # Kill every process named `name` in a pod's container, as an OOM kill or a crash would.
+    kill_process: Callable[[str, str], int]
+    # Logs of a pod's container (for failure messages).
+    logs: Callable[[str, str], str]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def operator_ready(self) -> bool:
+        deployments = self.kubectl.items("deployments", OPERATOR_SELECTOR)
+        assert len(deployments) == 1, "the chart installs one operator Deployment"
+        return bool((deployments[0].get("status") or {}).get("availableReplicas"))
+
+
+def _fill_voices_manifests() -> list[dict[str, Any]]:
+    """A claim holding the joe voice, filled by a Job that copies the package's files."""
+    script = (
+        "import shutil, pathlib\n"
+        "from engines.voice import load_voice\n"
+        "voice = load_voice('joe')\n"
+        "target = pathlib.Path('/voices/joe')\n"
+        "target.mkdir(parents=True, exist_ok=True)\n"
+        "shutil.copy(voice.model_path, target / voice.model_path.name)\n"
+        "shutil.copy(voice.config_path, target / voice.config_path.name)\n"
+        "print(sorted(p.name for p in target.iterdir()))\n"
+    )
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "voices"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "fill-voices"},
+            "spec": {
+                "backoffLimit": 1,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {
+                                "name": "copy",
+                                "image": _triton_image(),
+                                "command": ["python", "-c", script],
+                                "volumeMounts": [{"name": "voices", "mountPath": "/voices"}],
+                            }
+                        ],
+                        "volumes": [
+                            {"name": "voices", "persistentVolumeClaim": {"claimName": "voices"}}
+                        ],
+                    }
+                },
+            },
+        },
+    ]
+
+
+def _triton_image() -> str:
+    """The image the pool pods run (kind: the CPU Triton image scripts/e2e-kind.sh loads)."""
+    return os.environ.get("VOXFLEET_E2E_TRITON_IMAGE", "voxfleet-triton-cpu:e2e")
+
+
+def fill_voices(kubectl: Kubectl) -> None:
+    kubectl.apply(_fill_voices_manifests())
+
+    def copied() -> bool:
+        job = kubectl.get("job", "fill-voices")
+        failed = condition(job, "Failed")
+        assert not (failed and failed.get("status") == "True"), f"fill-voices failed: {failed}"
+        complete = condition(job, "Complete")
+        return bool(complete and complete.get("status") == "True")
+
+    eventually(copied, timeout=120, what="the voices claim is filled")
+
+
+def _wait_for_operator(installation: Installation) -> None:
+    eventually(installation.operator_ready, timeout=120, interval=0.5,
+               what="the operator Deployment is available")
+
+
+@contextlib.contextmanager
+def kind_installation() -> Iterator[Installation]:
+    kubectl = Kubectl(Path(os.environ[KUBECONFIG_ENV]), NAMESPACE)
+
+    def kill_process(pod: str, name: str) -> int:
+        script = (
+            "import os, signal\n"
+            "n = 0\n"
+            "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+            "    try:\n"
+            f"        if open(f'/proc/{{pid}}/comm').read().strip() == {name!r}:\n"
+            "            os.kill(int(pid), signal.SIGKILL); n += 1\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "print(n)\n"
+        )
+        result = kubectl.run("exec", pod, "-c", "triton", "--", "python", "-c", script)
+        return int(result.stdout.strip() or 0)
+
+    def reach_service(endpoint: str) -> contextlib.AbstractContextManager[str]:
+        service, _, port = parse_endpoint(endpoint)
+        return port_forward(kubectl, f"service/{service}", port)
+
+    def reach_pod(pod: str, port: int) -> contextlib.AbstractContextManager[str]:
+        return port_forward(kubectl, f"pod/{pod}", port)
+
+    def logs(pod: str, container: str) -> str:
+        return kubectl.run("logs", pod, "-c", container, check=False).stdout
+
+    installation = Installation(kubectl, reach_service, reach_pod, kill_process, logs)
+    _wait_for_operator(installation)
+    fill_voices(kubectl)
+    yield installation
+
+
+@contextlib.contextmanager
+def local_installation(workdir: Path) -> Iterator[Installation]:
+    """The emulator, the local cluster, and the chart installed with kubectl apply."""
+    from e2e.cluster.apiserver import serve_api, write_kubeconfig
+    from e2e.cluster.cluster import LocalCluster
+
+    loop = LoopThread()
+    stack = contextlib.ExitStack()
+    try:
+        api_context = serve_api(workdir / "api")
+        api = loop.run(api_context.__aenter__())
+        stack.callback(lambda: loop.run(api_context.__aexit__(None, None, None), timeout=30))
+        cluster = LocalCluster(api.url, workdir / "cluster")
+        cluster.start()
+        stack.callback(cluster.stop)
+        kubectl = Kubectl(api.kubeconfig, NAMESPACE)
+        kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        # The one substitution in the install: the operator reaches the API through a
+        # kubeconfig (set with the chart's own `operator.extraEnv`), because kopf's
+        # in-cluster login dials https://kubernetes.default.svc, which needs cluster DNS
+        # and a TLS API server that the local cluster does not have.
+        # Outside /tmp, which the operator pod covers with an emptyDir.
+        config_dir = Path(tempfile.mkdtemp(prefix="operator-", dir=_pod_visible_dir()))
+        stack.callback(shutil.rmtree, config_dir, True)
+        pod_kubeconfig = write_kubeconfig(
+            config_dir / "kubeconfig", cluster.api_url_for_pods, token="operator"
+        )
+        extra = workdir / "values-local.yaml"
+        extra.write_text(
+            yaml.safe_dump(
+                {"operator": {"extraEnv": [{"name": "KUBECONFIG", "value": str(pod_kubeconfig)}]}}
+            )
+        )
+        started = time.monotonic()
+        rendered = helm_template(VALUES, ("-f", str(extra)))
+        kubectl.run("apply", "-f", "-", stdin=rendered)
+
+        def reach_service(endpoint: str) -> contextlib.AbstractContextManager[str]:
+            return contextlib.nullcontext(cluster.resolve(endpoint))
+
+        def reach_pod(pod: str, port: int) -> contextlib.AbstractContextManager[str]:
+            obj = kubectl.get("pod", pod)
+            return contextlib.nullcontext(f"{obj['status']['podIP']}:{port}")
+
+        def kill_process(pod: str, name: str) -> int:
+            assert cluster.kubelet is not None
+            runtime = cluster.kubelet.runtime(NAMESPACE, pod)
+            assert runtime is not None, f"pod {pod} does not run here"
+            pids = subprocess.run(
+                ["ip", "netns", "pids", runtime.netns], capture_output=True, text=True
+            ).stdout.split()
+            killed = 0
+            for pid in pids:
+                try:
+                    comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                    if comm == name:
+                        os.kill(int(pid), 9)
+                        killed += 1
+                except OSError:
+                    continue
+            return killed
+
+        installation = Installation(
+            kubectl, reach_service, reach_pod, kill_process, cluster.logs
+        )
+        try:
+            _wait_for_operator(installation)
+        except AssertionError:
+            pods = kubectl.items("pods", OPERATOR_SELECTOR)
+            logs = "".join(cluster.logs(p["metadata"]["name"], "operator")[-3000:] for p in pods)
+            raise AssertionError(f"the operator did not start; its logs:\n{logs}") from None
+        installation.timings["install_s"] = time.monotonic() - started
+        fill_voices(kubectl)
+        yield installation
+    finally:
+        stack.close()
+        loop.close()
+
+
+def _pod_visible_dir() -> Path:
+    path = Path("/run/voxfleet-e2e/kubeconfigs")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def describe(kubectl: Kubectl, *objects: str) -> str:
+    """A short dump of objects for failure messages."""
+    out = []
+    for item in objects:
+        obj = kubectl.get(*item.split("/"))
+        out.append(f"{item}: {json.dumps((obj or {}).get('status'), indent=1)[:1500]}")
+    return "\n".join(out)

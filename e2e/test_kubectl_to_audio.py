@@ -1,0 +1,315 @@
+"""`kubectl apply` to audio: the scenarios of a user's first day with voxfleet, in order.
+
+One installation (see installation.py) serves every scenario; each scenario leaves the
+cluster as the next one expects it (joe and joe-fast on the CPU pool, the pool's size).
+Durations are compared with piper-tts's own synthesis of the same text; times that a user
+would feel (apply to first audio, recovery after a crash) are reported at the end of the run.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from e2e_support import NAMESPACE, POOL, REAL_CLUSTER, condition, eventually, parse_endpoint
+from installation import Installation, describe
+from speech import LONG_TEXT, TEXT, Speech, piper_seconds, say, say_many
+
+POOL_DEPLOYMENT = f"voxfleet-triton-{POOL}"
+POOL_PODS = f"app.kubernetes.io/name=voxfleet-triton,voxfleet.io/pool={POOL}"
+GROUP = "voxfleet.io/v1alpha1"
+
+
+def voice(name: str, path: str = "joe/en_US-joe-medium.onnx", **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": GROUP,
+        "kind": "TTSVoice",
+        "metadata": {"name": name},
+        "spec": {"pool": POOL, "source": {"pvc": {"claimName": "voices", "path": path}}, **spec},
+    }
+
+
+def ready_voice(installation: Installation, name: str, timeout: float) -> dict[str, Any]:
+    kubectl = installation.kubectl
+
+    def ready() -> dict[str, Any] | None:
+        obj = kubectl.get("ttsv", name)
+        status = (obj or {}).get("status") or {}
+        assert status.get("phase") != "Failed", f"{name} failed: {status}"
+        if status.get("phase") == "Ready" and status.get("endpoint"):
+            return obj
+        return None
+
+    try:
+        return eventually(ready, timeout=timeout, what=f"{name} is Ready")
+    except AssertionError as error:
+        pods = kubectl.items("pods")
+        logs = "\n".join(
+            f"--- {p['metadata']['name']}/{c['name']}\n"
+            + installation.logs(p["metadata"]["name"], c["name"])[-2500:]
+            for p in pods
+            for c in p["spec"]["containers"]
+        )
+        raise AssertionError(f"{error}\n{describe(kubectl, f'ttsv/{name}')}\n{logs}") from None
+
+
+def pool_pods(installation: Installation) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in installation.kubectl.items("pods", POOL_PODS)
+        if not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def serving(pod: dict[str, Any], voice_name: str) -> bool:
+    labels = pod["metadata"].get("labels") or {}
+    return labels.get(f"serving.voxfleet.io/{voice_name}") == "true"
+
+
+def stream(installation: Installation, endpoint: str, name: str, text: str = TEXT) -> Speech:
+    with installation.reach_service(endpoint) as address:
+        return say(address, name, text)
+
+
+def model_stats(installation: Installation, pod: str) -> dict[str, int]:
+    """Successful requests per model, from the pod's own Triton metrics port."""
+    with installation.reach_pod(pod, 8002) as address:
+        text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    counts: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.startswith("nv_inference_request_success{"):
+            model = line.split('model="', 1)[1].split('"', 1)[0]
+            counts[model] = counts.get(model, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
+@pytest.fixture(scope="module")
+def joe(installation: Installation) -> dict[str, Any]:
+    """joe applied with kubectl and streaming: the first scenario, shared by the rest."""
+    started = time.monotonic()
+    out = installation.kubectl.apply(voice("joe"))
+    assert "ttsvoice.voxfleet.io/joe created" in out
+    obj = ready_voice(installation, "joe", timeout=300)
+    first = stream(installation, obj["status"]["endpoint"], "joe")
+    installation.timings["apply_to_first_audio_s"] = first.started + first.first_audio_s - started
+    installation.timings["joe_first_audio_ms"] = first.first_audio_s * 1000
+    return {"voice": obj, "first": first}
+
+
+def test_joe_applied_with_kubectl_speaks_as_long_as_piper(
+    installation: Installation, joe: dict[str, Any]
+) -> None:
+    kubectl = installation.kubectl
+    obj = joe["voice"]
+    status = obj["status"]
+    assert status["observedGeneration"] == obj["metadata"]["generation"]
+    engine = condition(obj, "EngineReady")
+    assert engine and engine["status"] == "True", status
+    service, namespace, port = parse_endpoint(status["endpoint"])
+    assert (service, namespace, port) == ("joe-tts", NAMESPACE, 8001)
+    # The engine Job really ran `voxfleet build-engines` and completed.
+    jobs = kubectl.items("jobs", "voxfleet.io/voice=joe")
+    assert len(jobs) == 1, [j["metadata"]["name"] for j in jobs]
+    job_spec = jobs[0]["spec"]["template"]["spec"]["containers"][0]
+    assert "build-engines" in job_spec["command"] + job_spec.get("args", [])
+    assert condition(jobs[0], "Complete")["status"] == "True"  # type: ignore[index]
+    # The pool pod runs tritonserver as rendered: explicit model control, restricted API.
+    pods = pool_pods(installation)
+    assert len(pods) == 1 and serving(pods[0], "joe")
+    args = " ".join(pods[0]["spec"]["containers"][0].get("args", []))
+    assert "--model-control-mode=explicit" in args
+    assert "--grpc-restricted-protocol=model-repository:" in args
+    # `kubectl get ttsv` shows what a user looks for.
+    table = kubectl.run("get", "ttsv", "joe").stdout.splitlines()
+    assert table[0].split()[:5] == ["NAME", "PHASE", "POOL", "ENDPOINT", "READY"]
+    assert table[1].split()[:5] == ["joe", "Ready", POOL, status["endpoint"], "True"]
+    # Speech through the voice's Service, as long as piper's own synthesis of the text.
+    first: Speech = joe["first"]
+    assert first.chunks > 1, "the audio came in one piece, not streamed"
+    reference = piper_seconds(TEXT)
+    assert abs(first.audio_seconds - reference) <= 0.10 * reference, (
+        first.audio_seconds,
+        reference,
+    )
+
+
+def test_second_voice_shares_the_pool_and_speaks_faster(
+    installation: Installation, joe: dict[str, Any]
+) -> None:
+    kubectl = installation.kubectl
+    kubectl.apply(voice("joe-fast", speakingRate=1.25))
+    fast = ready_voice(installation, "joe-fast", timeout=240)
+    pods = pool_pods(installation)
+    assert len(pods) == 1, "a second voice on the pool needs no second pod"
+    assert serving(pods[0], "joe") and serving(pods[0], "joe-fast")
+    normal = stream(installation, joe["voice"]["status"]["endpoint"], "joe")
+    quick = stream(installation, fast["status"]["endpoint"], "joe-fast")
+    ratio = normal.audio_seconds / quick.audio_seconds
+    assert 1.25 * 0.9 <= ratio <= 1.25 * 1.1, (normal.audio_seconds, quick.audio_seconds)
+    # Both are models of the same Triton process.
+    stats = model_stats(installation, pods[0]["metadata"]["name"])
+    assert stats.get("joe", 0) >= 1 and stats.get("joe-fast", 0) >= 1, stats
+
+
+def test_scaling_the_pool_loads_both_voices_and_spreads_streams(
+    installation: Installation, joe: dict[str, Any]
+) -> None:
+    kubectl = installation.kubectl
+    kubectl.run("scale", "deployment", POOL_DEPLOYMENT, "--replicas=2")
+
+    def both_pods_serve_both() -> list[dict[str, Any]] | None:
+        pods = pool_pods(installation)
+        if len(pods) == 2 and all(serving(p, "joe") and serving(p, "joe-fast") for p in pods):
+            return pods
+        return None
+
+    pods = eventually(both_pods_serve_both, timeout=240, what="two pool pods serve both voices")
+    if REAL_CLUSTER:
+        pytest.skip("kubectl port-forward to a Service pins one pod: spreading is local-only")
+    before = {p["metadata"]["name"]: model_stats(installation, p["metadata"]["name"]) for p in pods}
+    say_many_through(installation, joe["voice"]["status"]["endpoint"], "joe", 6)
+    after = {p["metadata"]["name"]: model_stats(installation, p["metadata"]["name"]) for p in pods}
+    served = {name: after[name].get("joe", 0) - before[name].get("joe", 0) for name in after}
+    assert sum(served.values()) == 6, served
+    assert all(count >= 1 for count in served.values()), f"one pod took every stream: {served}"
+
+
+def say_many_through(
+    installation: Installation, endpoint: str, name: str, count: int, text: str = TEXT
+) -> list[Speech]:
+    with installation.reach_service(endpoint) as address:
+        return say_many(address, name, count, text)
+
+
+def test_rolling_update_with_streams_in_flight_loses_none(
+    installation: Installation, joe: dict[str, Any]
+) -> None:
+    kubectl = installation.kubectl
+    endpoint = joe["voice"]["status"]["endpoint"]
+    old = {p["metadata"]["name"] for p in pool_pods(installation)}
+    reference = piper_seconds(LONG_TEXT)
+    with installation.reach_service(endpoint) as address, ThreadPoolExecutor(16) as pool:
+        in_flight = [pool.submit(say, address, "joe", LONG_TEXT) for _ in range(8)]
+        time.sleep(0.5)  # the streams are open when the update starts
+        kubectl.run("rollout", "restart", "deployment", POOL_DEPLOYMENT)
+        later: list[Speech] = []
+        deadline = time.monotonic() + 240
+
+        def replaced() -> bool:
+            pods = pool_pods(installation)
+            names = {p["metadata"]["name"] for p in pods}
+            return not (names & old) and len(pods) == 2 and all(serving(p, "joe") for p in pods)
+
+        while not replaced():
+            assert time.monotonic() < deadline, "the rolling update did not finish in 240 s"
+            later.append(say(address, "joe"))  # new streams keep succeeding meanwhile
+        finished = [future.result(timeout=300) for future in in_flight]
+    for speech in finished:
+        assert abs(speech.audio_seconds - reference) <= 0.10 * reference, (
+            "a stream was cut short by the update",
+            [s.audio_seconds for s in finished],
+            reference,
+        )
+    assert later, "no stream was started during the update"
+    assert all(s.audio_seconds > 0.9 * piper_seconds(TEXT) for s in later)
+
+
+def test_killed_tritonserver_restarts_and_voices_come_back(
+    installation: Installation, joe: dict[str, Any]
+) -> None:
+    kubectl = installation.kubectl
+    pod = pool_pods(installation)[0]
+    name = pod["metadata"]["name"]
+    restarts = pod["status"]["containerStatuses"][0]["restartCount"]
+    killed_at = time.monotonic()
+    assert installation.kill_process(name, "tritonserver") >= 1
+
+    def restarted_and_serving() -> bool:
+        obj = kubectl.get("pod", name)
+        status = obj["status"]["containerStatuses"][0]
+        return bool(status["restartCount"] > restarts and status["ready"] and serving(obj, "joe"))
+
+    eventually(restarted_and_serving, timeout=240, what=f"{name} restarted and reloaded joe")
+    endpoint = joe["voice"]["status"]["endpoint"]
+    # Every pod serves again: streams through the Service all succeed.
+    speeches = say_many_through(installation, endpoint, "joe", 4)
+    installation.timings["kill_to_recovery_s"] = time.monotonic() - killed_at
+    assert all(s.audio_seconds > 0.9 * piper_seconds(TEXT) for s in speeches)
+
+
+def test_deleting_a_voice_finishes_its_streams_and_removes_it(
+    installation: Installation, joe: dict[str, Any]
+) -> None:
+    kubectl = installation.kubectl
+    fast = kubectl.get("ttsv", "joe-fast")
+    endpoint = fast["status"]["endpoint"]
+    reference = piper_seconds(LONG_TEXT) / 1.25
+    with installation.reach_service(endpoint) as address, ThreadPoolExecutor(4) as pool:
+        in_flight = [pool.submit(say, address, "joe-fast", LONG_TEXT) for _ in range(3)]
+        time.sleep(0.5)
+        kubectl.run("delete", "ttsv", "joe-fast", "--wait=false")
+        finished = [future.result(timeout=300) for future in in_flight]
+    for speech in finished:
+        assert abs(speech.audio_seconds - reference) <= 0.10 * reference, (
+            [s.audio_seconds for s in finished],
+            reference,
+        )
+
+    def gone() -> bool:
+        if kubectl.get("ttsv", "joe-fast") is not None:
+            return False
+        if any(serving(p, "joe-fast") for p in pool_pods(installation)):
+            return False
+        if kubectl.get("service", "joe-fast-tts") is not None:
+            return False
+        return not kubectl.items("jobs", "voxfleet.io/voice=joe-fast")
+
+    eventually(gone, timeout=120, what="joe-fast, its labels and its children are gone")
+    for pod in pool_pods(installation):
+        with installation.reach_pod(pod["metadata"]["name"], 8000) as address:
+            request = urllib.request.Request(
+                f"http://{address}/v2/repository/index", data=b"{}", method="POST"
+            )
+            try:
+                index = urllib.request.urlopen(request, timeout=10).read().decode()
+            except urllib.error.HTTPError as error:  # the index may be restricted too
+                assert error.code in (401, 403), error
+                index = ""
+            if index:
+                assert '"name":"joe-fast","version":"1","state":"READY"' not in index
+            ready = urllib.request.Request(f"http://{address}/v2/models/joe-fast/ready")
+            with pytest.raises(urllib.error.HTTPError):
+                urllib.request.urlopen(ready, timeout=10)
+    # The other voice is unaffected.
+    speech = stream(installation, joe["voice"]["status"]["endpoint"], "joe")
+    assert abs(speech.audio_seconds - piper_seconds(TEXT)) <= 0.10 * piper_seconds(TEXT)
+
+
+def test_a_voice_whose_source_is_missing_fails_with_the_jobs_message(
+    installation: Installation,
+) -> None:
+    kubectl = installation.kubectl
+    kubectl.apply(voice("ghost", path="nowhere/ghost.onnx"))
+
+    def failed() -> dict[str, Any] | None:
+        obj = kubectl.get("ttsv", "ghost")
+        return obj if (obj or {}).get("status", {}).get("phase") == "Failed" else None
+
+    obj = eventually(failed, timeout=180, what="ghost reaches phase Failed")
+    engine = condition(obj, "EngineReady")
+    assert engine and engine["status"] == "False"
+    assert "ghost.onnx" in engine.get("message", ""), engine
+    jobs = kubectl.items("jobs", "voxfleet.io/voice=ghost")
+    assert len(jobs) == 1
+    # No retry storm: the failed Job is not recreated, and its pods stop at its backoffLimit.
+    pods_then = len(kubectl.items("pods", f"job-name={jobs[0]['metadata']['name']}"))
+    time.sleep(5)
+    jobs_later = kubectl.items("jobs", "voxfleet.io/voice=ghost")
+    assert [j["metadata"]["uid"] for j in jobs_later] == [jobs[0]["metadata"]["uid"]]
+    pods_later = kubectl.items("pods", f"job-name={jobs[0]['metadata']['name']}")
+    assert len(pods_later) == pods_then
+    assert pods_then <= int(jobs[0]["spec"].get("backoffLimit", 6)) + 1
+    kubectl.run("delete", "ttsv", "ghost")
