@@ -23,7 +23,8 @@ applies the documented algorithm (and, where the documentation is silent, what
   (`Pods`/`Percent` over `periodSeconds`, counted from the scale events of this controller,
   with `selectPolicy` Max, Min or Disabled).
 
-Not emulated: `Resource` and `ContainerResource` metrics (they need metrics-server), the
+Not emulated: `Resource` and `ContainerResource` metrics (they need metrics-server), metric
+label selectors (`metric.selector`; the chart's rules need none), the
 per-HPA tolerance of `behavior` (alpha in Kubernetes 1.33), the controller's events and
 status conditions (only the desired count and a reason come back), and its work queue (one
 `sync` per call). Readiness: the documentation describes setting not-yet-ready pods aside
@@ -102,7 +103,8 @@ class MetricUnavailable(RuntimeError):
 
 
 class MetricsSource(Protocol):
-    """What the custom and external metrics APIs answer (prometheus-adapter in a cluster)."""
+    """What the custom and external metrics APIs answer (prometheus-adapter in a cluster);
+    `selector` is the label selector of the HPA target's pods."""
 
     def pod_metric(
         self, namespace: str, metric: str, selector: Mapping[str, str] | None
@@ -417,9 +419,9 @@ class HorizontalPodAutoscaler:
     ) -> MetricProposal:
         kind = metric["type"]
         body = metric[{"Pods": "pods", "Object": "object", "External": "external"}.get(kind, "")]
-        ident = body["metric"]
-        name = ident["name"]
-        selector = (ident.get("selector") or {}).get("matchLabels")
+        name = body["metric"]["name"]
+        # The custom metrics API is asked for the pods of the target's selector.
+        selector = scale.selector
         target = body["target"]
         try:
             if kind == "Pods":
