@@ -76,6 +76,7 @@ class AutoscalingControllers:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _pods: list[dict[str, Any]] = field(default_factory=list)
+    _monitors_served: bool = True
 
     def start(self) -> AutoscalingControllers:
         self._thread = threading.Thread(target=self._run, name="autoscaling", daemon=True)
@@ -111,10 +112,12 @@ class AutoscalingControllers:
         self.prometheus.set_targets(targets)
 
     def _service_monitors(self) -> list[dict[str, Any]]:
-        try:
-            live = self.kubectl.items("servicemonitors.monitoring.coreos.com")
-        except Exception:  # the API serves no ServiceMonitors (no Prometheus Operator)
-            live = []
+        live: list[dict[str, Any]] = []
+        if self._monitors_served:
+            try:
+                live = self.kubectl.items("servicemonitors.monitoring.coreos.com")
+            except Exception:  # the API serves no ServiceMonitors (no Prometheus Operator)
+                self._monitors_served = False
         if live:
             return live
         pools = {

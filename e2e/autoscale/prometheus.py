@@ -223,6 +223,7 @@ class PrometheusServer:
         tmp.replace(self.targets_path)
 
     def start(self, timeout_s: float = 60.0) -> PrometheusServer:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
         if not self.targets_path.exists():
             self.set_targets([])
         self._write_config()

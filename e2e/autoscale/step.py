@@ -53,7 +53,7 @@ Installation = Any
 POOL_DEPLOYMENT = f"voxfleet-triton-{POOL}"
 POOL_PODS = f"app.kubernetes.io/name=voxfleet-triton,voxfleet.io/pool={POOL}"
 JOE_PATH = "joe/en_US-joe-medium.onnx"
-SAMPLE_SECONDS = 2.0
+SAMPLE_SECONDS = 3.0
 
 
 def voice_manifest(name: str, slo_ms: int, **spec: Any) -> dict[str, Any]:
@@ -170,10 +170,8 @@ class Sampler:
                 continue
             counted.add(index)
             underruns += analyse_stream(item.record).underruns
-        voices = {
-            v: (self.kubectl.get("ttsv", v) or {}).get("spec", {}).get("replicas")
-            for v in self.voices
-        }
+        specs = {v["metadata"]["name"]: v.get("spec") or {} for v in self.kubectl.items("ttsv")}
+        voices = {v: specs.get(v, {}).get("replicas") for v in self.voices}
         return {
             "t": round(now - self.started, 1),
             "concurrency": self.concurrency(),
@@ -470,12 +468,21 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def parse_seconds(duration: str) -> float:
+    """A Prometheus duration such as 5s or 1m, in seconds."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    for unit in ("ms", "s", "m", "h"):
+        if duration.endswith(unit):
+            return float(duration[: -len(unit)]) * units[unit]
+    return float(duration)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sync-period", type=float, default=15.0, help="HPA sync period, s")
     parser.add_argument("--scrape-interval", default="5s", help="Prometheus scrape interval")
     parser.add_argument("--capacity", type=int, default=2, help="streams one pod holds")
-    parser.add_argument("--slo-ms", type=int, default=600, help="targetFirstAudioP95Ms")
+    parser.add_argument("--slo-ms", type=int, default=500, help="targetFirstAudioP95Ms")
     parser.add_argument("--steady", type=float, default=60.0)
     parser.add_argument("--step", type=float, default=150.0)
     parser.add_argument("--down-max", type=float, default=540.0)
@@ -509,7 +516,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             rules = rules_from_chart("helm")
             adapter = PrometheusAdapter(prometheus.url, rules, lambda ns, sel: [])
             controllers = AutoscalingControllers(
-                installation.kubectl, NAMESPACE, prometheus, rules, args.sync_period
+                installation.kubectl,
+                NAMESPACE,
+                prometheus,
+                rules,
+                args.sync_period,
+                target_refresh_s=parse_seconds(args.scrape_interval),
             ).start()
             try:
                 if args.calibrate:

@@ -209,10 +209,10 @@ def test_p95_rule_and_hpa_recommendation(
     assert usage is not None and usage == pytest.approx(p95 * 1000, rel=0.1)
     # triton-b is not ready: set aside, so one pod's p95 over the 10 ms target.
     assert p95_proposal.replicas == math.ceil(usage / 10)
-    # The rendered scale-up window (30 s) holds the count the controller started with ...
+    # The rendered scale-up window (15 s) holds the count the controller started with ...
     assert (decision.desired_replicas, decision.reason) == (1, "DesiredWithinRange")
     # ... and after it, the rendered policy allows 2 more pods per minute (maxReplicas 4).
-    later = controller.sync(Scale(1, 1), [pod_state(p) for p in pods], adapter, now + 31)
+    later = controller.sync(Scale(1, 1), [pod_state(p) for p in pods], adapter, now + 16)
     assert later.desired_replicas == min(3, p95_proposal.replicas)
     assert adapter.queries and all("<<" not in q for q in adapter.queries)
 

@@ -199,10 +199,11 @@ def build_pool_hpa(plan: PoolPlan) -> dict[str, Any]:
                 pods_metric(FIRST_AUDIO_METRIC, plan.target_first_audio_ms),
                 pods_metric(QUEUE_METRIC, plan.target_queue_ms),
             ],
-            # A new GPU pod takes a while to load its voices; do not flap pods away.
+            # Scale up on a p95 that stayed high for one 15 s sync, at most 2 pods a minute; a
+            # new GPU pod takes a while to load its voices, so do not flap pods away.
             "behavior": {
                 "scaleUp": {
-                    "stabilizationWindowSeconds": 30,
+                    "stabilizationWindowSeconds": 15,
                     "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}],
                 },
                 "scaleDown": {
