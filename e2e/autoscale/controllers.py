@@ -26,7 +26,7 @@ from voxfleet_operator.pools import Pool
 from voxfleet_operator.render.pool import build_pool_service_monitor
 
 from autoscale.adapter import AdapterRule, PrometheusAdapter
-from autoscale.hpa import Decision, HorizontalPodAutoscaler, Scale, pod_state
+from autoscale.hpa import Decision, HorizontalPodAutoscaler, MetricsSource, Scale, pod_state
 from autoscale.prometheus import PrometheusServer, service_monitor_targets
 
 
@@ -180,7 +180,7 @@ class AutoscalingControllers:
         raise ValueError(f"cannot scale a {target['kind']}")
 
     def sync_one(
-        self, controller: HorizontalPodAutoscaler, adapter: PrometheusAdapter
+        self, controller: HorizontalPodAutoscaler, adapter: MetricsSource
     ) -> Decision | None:
         target = controller.spec["scaleTargetRef"]
         found = self._scale_of(target)
