@@ -488,8 +488,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--down-max", type=float, default=540.0)
     parser.add_argument("--scenarios", default="pool,per_voice")
     parser.add_argument("--calibrate", action="store_true")
+    parser.add_argument(
+        "--report-only", action="store_true", help="redraw the plot and doc from --out's JSON"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "autoscaling.json")
     args = parser.parse_args(argv)
+    if args.report_only:
+        write(json.loads(args.out.read_text()), args.out)
+        return 0
     if shutil.which("kubectl") is None or shutil.which("helm") is None:
         raise SystemExit("kubectl and helm must be on PATH (.tools/bin after `make setup`)")
     workdir = Path(tempfile.mkdtemp(prefix="voxfleet-autoscale-"))
@@ -582,12 +588,80 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+BEGIN = "<!-- make autoscale: begin -->"
+END = "<!-- make autoscale: end -->"
+
+
+def _fmt(value: Any, unit: str = "") -> str:
+    return "not reached" if value is None else f"{value}{unit}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The measured numbers for docs/autoscaling.md (between its markers)."""
+    pool = results.get("pool") or {}
+    voice = results.get("per_voice") or {}
+    marks = {True: "yes", False: "**no**", None: "not run"}
+    goal = results["goals"]
+    lines = [
+        BEGIN,
+        f"Command: `{results['command']}` on {results['date']} ({results['machine']}); "
+        f"HPA sync period {results['sync_period_s']:g} s, Prometheus scrape interval "
+        f"{results['scrape_interval']}, adapter rate window 1m, SLO (targetFirstAudioP95Ms) "
+        f"{results['slo_ms']} ms, one pod's capacity taken as {results['pod_capacity_streams']} "
+        "streams. Raw data: [autoscaling.json](autoscaling.json).",
+        "",
+        "| measure | value | goal | met |",
+        "|---|---|---|---|",
+        f"| scale-up: load step → a second pod serving joe | "
+        f"{_fmt(pool.get('scale_up_seconds'), ' s')} | ≤ 60 s | "
+        f"{marks[goal['scale_up_within_60_s']]} |",
+        f"| first-audio p95 of streams sent during the step (client) | "
+        f"{_fmt(pool.get('first_audio_p95_ms_during_step'), ' ms')} | ≤ {2 * results['slo_ms']} ms "
+        f"(2 × SLO) | {marks[goal['step_p95_within_2x_slo']]} |",
+        f"| streams cut while a pod left on scale-in | "
+        f"{_fmt(pool.get('streams_cut_on_scale_in'))} | 0 | "
+        f"{marks[goal['no_stream_cut_on_scale_in']]} |",
+        f"| per-voice: pods serving joe / joe-fast at the end | "
+        f"{_fmt(voice.get('joe_serving_pods_at_end'))} / "
+        f"{_fmt(voice.get('joe_fast_serving_pods_at_end'))} | 2 / 1 | "
+        f"{marks[goal['per_voice_loaded_voice_on_2_other_on_1']]} |",
+        f"| per-voice: load step → a second pod serving joe | "
+        f"{_fmt(voice.get('joe_scale_up_seconds'), ' s')} | | |",
+        "",
+        f"Pool scenario: {_fmt(pool.get('streams'))} streams "
+        f"({(pool.get('load_streams') or {}).get('steady')} → "
+        f"{(pool.get('load_streams') or {}).get('step')} → "
+        f"{(pool.get('load_streams') or {}).get('down')} at a time), "
+        f"{_fmt(pool.get('streams_with_underruns'))} with an underrun, "
+        f"{_fmt(pool.get('streams_failed'))} failed. Scale events (s after the start):",
+        "",
+    ]
+    for key in ("pool", "per_voice"):
+        for event in (results.get(key) or {}).get("scale_events", []):
+            usage = ", ".join(f"{m} {v} m" for m, v in event["metrics"].items() if v is not None)
+            lines.append(
+                f"- {key.replace('_', '-')} {event['t']} s: {event['target']} "
+                f"{event['from_replicas']} → {event['to_replicas']} ({event['reason']}; {usage})"
+            )
+    lines += ["", "![timeline](autoscaling.png)", END]
+    return "\n".join(lines)
+
+
 def write(results: dict[str, Any], out: Path) -> None:
     results["goals"] = goals(results)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")
     plot(results, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    doc = out.with_suffix(".md")
+    if doc.exists():
+        text = doc.read_text()
+        if BEGIN in text and END in text:
+            head, rest = text.split(BEGIN, 1)
+            text = head + markdown(results) + rest.split(END, 1)[1]
+        else:
+            text = text.rstrip("\n") + "\n\n" + markdown(results) + "\n"
+        doc.write_text(text)
+    print(f"wrote {out}, {out.with_suffix('.png')} and {doc}")
 
 
 if __name__ == "__main__":
