@@ -42,6 +42,8 @@ from autoscale.hpa import MetricUnavailable, PodSample
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "voxfleet"
 NAMESPACE_RESOURCE = ("", "namespaces")
+# The window kube-controller-manager's custom-metrics client assigns to every sample.
+CUSTOM_WINDOW_S = 60.0
 # Series seen this recently count, as with prometheus-adapter's --metrics-max-age default.
 DISCOVERY_SECONDS = 600
 
@@ -207,7 +209,8 @@ class PrometheusAdapter:
 
     def _query(
         self, metric: str, resource: tuple[str, str], namespace: str, names: Sequence[str]
-    ) -> dict[str, float]:
+    ) -> dict[str, tuple[float, float]]:
+        """(value, evaluation time) per object name."""
         entry = self.discover().get((metric, resource))
         if entry is None:
             raise MetricUnavailable(f"no series for {metric} on {resource[1]} (yet)")
@@ -215,12 +218,12 @@ class PrometheusAdapter:
         query = rule.render(series, resource, namespace, names)
         self.queries.append(query)
         label = rule.label_for(resource)
-        values: dict[str, float] = {}
+        values: dict[str, tuple[float, float]] = {}
         for sample in self.prometheus.custom_query(query):
             name = sample["metric"].get(label)
-            value = float(sample["value"][1])
+            timestamp, value = float(sample["value"][0]), float(sample["value"][1])
             if name is not None and not math.isnan(value):
-                values[name] = value
+                values[name] = (value, timestamp)
         return values
 
     def pod_metric(
@@ -230,7 +233,11 @@ class PrometheusAdapter:
         if not pods:
             raise MetricUnavailable(f"no pods match {selector} in {namespace}")
         values = self._query(metric, ("", "pods"), namespace, pods)
-        return {name: PodSample(adapter_milli(v) / 1000) for name, v in values.items()}
+        # The HPA's custom-metrics client gives every sample a one-minute window.
+        return {
+            name: PodSample(adapter_milli(v) / 1000, timestamp=t, window_seconds=CUSTOM_WINDOW_S)
+            for name, (v, t) in values.items()
+        }
 
     def object_metric(
         self,
@@ -244,7 +251,7 @@ class PrometheusAdapter:
         values = self._query(metric, resource, namespace, [name])
         if name not in values:
             raise MetricUnavailable(f"no {metric} for {described_object['kind']} {name}")
-        return adapter_milli(values[name]) / 1000
+        return adapter_milli(values[name][0]) / 1000
 
     def external_metric(
         self, namespace: str, metric: str, selector: Mapping[str, str] | None

@@ -165,6 +165,9 @@ def test_queue_rule_reads_the_pods_mean_wait(
         samples = adapter.pod_metric(NAMESPACE, QUEUE_METRIC, None)
         assert set(samples) == {"triton-a"}
         value = samples["triton-a"].value
+        # Stamped with Prometheus's evaluation time: the HPA sets aside older samples of a
+        # pod that became ready recently.
+        assert abs(samples["triton-a"].timestamp - time.time()) < 30
         assert value == pytest.approx(mean, abs=0.002)
         return value
 
