@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
 import math
@@ -32,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -334,6 +335,7 @@ def per_voice_scenario(
     step_s: float,
 ) -> dict[str, Any]:
     kubectl = installation.kubectl
+    first_event = len(controllers.events)
     per_voice = {"replicas": 1, "autoscaling": {"perVoice": True}}
     kubectl.apply(voice_manifest("joe", slo_ms, **per_voice))
     kubectl.apply(voice_manifest("joe-fast", slo_ms, speakingRate=1.25, **per_voice))
@@ -345,7 +347,6 @@ def per_voice_scenario(
     sampler = Sampler(
         kubectl, adapter, ["joe", "joe-fast"], records, lambda: current["concurrency"], started
     ).start()
-    first_event = len(controllers.events)
     low, high = max(1, round(capacity / 2)), max(2, round(capacity * 1.5))
 
     def joe_on_two() -> bool:
@@ -370,6 +371,14 @@ def per_voice_scenario(
     return {
         "load_streams": {"steady": low, "step": high, "voice": "joe"},
         "phase_start_s": {k: round(v - started, 1) for k, v in starts.items()},
+        "joe_serving_pods_before_step": next(
+            (
+                s.get("serving_pods", {}).get("joe")
+                for s in reversed(sampler.timeline)
+                if "serving_pods" in s and s["t"] < starts["step"] - started
+            ),
+            None,
+        ),
         "joe_serving_pods_at_end": last.get("serving_pods", {}).get("joe"),
         "joe_fast_serving_pods_at_end": last.get("serving_pods", {}).get("joe-fast"),
         "joe_scale_up_seconds": (
@@ -468,6 +477,39 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def no_pods(namespace: str, selector: Mapping[str, str] | None) -> list[str]:
+    return []
+
+
+@contextlib.contextmanager
+def autoscaling_environment(
+    workdir: Path, args: argparse.Namespace
+) -> Iterator[tuple[Installation, AutoscalingControllers]]:
+    """A fresh installation with Prometheus and the HPA controller beside it; all stopped and
+    removed on exit."""
+    local_installation = importlib.import_module("installation").local_installation
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        with (
+            local_installation(workdir) as installation,
+            PrometheusServer(args.scrape_interval, work_dir=workdir / "prometheus") as prometheus,
+        ):
+            controllers = AutoscalingControllers(
+                installation.kubectl,
+                NAMESPACE,
+                prometheus,
+                rules_from_chart("helm"),
+                args.sync_period,
+                target_refresh_s=parse_seconds(args.scrape_interval),
+            ).start()
+            try:
+                yield installation, controllers
+            finally:
+                controllers.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def parse_seconds(duration: str) -> float:
     """A Prometheus duration such as 5s or 1m, in seconds."""
     units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -482,7 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sync-period", type=float, default=15.0, help="HPA sync period, s")
     parser.add_argument("--scrape-interval", default="5s", help="Prometheus scrape interval")
     parser.add_argument("--capacity", type=int, default=2, help="streams one pod holds")
-    parser.add_argument("--slo-ms", type=int, default=500, help="targetFirstAudioP95Ms")
+    parser.add_argument("--slo-ms", type=int, default=1500, help="targetFirstAudioP95Ms")
     parser.add_argument("--steady", type=float, default=60.0)
     parser.add_argument("--step", type=float, default=150.0)
     parser.add_argument("--down-max", type=float, default=540.0)
@@ -513,29 +555,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "slo_ms": args.slo_ms,
         "pod_capacity_streams": args.capacity,
     }
-    local_installation = importlib.import_module("installation").local_installation
-    try:
-        with (
-            local_installation(workdir) as installation,
-            PrometheusServer(args.scrape_interval, work_dir=workdir / "prometheus") as prometheus,
-        ):
-            rules = rules_from_chart("helm")
-            adapter = PrometheusAdapter(prometheus.url, rules, lambda ns, sel: [])
-            controllers = AutoscalingControllers(
-                installation.kubectl,
-                NAMESPACE,
-                prometheus,
-                rules,
-                args.sync_period,
-                target_refresh_s=parse_seconds(args.scrape_interval),
-            ).start()
+    # Each scenario on a fresh installation: a pool still scaled out, or a p95 window still
+    # full of the previous scenario's load, would say nothing about the next one.
+    scenarios = ["calibrate"] if args.calibrate else args.scenarios.split(",")
+    for scenario in scenarios:
+        if scenario not in ("calibrate", "pool", "per_voice"):
+            raise SystemExit(f"unknown scenario {scenario!r}: pool or per_voice")
+        with autoscaling_environment(workdir / scenario, args) as (installation, controllers):
+            adapter = PrometheusAdapter(controllers.prometheus.url, controllers.rules, no_pods)
             try:
-                if args.calibrate:
+                if scenario == "calibrate":
                     results.update(calibrate(installation, adapter, args.slo_ms))
                     print(json.dumps(results, indent=1))
                     return 0
-                scenarios = args.scenarios.split(",")
-                if "pool" in scenarios:
+                if scenario == "pool":
                     results["pool"] = pool_scenario(
                         installation,
                         controllers,
@@ -546,8 +579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         args.step,
                         args.down_max,
                     )
-                    write(results, args.out)
-                if "per_voice" in scenarios:
+                elif scenario == "per_voice":
                     results["per_voice"] = per_voice_scenario(
                         installation,
                         controllers,
@@ -558,10 +590,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         args.step,
                     )
             finally:
-                controllers.stop()
-                results["controller_errors"] = controllers.errors[-20:]
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+                results.setdefault("controller_errors", {})[scenario] = controllers.errors[-20:]
+        write(results, args.out)
     write(results, args.out)
     return 0
 
