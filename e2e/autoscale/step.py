@@ -524,7 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sync-period", type=float, default=15.0, help="HPA sync period, s")
     parser.add_argument("--scrape-interval", default="5s", help="Prometheus scrape interval")
     parser.add_argument("--capacity", type=int, default=2, help="streams one pod holds")
-    parser.add_argument("--slo-ms", type=int, default=1500, help="targetFirstAudioP95Ms")
+    parser.add_argument("--slo-ms", type=int, default=800, help="targetFirstAudioP95Ms")
     parser.add_argument("--steady", type=float, default=60.0)
     parser.add_argument("--step", type=float, default=150.0)
     parser.add_argument("--down-max", type=float, default=540.0)
