@@ -1,9 +1,14 @@
 """`LocalCluster`: the kubelet, the controllers and the Service proxies of a one-node local
 cluster, driven by any Kubernetes API server URL, in a background thread of their own.
 
-    with LocalCluster(api_url, tmp_path) as cluster:
-        ...  # create Deployments, Jobs, Services through the API
-        cluster.resolve("joe-tts.default.svc:8001")  # -> "127.77.0.1:8001"
+    with LocalCluster(api_url, tmp_path) as cluster:   # or `async with`, or start()/stop()
+        ...  # create Deployments, Jobs, Services, Secrets, ConfigMaps through the API
+        cluster.resolve("joe-tts.default.svc:8001")    # -> "127.77.0.1:8001", from the host
+        cluster.endpoints("default", "joe-tts", 8001)  # -> ["10.213.0.2:8001", ...]
+        cluster.logs("voxfleet-triton-cpu-...", "triton")  # the container's output so far
+        cluster.container_pid(namespace, pod, container)   # its main process, to kill it
+        cluster.pod_processes(namespace, pod)              # every process of the pod
+        cluster.gateway, cluster.api_url_for_pods          # the host and the API, from pods
 
 Each control loop round (every `tick_s`) lists Pods, Deployments, Jobs and Services and runs,
 in order: garbage collection of orphaned pods, the Deployment and Job controllers, the kubelet
@@ -17,6 +22,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import ssl
 import sys
 import threading
 from pathlib import Path
@@ -36,6 +42,7 @@ from .jobs import JobController
 from .kubelet import Kubelet
 from .network import PodNetwork
 from .node import Node
+from .pki import make_api_certificates
 from .services import ServiceProxies
 
 log = logging.getLogger("cluster")
@@ -45,8 +52,10 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 class LocalCluster:
     """A one-node cluster of real processes for the API server at `api_url`.
 
-    `token`: the bearer token for the API (also the pods' service-account token).
-    `ca_cert`: PEM of the API server's CA for the pods' service-account `ca.crt`.
+    `token`: the bearer token for the API, also the pods' service-account token
+    (default: "local-cluster").
+    `ca_cert`: PEM for the pods' service-account `ca.crt` (default: the CA of the cluster's
+    own https://kubernetes.default.svc, see forward.py).
     `env`: extra variables every container starts with (as an image's ENV).
     `stop_grace_s`: at stop(), the longest any pod gets between SIGTERM and SIGKILL.
     """
@@ -89,7 +98,9 @@ class LocalCluster:
 
     @property
     def api_url_for_pods(self) -> str:
-        """The API server as pods reach it (KUBERNETES_SERVICE_HOST/PORT)."""
+        """The API server with its own scheme as pods reach it, on the gateway address. Pods
+        also reach it in-cluster at https://kubernetes.default.svc (KUBERNETES_SERVICE_HOST,
+        the service account's token and ca.crt)."""
         parts = urlsplit(self.api_url)
         return f"{parts.scheme}://{self.gateway}:{parts.port or 443}"
 
@@ -99,6 +110,17 @@ class LocalCluster:
             raise RuntimeError("the cluster is not running")
         return self.services.resolve(address)
 
+    def cluster_ip(self, namespace: str, service: str) -> str | None:
+        """The address pods reach a Service at (its name resolves to it in pods)."""
+        return self.services.cluster_ip(namespace, service) if self.services else None
+
+    def endpoints(self, namespace: str, service: str, port: int) -> list[str]:
+        """"podIP:targetPort" of the Ready pods behind a Service port (headless or not), as
+        the Service's Endpoints would list them (e.g. for Prometheus scrape targets)."""
+        if self.services is None:
+            return []
+        return [f"{ip}:{target}" for ip, target in self.services.backends(namespace, service, port)]
+
     def container_pid(self, namespace: str, pod_name: str, container: str) -> int | None:
         """The pid of a running container's main process (to kill it, as a crash would)."""
         runtime = self.kubelet.runtime(namespace, pod_name) if self.kubelet else None
@@ -107,6 +129,13 @@ class LocalCluster:
             if item.name == container and process is not None and process.returncode is None:
                 return process.pid
         return None
+
+    def pod_processes(self, namespace: str, pod_name: str) -> list[int]:
+        """Pids of every process running in a pod (its network namespace's)."""
+        runtime = self.kubelet.runtime(namespace, pod_name) if self.kubelet else None
+        if runtime is None or not runtime.netns:
+            return []
+        return network_module.namespace_pids(runtime.netns)
 
     def log_path(self, pod_name: str, container: str) -> Path:
         return self.workdir / "logs" / f"{pod_name}_{container}.log"
@@ -160,8 +189,7 @@ class LocalCluster:
             self._ready.set()
 
     def _base_env(self) -> dict[str, str]:
-        parts = urlsplit(self.api_url)
-        port = str(parts.port or 443)
+        port = "443"
         env = {
             "PATH": f"{Path(sys.executable).parent}:{SYSTEM_PATH}",
             "HOME": "/root",
@@ -179,18 +207,37 @@ class LocalCluster:
         servers: list[asyncio.Server] = []
         try:
             parts = urlsplit(self.api_url)
-            servers.append(await forward(self.gateway, parts.port or 443,
-                                         parts.hostname or "127.0.0.1", parts.port or 443))
-            async with aiohttp.ClientSession() as session:
+            host, port = parts.hostname or "127.0.0.1", parts.port or 443
+            upstream = None
+            if parts.scheme == "https":  # the local API server's own certificate
+                upstream = ssl.create_default_context()
+                upstream.check_hostname = False
+                upstream.verify_mode = ssl.CERT_NONE
+            servers.append(await forward(self.gateway, port, host, port))
+            ca_crt, crt, key = await asyncio.to_thread(
+                make_api_certificates, self.workdir / "pki", self.gateway
+            )
+            serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            serving.load_cert_chain(crt, key)
+            if port != 443 or parts.scheme == "https":
+                servers.append(await forward(self.gateway, 443, host, port, serving, upstream))
+            self.ca_cert = self.ca_cert or ca_crt.read_bytes()
+            # Probes close their connections, as the kubelet's do: a kept-alive probe
+            # connection holds up a server's graceful shutdown (tritonserver waits for it).
+            connector = aiohttp.TCPConnector(force_close=True)
+            async with aiohttp.ClientSession() as session, aiohttp.ClientSession(
+                connector=connector
+            ) as probe_session:
                 api = KubeApi(session, self.api_url, self.token)
                 node = Node(
-                    api=api, session=session, network=self.network, cpus=CpuAllocator(),
+                    api=api, session=probe_session, network=self.network, cpus=CpuAllocator(),
                     workdir=self.workdir, base_env=self._base_env(),
-                    service_account={"token": (self.token or "").encode(),
+                    service_account={"token": (self.token or "local-cluster").encode(),
                                      "ca.crt": self.ca_cert},
                 )
                 self.kubelet = Kubelet(node)
-                self.services = ServiceProxies(self.network.slot)
+                self.services = ServiceProxies(self.network.slot, self.network.bridge)
+                node.service_hosts = self.services.hosts_entries
                 jobs = JobController(api, self.job_backoff_s)
                 self._ready.set()
                 try:
@@ -227,8 +274,14 @@ class LocalCluster:
         for name, step in steps:
             try:
                 await step
-            except (aiohttp.ClientError, OSError, RuntimeError, KeyError, ValueError) as error:
+            except (aiohttp.ClientError, OSError) as error:
                 log.warning("%s: %r", name, error)
+            except Exception:  # one object's trouble must not stop the node
+                log.exception("%s failed", name)
+        try:
+            self.kubelet.update_hosts()
+        except OSError as error:
+            log.warning("hosts files: %r", error)
 
     def _remove_mount_points(self) -> None:
         """Remove the empty mount points pods created on the host, unless another local

@@ -12,8 +12,9 @@ deleted when a Job fails. Success: condition `Complete` (after `SuccessCriteriaM
 Kubernetes 1.31+ reports), with startTime, completionTime, active, ready, succeeded and
 failed counts in status. The back-off is 1 s doubling up to 10 s per failure (Kubernetes'
 is 10 s doubling up to 6 min). `restartPolicy: OnFailure` restarts the container in place
-(the kubelet's job). Not emulated: Indexed jobs, podFailurePolicy, successPolicy, suspend,
-ttlSecondsAfterFinished, the FailureTarget condition.
+(the kubelet's job), and those restarts do not count toward backoffLimit here. Not emulated:
+Indexed jobs, podFailurePolicy, successPolicy, suspend, ttlSecondsAfterFinished, the
+FailureTarget condition.
 """
 
 from __future__ import annotations

@@ -55,6 +55,10 @@ class Kubelet:
                 if runtime.task is not None and runtime.task.done():
                     del self.pods[uid]
 
+    def update_hosts(self) -> None:
+        for runtime in self.pods.values():
+            runtime.update_hosts()
+
     async def _release(self, pod: Obj) -> None:
         finalizers = list(pod["metadata"].get("finalizers") or [])
         if FINALIZER in finalizers:

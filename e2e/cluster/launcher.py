@@ -15,9 +15,11 @@ Standard library only: it runs before anything of the pod exists.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,7 +32,7 @@ def _mount(args: list[str], pass_fds: tuple[int, ...] = ()) -> None:
 def _make_mount_point(target: str, is_file: bool, created: list[str]) -> None:
     missing: list[str] = []
     parent = os.path.dirname(target) if is_file else target
-    while parent and not os.path.exists(parent):
+    while parent and parent != "/" and not os.path.exists(parent):
         missing.append(parent)
         parent = os.path.dirname(parent)
     os.makedirs(os.path.dirname(target) if is_file else target, exist_ok=True)
@@ -40,7 +42,19 @@ def _make_mount_point(target: str, is_file: bool, created: list[str]) -> None:
     created.extend(missing)
 
 
+def _die_with_the_kubelet() -> None:
+    """SIGKILL when the kubelet's thread goes (a test process killed without its cleanup):
+    the container's main process does not outlive the node. The rest of the pod's processes
+    are killed by the next cluster's start (network.py)."""
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG; kept across exec
+    if os.getppid() != parent:
+        os._exit(137)
+
+
 def main(spec_path: str) -> None:
+    _die_with_the_kubelet()
     with open(spec_path) as handle:
         spec = json.load(handle)
     mounts = spec["mounts"]
@@ -48,10 +62,16 @@ def main(spec_path: str) -> None:
     # under /tmp from the mounts that follow it.
     fds = [os.open(m["source"], os.O_PATH) if m["source"] else -1 for m in mounts]
     files = [bool(m["source"]) and os.path.isfile(m["source"]) for m in mounts]
+    # Opened now for the same reason: the workdir may be under a path a mount covers.
+    created_fd = os.open(spec["created_file"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     created: list[str] = []
+    done: list[str] = []
     for mount, fd, is_file in zip(mounts, fds, files, strict=True):
         target = mount["target"]
-        _make_mount_point(target, is_file, created)
+        # A mount point inside an earlier mount is made there, not on the host.
+        inside = any(target.startswith(earlier.rstrip("/") + "/") for earlier in done)
+        _make_mount_point(target, is_file, [] if inside else created)
+        done.append(target)
         if fd < 0:
             _mount(["-t", "tmpfs", "-o", f"size={mount['tmpfs_bytes']}", "tmpfs", target])
         else:
@@ -60,9 +80,8 @@ def main(spec_path: str) -> None:
                 _mount(["-o", "remount,bind,ro", target])
         if fd >= 0:
             os.close(fd)
-    if created:
-        with open(spec["created_file"], "a") as handle:
-            handle.writelines(path + "\n" for path in created)
+    os.write(created_fd, "".join(path + "\n" for path in created).encode())
+    os.close(created_fd)
     socket.sethostname(spec["hostname"])  # a UTS namespace of its own, as a pod has
     os.sched_setaffinity(0, spec["cpus"])
     os.chdir(spec.get("working_dir") or "/")

@@ -14,6 +14,7 @@ lock is free are stale (a crashed run) and are removed before the slot is used.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import subprocess
@@ -59,6 +60,7 @@ class PodNetwork:
         else:
             raise RuntimeError(f"all {SLOTS} local cluster network slots are in use")
         remove_slot(self.slot)
+        remove_stale_slots()
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
@@ -106,13 +108,31 @@ class PodNetwork:
         self._free.append(int(address.rsplit(".", 1)[1]))
 
 
+def namespace_pids(netns: str) -> list[int]:
+    return [int(pid) for pid in _ip("netns", "pids", netns, check=False).stdout.split()]
+
+
 def _kill_namespace_processes(netns: str) -> None:
-    pids = _ip("netns", "pids", netns, check=False).stdout.split()
-    for pid in pids:
+    for pid in namespace_pids(netns):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+
+
+def remove_stale_slots() -> None:
+    """Remove what crashed runs left in every slot that no running cluster holds."""
+    for slot in range(SLOTS):
+        lock = LOCK_DIR / f"{slot}.lock"
+        if not lock.exists():
+            continue  # never used
+        fd = os.open(lock, os.O_RDWR)
         try:
-            os.kill(int(pid), 9)
-        except (ProcessLookupError, ValueError):
-            pass
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a running cluster's (or this one's, locked through another fd)
+        else:
+            remove_slot(slot)
+        finally:
+            os.close(fd)
 
 
 def remove_slot(slot: int) -> None:

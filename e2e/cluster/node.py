@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -24,6 +25,8 @@ class Node:
     base_env: dict[str, str]
     # Files of the service-account mount: token, ca.crt.
     service_account: dict[str, bytes]
+    # /etc/hosts lines naming the Services, for pods of a namespace (services.py).
+    service_hosts: Callable[[str], str] = lambda namespace: ""
     name: str = "local-node"
 
     @property

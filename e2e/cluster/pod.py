@@ -60,6 +60,7 @@ class PodRuntime:
         self._published: Obj | None = None
         self._conditions: dict[str, Obj] = {}
         self.start_time = ""
+        self.volumes: PodVolumes | None = None
         self.task: asyncio.Task[None] | None = None
 
     # -- what the kubelet calls
@@ -76,6 +77,17 @@ class PodRuntime:
                 container.ready = False
             self._terminate.set()
             self.changed()
+
+    def update_hosts(self) -> None:
+        """Rewrite /etc/hosts in place (the containers see the bind-mounted file change)."""
+        if self.volumes is None or self.terminating:
+            return
+        text = self.volumes.hosts_base + self.node.service_hosts(self.namespace)
+        path = self.volumes.hosts_path
+        if path.exists() and path.read_text() != text:
+            with open(path, "r+") as handle:
+                handle.write(text)
+                handle.truncate()
 
     def kill(self) -> None:
         """SIGKILL every process of the pod now."""
@@ -167,8 +179,9 @@ class PodRuntime:
         pod["status"] = {"podIP": self.ip, "podIPs": [{"ip": self.ip}],
                          "hostIP": self.node.network.gateway}
         volumes = PodVolumes(self.node.workdir, pod, secrets, config_maps,
-                             self.node.service_account)
+                             self.node.service_account, self.node.service_hosts(self.namespace))
         volumes.prepare()
+        self.volumes = volumes
         pod_dir = volumes.pod_dir
         pod_dir.mkdir(parents=True, exist_ok=True)
         self.node.log_dir.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,10 @@ kube-proxy's userspace mode did: the Ready pods (not being deleted; any pod with
 `targetPort` (a number, or a container port name looked up in each pod; default `port`).
 Endpoints are re-evaluated as pods change; with none, a connection is closed at once (as a
 REJECT). Headless Services (`clusterIP: None`) get no proxy: they resolve to the pod IPs.
-Only test code on the host reaches these addresses; pods reach each other by pod IP. UDP,
+Pods reach a Service at its cluster IP 10.214.{slot}.{n} (an address of the host on the pod
+bridge, same listener), by the names `name`, `name.namespace`, `name.namespace.svc` and
+`name.namespace.svc.cluster.local` that the kubelet keeps in each pod's /etc/hosts (a
+headless Service names its ready pods there); the test code uses the loopback address. UDP,
 sessionAffinity, NodePort/LoadBalancer, externalName and Endpoints/EndpointSlice objects are
 not emulated. Use `ServiceProxies.resolve("name.namespace.svc:port")`.
 """
@@ -19,6 +22,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import subprocess
 from typing import Any
 
 from .objects import is_deleting, is_ready, key
@@ -95,9 +99,19 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.close()
 
 
+def _names(namespace: str, name: str, for_namespace: str) -> str:
+    names = [f"{name}.{namespace}.svc.cluster.local", f"{name}.{namespace}.svc",
+             f"{name}.{namespace}"]
+    return " ".join(names + ([name] if namespace == for_namespace else []))
+
+
 class ServiceProxies:
-    def __init__(self, slot: int) -> None:
+    """The proxies of every Service. `bridge`: the pod bridge, where each Service's cluster
+    IP for pods (10.214.{slot}.{n}) is added to the host's addresses."""
+
+    def __init__(self, slot: int, bridge: str | None = None) -> None:
         self.slot = slot
+        self.bridge = bridge
         self._addresses: dict[tuple[str, str], str] = {}  # (namespace, name) -> 127.77.slot.n
         self._proxies: dict[tuple[str, str, int], _PortProxy] = {}
         self._headless: dict[tuple[str, str], dict[int, list[tuple[str, int]]]] = {}
@@ -126,6 +140,26 @@ class ServiceProxies:
     def address(self, namespace: str, name: str) -> str | None:
         return self._addresses.get((namespace, name))
 
+    def cluster_ip(self, namespace: str, name: str) -> str | None:
+        """The Service's address for pods, on the bridge (None: headless or unknown)."""
+        address = self._addresses.get((namespace, name))
+        if address is None or self.bridge is None:
+            return None
+        return f"10.214.{self.slot}.{address.rsplit('.', 1)[1]}"
+
+    def hosts_entries(self, for_namespace: str) -> str:
+        """/etc/hosts lines naming every Service as pods of `for_namespace` resolve them:
+        the cluster IP, or each ready pod of a headless Service."""
+        lines = []
+        for (namespace, name) in sorted(self._addresses):
+            ip = self.cluster_ip(namespace, name)
+            if ip:
+                lines.append(f"{ip}\t{_names(namespace, name, for_namespace)}\n")
+        for (namespace, name), ports in sorted(self._headless.items()):
+            for ip in sorted({ip for backends in ports.values() for ip, _ in backends}):
+                lines.append(f"{ip}\t{_names(namespace, name, for_namespace)}\n")
+        return "".join(lines)
+
     def backends(self, namespace: str, name: str, port: int) -> list[tuple[str, int]]:
         proxy = self._proxies.get((namespace, name, port))
         if proxy is not None:
@@ -149,6 +183,8 @@ class ServiceProxies:
             if address is None:
                 address = f"127.77.{self.slot}.{self._free.pop(0)}"
                 self._addresses[(namespace, name)] = address
+                await self._bridge_address("add", namespace, name)
+            listen = [address, *filter(None, [self.cluster_ip(namespace, name)])]
             for port in spec.get("ports") or []:
                 if port.get("protocol", "TCP") != "TCP":
                     continue
@@ -158,7 +194,7 @@ class ServiceProxies:
                 if proxy is None:
                     proxy = self._proxies[proxy_key] = _PortProxy()
                     proxy.server = await asyncio.start_server(
-                        proxy.handle, address, int(port["port"]), reuse_address=True
+                        proxy.handle, listen, int(port["port"]), reuse_address=True
                     )
                 proxy.backends = endpoints(service, pods, port)
         self._headless = headless
@@ -166,7 +202,16 @@ class ServiceProxies:
             await self._close(proxy_key)
         services_left = {(ns, name) for ns, name, _ in self._proxies}
         for service_key in set(self._addresses) - services_left:
+            await self._bridge_address("del", *service_key)
             self._free.append(int(self._addresses.pop(service_key).rsplit(".", 1)[1]))
+
+    async def _bridge_address(self, verb: str, namespace: str, name: str) -> None:
+        ip = self.cluster_ip(namespace, name)
+        if ip is not None and self.bridge is not None:
+            await asyncio.to_thread(
+                subprocess.run, ["ip", "addr", verb, f"{ip}/32", "dev", self.bridge],
+                capture_output=True, check=verb == "add",
+            )
 
     async def _close(self, proxy_key: tuple[str, str, int]) -> None:
         proxy = self._proxies.pop(proxy_key)

@@ -24,6 +24,7 @@ from typing import Any
 
 from .env import ConfigError, _field
 from .objects import memory_bytes
+from .pki import NAMES as API_NAMES
 
 Obj = dict[str, Any]
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -77,13 +78,17 @@ class PodVolumes:
         secrets: Mapping[str, Obj],
         config_maps: Mapping[str, Obj],
         service_account: Mapping[str, bytes],
+        service_hosts: str = "",
     ) -> None:
         self.workdir = workdir
         self.pod = pod
         self.secrets = secrets
         self.config_maps = config_maps
         self.service_account = service_account
+        self.service_hosts = service_hosts
         self.pod_dir = workdir / "pods" / pod["metadata"]["uid"]
+        self.hosts_path = self.pod_dir / "etc" / "hosts"
+        self.hosts_base = ""
         # volume name -> (host path or "" for tmpfs, tmpfs size in bytes, always read-only)
         self.sources: dict[str, tuple[str, int, bool]] = {}
 
@@ -130,14 +135,21 @@ class PodVolumes:
 
     def _name_files(self, namespace: str) -> None:
         """/etc/hosts and /etc/resolv.conf, which the kubelet manages in every pod. There is
-        no cluster DNS: the nameserver is the pod's own loopback, where nothing answers, so
-        lookups of other names fail at once instead of waiting for the host's resolver."""
+        no cluster DNS: /etc/hosts names the pod, the `kubernetes` Service and the others
+        (kept up to date by the kubelet, see services.py); the nameserver
+        is the pod's own loopback, where nothing answers, so lookups of other names fail at
+        once instead of waiting for the host's resolver."""
         directory = self.pod_dir / "etc"
         ip = (self.pod.get("status") or {}).get("podIP", "")
         name = self.pod["metadata"]["name"]
         hosts = f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{ip}\t{name}\n"
+        gateway = (self.pod.get("status") or {}).get("hostIP")
+        if gateway:  # the `kubernetes` Service, the only name of the cluster pods resolve
+            hosts += f"{gateway}\t{' '.join(API_NAMES)}\n"
         search = f"{namespace}.svc.cluster.local svc.cluster.local cluster.local"
         resolv = f"nameserver 127.0.0.1\nsearch {search}\noptions ndots:5\n"
+        self.hosts_base = hosts
+        hosts += self.service_hosts
         _write_files(directory, {"hosts": hosts.encode(), "resolv.conf": resolv.encode()}, 0o644)
         self.sources["etc-hosts"] = (str(directory / "hosts"), 0, False)
         self.sources["etc-resolv-conf"] = (str(directory / "resolv.conf"), 0, False)

@@ -67,7 +67,8 @@ async def test_scaling_up_and_down_follows_spec_replicas(
 ) -> None:
     await kube.create("Deployment", "default", web_deployment("web", replicas=1))
     await eventually(lambda: ready_pods(kube, "web", 1), timeout=30)
-    await kube.patch("Deployment", "default", "web", {"spec": {"replicas": 3}})
+    # Up through the scale subresource, as the HPA scales; down through spec.replicas.
+    await kube.patch("Deployment", "default", "web", {"spec": {"replicas": 3}}, "scale")
     pods = await eventually(lambda: ready_pods(kube, "web", 3), timeout=30)
     assert len({p["status"]["podIP"] for p in pods}) == 3
     await kube.patch("Deployment", "default", "web", {"spec": {"replicas": 1}})
@@ -84,3 +85,35 @@ async def test_pods_requesting_one_cpu_get_distinct_cores(
     sets = [await fetch(f"{p['status']['podIP']}:8080", "/cpus") for p in pods]
     first, second = (set(json.loads(text)) for text in sets)  # "[0]", "[1]"
     assert len(first) == len(second) == 1 and not first & second, sets
+
+
+async def test_recreate_stops_the_old_pod_before_starting_the_new_one(
+    kube: KubeApi, cluster: LocalCluster
+) -> None:
+    deployment = web_deployment("web", replicas=1)
+    deployment["spec"]["strategy"] = {"type": "Recreate"}
+    await kube.create("Deployment", "default", copy.deepcopy(deployment))
+    (old,) = await eventually(lambda: ready_pods(kube, "web", 1), timeout=30)
+    most = {"pods": 1}
+
+    async def watch() -> None:
+        while True:
+            most["pods"] = max(most["pods"], len(await pods_of(kube, "web")))
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        template = deployment["spec"]["template"]
+        template["spec"]["containers"][0]["env"][0]["value"] = "v2"
+        await kube.patch("Deployment", "default", "web", {"spec": {"template": template}})
+
+        async def replaced() -> list[dict] | None:
+            pods = await ready_pods(kube, "web", 1)
+            return pods if pods and pods[0]["metadata"]["name"] != old["metadata"]["name"] \
+                else None
+
+        (new,) = await eventually(replaced, timeout=30)
+    finally:
+        watcher.cancel()
+    assert most["pods"] == 1  # the old pod, terminating included, was gone first
+    assert (await fetch(f"{new['status']['podIP']}:8080")).startswith("v2 from ")

@@ -125,3 +125,36 @@ async def test_deletion_runs_pre_stop_then_sigterm_then_sigkill_after_the_grace_
     log = Path(cluster.workdir, "claims", "default", "events", "log").read_text().split()
     assert log == ["started", "pre-stop", "term"]
     assert not os.path.exists(f"/proc/{pid}")
+
+
+async def test_a_sleep_pre_stop_delays_sigterm_and_a_prompt_exit_ends_the_grace_early(
+    kube: KubeApi, cluster: LocalCluster
+) -> None:
+    # As the Triton pods: `preStop: sleep`, then a process that exits on SIGTERM.
+    script = (
+        "trap 'date +%s.%N >> /events/term; exit 0' TERM; echo started >> /events/log; "
+        "while true; do sleep 0.1; done"
+    )
+    pre_stop = {"preStop": {"sleep": {"seconds": 1}}}
+    readiness = {"exec": {"command": ["grep", "-q", "started", "/events/log"]},
+                 "periodSeconds": 1}
+    pod = bare_pod("sleeper", script, lifecycle=pre_stop, readinessProbe=readiness)
+    pod["spec"]["terminationGracePeriodSeconds"] = 10
+    await kube.create("Pod", "default", pod)
+
+    async def ready() -> bool:
+        current = await kube.get("Pod", "default", "sleeper")
+        return bool(current and is_ready(current))
+
+    await eventually(ready, timeout=30)
+    deleted_at = time.time()
+    await kube.delete("Pod", "default", "sleeper")
+
+    async def gone() -> bool:
+        return await kube.get("Pod", "default", "sleeper") is None
+
+    await eventually(gone, timeout=15)
+    elapsed = time.time() - deleted_at
+    term_at = float(Path(cluster.workdir, "claims", "default", "events", "term").read_text())
+    assert term_at - deleted_at >= 1.0  # SIGTERM only after the preStop sleep
+    assert elapsed < 5, elapsed  # gone once the process exited, well before 10 s

@@ -210,3 +210,12 @@ def test_voxfleet_crd_prints_the_generated_crd() -> None:
         [sys.executable, "-m", "engines.cli", "crd"], capture_output=True, text=True, check=True
     )
     assert yaml.safe_load(result.stdout) == build_crd()
+
+
+def test_the_api_offers_the_precisions_the_runtime_registry_knows() -> None:
+    from voxfleet_operator.spec import Precision
+
+    from engines.plan import PRECISIONS, RUNTIMES
+
+    assert {p.value for p in Precision} == set(PRECISIONS)
+    assert set().union(*(info.precisions for info in RUNTIMES.values())) == set(PRECISIONS)
