@@ -45,8 +45,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     terminalreporter.section("voxfleet e2e timings")
     for name, value in TIMINGS.items():
-        unit = "ms" if name.endswith("_ms") else "s"
-        terminalreporter.write_line(f"{name}: {value:.2f} {unit}")
+        unit = " ms" if name.endswith("_ms") else " s" if name.endswith("_s") else ""
+        text = f"{value:.2f}" if unit else f"{value:g}"
+        terminalreporter.write_line(f"{name}: {text}{unit}")
     TIMINGS_FILE.parent.mkdir(parents=True, exist_ok=True)
     TIMINGS_FILE.write_text(json.dumps(TIMINGS, indent=2) + "\n")
     terminalreporter.write_line(f"(also in {TIMINGS_FILE.relative_to(ROOT)})")

@@ -56,7 +56,10 @@ def triton_args() -> list[str]:
         f"--grpc-port={GRPC_PORT}",
         f"--http-port={HTTP_PORT}",
         f"--metrics-port={METRICS_PORT}",
-        "--strict-readiness=true",
+        # Ready means serving, whatever each model's state: a voice being unloaded while its
+        # last streams finish must not take the pod, and every other voice on it, out of
+        # their Services. Which voices a pod serves is its `serving.voxfleet.io/*` labels.
+        "--strict-readiness=false",
         f"--exit-timeout-secs={TRITON_EXIT_TIMEOUT_SECONDS}",
         "--log-format=ISO8601",
     ]
