@@ -11,16 +11,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from e2e_support import (
     KUBECONFIG_ENV,
     NAMESPACE,
@@ -169,7 +166,7 @@ def kind_installation() -> Iterator[Installation]:
 @contextlib.contextmanager
 def local_installation(workdir: Path) -> Iterator[Installation]:
     """The emulator, the local cluster, and the chart installed with kubectl apply."""
-    from e2e.cluster.apiserver import serve_api, write_kubeconfig
+    from e2e.cluster.apiserver import serve_api
     from e2e.cluster.cluster import LocalCluster
 
     loop = LoopThread()
@@ -178,29 +175,14 @@ def local_installation(workdir: Path) -> Iterator[Installation]:
         api_context = serve_api(workdir / "api")
         api = loop.run(api_context.__aenter__())
         stack.callback(lambda: loop.run(api_context.__aexit__(None, None, None), timeout=30))
-        cluster = LocalCluster(api.url, workdir / "cluster")
+        # Pods log in with this service-account token (the emulator accepts any).
+        cluster = LocalCluster(api.url, workdir / "cluster", token="e2e-service-account")
         cluster.start()
         stack.callback(cluster.stop)
         kubectl = Kubectl(api.kubeconfig, NAMESPACE)
         kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-        # The one substitution in the install: the operator reaches the API through a
-        # kubeconfig (set with the chart's own `operator.extraEnv`), because kopf's
-        # in-cluster login dials https://kubernetes.default.svc, which needs cluster DNS
-        # and a TLS API server that the local cluster does not have.
-        # Outside /tmp, which the operator pod covers with an emptyDir.
-        config_dir = Path(tempfile.mkdtemp(prefix="operator-", dir=_pod_visible_dir()))
-        stack.callback(shutil.rmtree, config_dir, True)
-        pod_kubeconfig = write_kubeconfig(
-            config_dir / "kubeconfig", cluster.api_url_for_pods, token="operator"
-        )
-        extra = workdir / "values-local.yaml"
-        extra.write_text(
-            yaml.safe_dump(
-                {"operator": {"extraEnv": [{"name": "KUBECONFIG", "value": str(pod_kubeconfig)}]}}
-            )
-        )
         started = time.monotonic()
-        rendered = helm_template(VALUES, ("-f", str(extra)))
+        rendered = helm_template(VALUES)
         kubectl.run("apply", "-f", "-", stdin=rendered)
 
         def reach_service(endpoint: str) -> contextlib.AbstractContextManager[str]:
@@ -243,12 +225,6 @@ def local_installation(workdir: Path) -> Iterator[Installation]:
     finally:
         stack.close()
         loop.close()
-
-
-def _pod_visible_dir() -> Path:
-    path = Path("/run/voxfleet-e2e/kubeconfigs")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def describe(kubectl: Kubectl, *objects: str) -> str:

@@ -61,4 +61,4 @@ helm install voxfleet charts/voxfleet --namespace "$namespace" --create-namespac
 
 VOXFLEET_E2E_KUBECONFIG="$work/kubeconfig" VOXFLEET_E2E_NAMESPACE="$namespace" \
     VOXFLEET_E2E_RELEASE=voxfleet \
-    .venv/bin/pytest e2e -q ${PYTEST_ARGS:-}
+    .venv/bin/pytest e2e/test_kubectl_to_audio.py -q ${PYTEST_ARGS:-}

@@ -5,7 +5,9 @@ metadata, splits `status` from the rest, collects garbage, and serves what `kube
 typed lists, discovery of subresources, OpenAPI for client-side validation, server-side
 tables (printer columns), strategic merge patches and the `scale` subresource. Those are
 scripted here, in one class, so that the operator tests and the e2e suite drive the emulator
-with the same requests (and the same `kubectl` commands) a user sends to kind.
+with the same requests (and the same `kubectl` commands) a user sends to kind. Tables,
+selectors and patches are in apiserver_views.py; OpenAPI and validation in
+apiserver_schemas.py.
 """
 
 from __future__ import annotations
@@ -13,19 +15,37 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
-import functools
 import itertools
-import json
-import re
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import kmock
 import yaml
 from kmock._internal import enums, parsing, references, rendering
+
+from .apiserver_schemas import (
+    builtin_errors,
+    builtin_schema_name,
+    builtin_v3_schemas,
+    reachable,
+    schema_errors,
+)
+from .apiserver_views import (
+    AGE_COLUMN,
+    BUILTIN_COLUMNS,
+    cell,
+    fields_match,
+    jsonpath,
+    merge,
+    nested,
+    selector_matches,
+    strategic_to_merge,
+    wants_table,
+)
 
 _parse_path = parsing.parse_path
 
@@ -104,29 +124,6 @@ _BUILTIN_SCALE = {
     "replicasets": (".spec.replicas", ".status.replicas", ".status.selector"),
 }
 
-# Server-side printer columns of the built-in kinds `kubectl get` shows (name, JSONPath, type).
-_BUILTIN_COLUMNS: dict[str, list[dict[str, str]]] = {
-    "Deployment": [
-        {"name": "Ready", "type": "string", "jsonPath": "@ready"},
-        {"name": "Up-to-date", "type": "integer", "jsonPath": ".status.updatedReplicas"},
-        {"name": "Available", "type": "integer", "jsonPath": ".status.availableReplicas"},
-    ],
-    "Pod": [
-        {"name": "Ready", "type": "string", "jsonPath": "@ready"},
-        {"name": "Status", "type": "string", "jsonPath": ".status.phase"},
-        {"name": "Restarts", "type": "integer", "jsonPath": "@restarts"},
-        {"name": "IP", "type": "string", "jsonPath": ".status.podIP"},
-    ],
-    "Job": [
-        {"name": "Status", "type": "string", "jsonPath": "@job"},
-        {"name": "Completions", "type": "string", "jsonPath": "@completions"},
-    ],
-    "Service": [
-        {"name": "Type", "type": "string", "jsonPath": ".spec.type"},
-        {"name": "Cluster-IP", "type": "string", "jsonPath": ".spec.clusterIP"},
-    ],
-}
-_AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
 
 @dataclass
@@ -143,7 +140,7 @@ class CustomKind:
     scale: tuple[str, str, str] | None = None
 
 
-class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
+class ScriptedKubernetes(kmock.KubernetesEmulator):
     """KMock plus the parts of a real API server the operator and `kubectl` rely on.
 
     KMock stores objects as sent. A real API server also: sets `metadata.namespace`, `uid`,
@@ -169,6 +166,13 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
     conflicts: dict[str, int]
     # When set, requests without this bearer token get 401 (an expired service-account token).
     required_token: str | None = None
+    # Requests from the operator (they carry a token; the tests' own do not) with these
+    # methods answer 503, as an API server in an outage does.
+    outage_methods: frozenset[str] = frozenset()
+    # Paths whose next requests from the operator answer 429 with `Retry-After: 1`.
+    throttled: dict[str, int]
+    # Every request from the operator but watches, as "METHOD /path", to count its reads.
+    served: list[str]
     # Applied CRDs by "group/version/plural".
     custom_kinds: dict[str, CustomKind]
 
@@ -183,9 +187,20 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
     def _state(self) -> None:
         if not hasattr(self, "writes"):
             self.writes, self.conflicts, self.custom_kinds = [], {}, {}
+            self.throttled, self.served = {}, []
 
     async def _serve(self, request: rendering.Request) -> Any:
         self._state()
+        from_operator = "Authorization" in request.headers
+        if from_operator and request.params.get("watch") not in ("true", "1"):
+            self.served.append(f"{request.method} {request.url.path}")
+        if from_operator and request.method in self.outage_methods:
+            return aiohttp.web.json_response(_status(503, "ServiceUnavailable"), status=503)
+        if from_operator and self.throttled.get(request.url.path, 0) > 0:
+            self.throttled[request.url.path] -= 1
+            return aiohttp.web.json_response(
+                _status(429, "TooManyRequests"), status=429, headers={"Retry-After": "1"}
+            )
         if request.method in ("PATCH", "PUT", "POST"):
             self.writes.append(f"{request.method} {request.url.path}")
         if self.required_token is not None:
@@ -242,7 +257,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
                 self._script_update(request)
         elif request.action == enums.action.UPDATE and isinstance(request.data, list):
             await self._script_json_patch(request)
-        if _wants_table(request) and request.action in (enums.action.LIST, enums.action.FETCH):
+        if wants_table(request) and request.action in (enums.action.LIST, enums.action.FETCH):
             return await self._respond(request, await self._table(request))
         response = await super()._handle(request)
         if request.resource is not None and request.resource.plural == "customresourcedefinitions":
@@ -263,9 +278,9 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
     def _script_update(self, request: rendering.Request) -> None:
         data = request.data
         if request.subresource == "status":
-            for key in list(data):
-                if key != "status":
-                    del data[key]
+            for field_name in list(data):
+                if field_name != "status":
+                    del data[field_name]
         else:
             data.pop("status", None)
         meta = data.setdefault("metadata", {})
@@ -273,15 +288,15 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
         for immutable in ("uid", "creationTimestamp", "namespace", "name"):
             meta.pop(immutable, None)
         meta["resourceVersion"] = str(next(self._versions))
-        key = (request.resource, request.namespace, request.name)
+        key: Any = (request.resource, request.namespace, request.name)
         if "spec" in data and key in self._objects and not self._objects[key].deleted:
             current = self._objects[key].raw
-            merged = _merge(current.get("spec") or {}, data["spec"])
+            merged = merge(current.get("spec") or {}, data["spec"])
             if merged != current.get("spec"):
                 meta["generation"] = int(current["metadata"].get("generation") or 1) + 1
 
     def _script_replace(self, request: rendering.Request) -> None:
-        key = (request.resource, request.namespace, request.name)
+        key: Any = (request.resource, request.namespace, request.name)
         if key not in self._objects or self._objects[key].deleted:
             return
         current = self._objects[key].raw
@@ -294,11 +309,11 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
                 request.data[name] = _replacement(current[name], request.data[name])
 
     def _script_strategic_patch(self, request: rendering.Request) -> None:
-        key = (request.resource, request.namespace, request.name)
+        key: Any = (request.resource, request.namespace, request.name)
         current: Any = {}
         if key in self._objects and not self._objects[key].deleted:
             current = self._objects[key].raw
-        merge = _strategic_to_merge(current, request.data)
+        merge = strategic_to_merge(current, request.data)
         request.data.clear()  # the request is frozen; its data is not
         request.data.update(merge)
 
@@ -309,7 +324,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
         # delivers for the newer version. KMock would answer 500, and its watches replay
         # current objects instead of resuming, so kopf can miss that version: answer 422 and
         # send the current object again.
-        key = (request.resource, request.namespace, request.name)
+        key: Any = (request.resource, request.namespace, request.name)
         if key not in self._objects or self._objects[key].deleted:
             return
         current = self._objects[key].raw["metadata"].get("resourceVersion")
@@ -361,7 +376,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
     # -- lists, discovery ---------------------------------------------------------------------
 
     async def _serve_list(self, request: rendering.Request) -> Any:
-        result = await super()._serve_list(request)
+        result: Any = await super()._serve_list(request)
         info = self._info(request.resource)
         group_version = _group_version(request.resource)
         selector = request.params.get("labelSelector")
@@ -370,7 +385,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
             items = [item for item in items if selector_matches(selector, item)]
         field_selector = request.params.get("fieldSelector")
         if field_selector:
-            items = [item for item in items if _fields_match(field_selector, item)]
+            items = [item for item in items if fields_match(field_selector, item)]
         version = str(max((int(_rv(i)) for i in items), default=0) or next(self._versions))
         return {
             "apiVersion": group_version,
@@ -380,7 +395,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
         }
 
     async def _serve_version(self, request: rendering.Request) -> Any:
-        result = await super()._serve_version(request)
+        result: Any = await super()._serve_version(request)
         result["groupVersion"] = result["groupVersion"].lstrip("/")
         for entry in result["resources"]:
             name = entry["name"]
@@ -464,7 +479,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
         paths = self._scale_paths(request.resource)
         if paths is None:
             raise kmock.KubernetesNotFoundError(message="this resource has no scale subresource")
-        key = (request.resource, request.namespace, request.name)
+        key: Any = (request.resource, request.namespace, request.name)
         async with self._lock:
             if key not in self._objects or self._objects[key].deleted:
                 raise kmock.KubernetesObjectNotFoundError()
@@ -479,7 +494,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
                         message=f"spec.replicas: must be a non-negative integer, got {replicas!r}",
                     )
                 obj.patch(
-                    _nested(paths[0], replicas)
+                    nested(paths[0], replicas)
                     | {
                         "metadata": {
                             "resourceVersion": str(next(self._versions)),
@@ -489,7 +504,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
                 )
                 await self._buses[request.resource].put({"type": "MODIFIED", "object": obj.raw})
             raw = obj.raw
-        selector = _jsonpath(raw, paths[2]) if paths[2] else None
+        selector = jsonpath(raw, paths[2]) if paths[2] else None
         if isinstance(selector, dict):
             selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
         return {
@@ -499,8 +514,8 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
                 k: raw["metadata"].get(k)
                 for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
             },
-            "spec": {"replicas": _jsonpath(raw, paths[0]) or 0},
-            "status": {"replicas": _jsonpath(raw, paths[1]) or 0, "selector": selector or ""},
+            "spec": {"replicas": jsonpath(raw, paths[0]) or 0},
+            "status": {"replicas": jsonpath(raw, paths[1]) or 0, "selector": selector or ""},
         }
 
     def _scale_paths(self, resource: references.resource) -> tuple[str, str, str] | None:
@@ -518,6 +533,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
 
     async def _table(self, request: rendering.Request) -> dict[str, Any]:
         assert request.resource is not None
+        objects: list[Any]
         if request.action == enums.action.FETCH:
             objects = [await self._serve_fetch(request)]
         else:
@@ -528,9 +544,9 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
         if custom is not None:
             columns = [c for c in custom.columns if c.get("priority", 0) == 0]
             if not any(c["name"] == "Age" for c in columns):
-                columns.append(_AGE)
+                columns.append(AGE_COLUMN)
         else:
-            columns = [*_BUILTIN_COLUMNS.get(info.kind if info else "", []), _AGE]
+            columns = [*BUILTIN_COLUMNS.get((info.kind if info else None) or "", []), AGE_COLUMN]
         definitions = [{"name": "Name", "type": "string", "format": "name"}] + [
             {"name": c["name"], "type": c.get("type", "string"), "format": c.get("format", "")}
             for c in columns
@@ -539,7 +555,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
         for obj in objects:
             cells: list[Any] = [obj["metadata"]["name"]]
             for column in columns:
-                cells.append(_cell(obj, column))
+                cells.append(cell(obj, column))
             partial = {
                 "apiVersion": "meta.k8s.io/v1",
                 "kind": "PartialObjectMetadata",
@@ -580,7 +596,7 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
         if gv not in served:
             raise kmock.KubernetesNotFoundError(message=f"no OpenAPI document for {gv}")
         group, _, version = gv.removeprefix("apis/").removeprefix("api/").rpartition("/")
-        schemas = _builtin_v3_schemas()
+        schemas = builtin_v3_schemas()
         components: dict[str, Any] = {}
         paths: dict[str, Any] = {}
         for kind, plural in served[gv]:
@@ -590,9 +606,9 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
             if custom is not None and name is not None:
                 components[name] = dict(custom.schema, **{"x-kubernetes-group-version-kind": [gvk]})
             else:
-                name = _builtin_schema_name(group, version, kind)
+                name = builtin_schema_name(group, version, kind)
                 if name is not None:
-                    components.update(_reachable(schemas, name))
+                    components.update(reachable(schemas, name))
             operation = {
                 "x-kubernetes-group-version-kind": gvk,
                 "parameters": [
@@ -615,17 +631,17 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
         if request.resource is None or request.subresource:
             return
         data: Any = request.data
-        key = (request.resource, request.namespace, request.name)
+        key: Any = (request.resource, request.namespace, request.name)
         if request.method == "PATCH":
             if key not in self._objects or self._objects[key].deleted:
                 return
-            data = _merge(copy.deepcopy(self._objects[key].raw), data)
+            data = merge(copy.deepcopy(self._objects[key].raw), data)
         name = f"{request.resource.group}/{request.resource.version}/{request.resource.plural}"
         custom = self.custom_kinds.get(name.lstrip("/"))
         if custom is not None:
-            errors = _schema_errors(custom.schema, data)
+            errors = schema_errors(custom.schema, data)
         else:
-            errors = _builtin_errors(data)
+            errors = builtin_errors(data)
         if errors:
             raise kmock.KubernetesError(
                 status=422,
@@ -636,6 +652,17 @@ class ScriptedKubernetes(kmock.KubernetesEmulator):  # type: ignore[misc]
 
 
 # -- helpers ------------------------------------------------------------------------------------
+
+
+def _status(code: int, reason: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": reason,
+    }
 
 
 def _now() -> str:
@@ -653,16 +680,6 @@ def _group_version(resource: references.resource | None) -> str:
     return f"{resource.group}/{resource.version}"
 
 
-def _merge(base: Any, patch: Any) -> Any:
-    if not isinstance(base, dict) or not isinstance(patch, dict):
-        return patch
-    out = dict(base)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = _merge(base.get(key), value)
-    return out
 
 
 def _replacement(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
@@ -677,211 +694,6 @@ def _replacement(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str
         if key not in new:
             out[key] = None
     return out
-
-
-def _strategic_to_merge(current: Any, patch: Any) -> Any:
-    """A strategic merge patch as the JSON merge patch it amounts to on `current`.
-
-    Lists with a merge key (`$setElementOrder/<field>` names it, as kubectl sends) are merged
-    element by element by that key, with `$patch: delete` removing one; other lists replace.
-    `$retainKeys` and `$deleteFromPrimitiveList` are not emulated.
-    """
-    if not isinstance(patch, dict):
-        return patch
-    current = current if isinstance(current, dict) else {}
-    out: dict[str, Any] = {}
-    if patch.get("$patch") == "replace":
-        return {k: v for k, v in patch.items() if not k.startswith("$")}
-    orders = {k.split("/", 1)[1]: v for k, v in patch.items() if k.startswith("$setElementOrder/")}
-    for key, value in patch.items():
-        if key.startswith("$"):
-            continue
-        old = current.get(key)
-        if isinstance(value, list) and (key in orders or _has_merge_key(value)):
-            out[key] = _merge_list(old if isinstance(old, list) else [], value, orders.get(key))
-        elif isinstance(value, dict):
-            out[key] = _strategic_to_merge(old, value)
-        else:
-            out[key] = value
-    for key, order in orders.items():
-        if key not in out and isinstance(current.get(key), list):
-            out[key] = _merge_list(current[key], [], order)
-    return out
-
-
-_MERGE_KEYS = ("name", "mountPath", "containerPort", "port", "type", "ip", "topologyKey")
-
-
-def _has_merge_key(items: list[Any]) -> bool:
-    return bool(items) and all(isinstance(i, dict) and "$patch" in i for i in items)
-
-
-def _merge_key(items: Iterable[Any]) -> str | None:
-    for key in _MERGE_KEYS:
-        if all(isinstance(i, dict) and key in i for i in items):
-            return key
-    return None
-
-
-def _merge_list(current: list[Any], patch: list[Any], order: list[Any] | None) -> list[Any]:
-    key = _merge_key([*(order or []), *patch])
-    if key is None:
-        return [item for item in patch if not (isinstance(item, dict) and "$patch" in item)]
-    by_key = {item.get(key): item for item in current if isinstance(item, dict)}
-    deleted = set()
-    for item in patch:
-        name = item.get(key)
-        if item.get("$patch") == "delete":
-            deleted.add(name)
-            continue
-        by_key[name] = _merge(by_key.get(name), _strategic_to_merge(by_key.get(name), item))
-    names = [i.get(key) for i in order] if order else list(by_key)
-    names += [n for n in by_key if n not in names]
-    return [by_key[n] for n in names if n in by_key and n not in deleted]
-
-
-def _nested(path: str, value: Any) -> dict[str, Any]:
-    parts = [p for p in path.split(".") if p]
-    out: Any = value
-    for part in reversed(parts):
-        out = {part: out}
-    assert isinstance(out, dict)
-    return out
-
-
-_FILTER = re.compile(r'\[\?\(@\.([\w.]+)\s*==\s*["\']([^"\']*)["\']\)\]')
-
-
-def _jsonpath(obj: Any, path: str) -> Any:
-    """The subset of JSONPath CRD printer columns use: `.a.b`, `[N]`, `[?(@.k=="v")]`."""
-    tokens = re.findall(r"\[\?\([^\]]*\)\]|\[\d+\]|\.[\w-]+|\[\*\]", path)
-    values: list[Any] = [obj]
-    for token in tokens:
-        found: list[Any] = []
-        for value in values:
-            if token.startswith("."):
-                if isinstance(value, dict) and token[1:] in value:
-                    found.append(value[token[1:]])
-            elif token == "[*]":
-                found.extend(value if isinstance(value, list) else [])
-            elif token.startswith("[?"):
-                match = _FILTER.fullmatch(token)
-                if match and isinstance(value, list):
-                    field_path, wanted = match.groups()
-                    for item in value:
-                        got = _jsonpath(item, "." + field_path)
-                        if got is not None and str(got) == wanted:
-                            found.append(item)
-            else:
-                index = int(token[1:-1])
-                if isinstance(value, list) and index < len(value):
-                    found.append(value[index])
-        values = found
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else values
-
-
-def _cell(obj: Mapping[str, Any], column: Mapping[str, Any]) -> Any:
-    path = str(column["jsonPath"])
-    status = obj.get("status") or {}
-    if path == "@ready" and obj.get("kind") == "Pod":
-        statuses = status.get("containerStatuses") or []
-        total = len((obj.get("spec") or {}).get("containers") or [])
-        return f"{sum(1 for s in statuses if s.get('ready'))}/{total}"
-    if path == "@ready":
-        return f"{status.get('readyReplicas') or 0}/{(obj.get('spec') or {}).get('replicas', 1)}"
-    if path == "@restarts":
-        return sum(int(s.get("restartCount") or 0) for s in status.get("containerStatuses") or [])
-    if path == "@job":
-        for condition in status.get("conditions") or []:
-            if condition.get("status") == "True" and condition.get("type") in (
-                "Complete", "Failed"
-            ):
-                return str(condition["type"])
-        return "Running"
-    if path == "@completions":
-        wanted = (obj.get("spec") or {}).get("completions", 1)
-        return f"{status.get('succeeded') or 0}/{wanted}"
-    value = _jsonpath(obj, path)
-    if value is None:
-        return None
-    if column.get("type") == "date" and isinstance(value, str):
-        return _age(value)
-    if column.get("type") == "integer" and isinstance(value, (int, float)):
-        return value
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def _age(timestamp: str) -> str:
-    """A timestamp as the short age `kubectl get` shows (the server renders it)."""
-    try:
-        then = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ")
-    except ValueError:
-        return timestamp
-    seconds = int((datetime.datetime.now(datetime.UTC).replace(tzinfo=None) - then).total_seconds())
-    if seconds < 120:
-        return f"{max(seconds, 0)}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60}s" if seconds < 600 else f"{seconds // 60}m"
-    return f"{seconds // 3600}h{(seconds % 3600) // 60}m"
-
-
-def _wants_table(request: rendering.Request) -> bool:
-    accept = request.headers.get("Accept", "")
-    return "as=Table" in accept and request.resource is not None
-
-
-def selector_matches(selector: str, obj: Mapping[str, Any]) -> bool:
-    """Label selector syntax: `k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (a,b)`, `k notin (a)`."""
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    terms = re.findall(r"[^,(]+(?:\([^)]*\))?", selector)
-    for raw in terms:
-        term = raw.strip()
-        if not term:
-            continue
-        set_match = re.fullmatch(r"([\w./-]+)\s+(in|notin)\s+\(([^)]*)\)", term)
-        if set_match:
-            key, op, values = set_match.groups()
-            allowed = {v.strip() for v in values.split(",")}
-            if (labels.get(key) in allowed) != (op == "in"):
-                return False
-        elif "!=" in term:
-            key, value = term.split("!=", 1)
-            if labels.get(key.strip()) == value.strip():
-                return False
-        elif "=" in term:
-            key, value = term.replace("==", "=").split("=", 1)
-            if labels.get(key.strip()) != value.strip():
-                return False
-        elif term.startswith("!"):
-            if term[1:] in labels:
-                return False
-        elif term not in labels:
-            return False
-    return True
-
-
-def _fields_match(selector: str, obj: Mapping[str, Any]) -> bool:
-    for term in selector.split(","):
-        if not term:
-            continue
-        negate = "!=" in term
-        key, value = term.replace("!=", "=").replace("==", "=").split("=", 1)
-        got = _jsonpath(obj, "." + key)
-        if (str(got) == value) == negate:
-            return False
-    return True
-
-
-def _gvk_of(name: str, schema: Mapping[str, Any]) -> dict[str, str] | None:
-    properties = schema.get("properties") or {}
-    api_versions = (properties.get("apiVersion") or {}).get("enum")
-    kinds = (properties.get("kind") or {}).get("enum")
-    if not api_versions or not kinds or len(kinds) != 1:
-        return None
-    group, _, version = str(api_versions[0]).rpartition("/")
-    return {"group": group, "version": version, "kind": str(kinds[0])}
 
 
 # -- serving ------------------------------------------------------------------------------------
@@ -934,145 +746,3 @@ async def serve_api(
         yield ServedApi(url=url, kubeconfig=kubeconfig, emulator=emulator)
 
 
-# -- schemas --------------------------------------------------------------------------------------
-
-_SERVER_FIELDS = ("uid", "resourceVersion", "generation", "creationTimestamp", "managedFields")
-
-
-def _schema_errors(schema: Mapping[str, Any], data: Any) -> list[str]:
-    """A CRD's structural schema on an object: JSON Schema errors plus unknown fields."""
-    import jsonschema
-
-    body = {k: v for k, v in data.items() if k not in ("metadata", "status")}
-    plain = {k: v for k, v in schema.items() if k != "properties"}
-    properties = {
-        k: v for k, v in (schema.get("properties") or {}).items() if k not in ("metadata", "status")
-    }
-    validator = jsonschema.Draft7Validator(dict(plain, properties=properties))
-    errors = [
-        f"{'.'.join(str(p) for p in error.absolute_path) or '<root>'}: {error.message}"
-        for error in validator.iter_errors(body)
-    ]
-    return errors + [f'unknown field "{p}"' for p in _unknown_fields(schema, body, "")]
-
-
-def _unknown_fields(schema: Mapping[str, Any], value: Any, at: str) -> list[str]:
-    if schema.get("x-kubernetes-preserve-unknown-fields"):
-        return []
-    if isinstance(value, dict) and "properties" in schema:
-        found = []
-        for key, item in value.items():
-            if key not in schema["properties"]:
-                found.append(f"{at}{key}")
-            else:
-                found += _unknown_fields(schema["properties"][key], item, f"{at}{key}.")
-        return found
-    if isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
-        return [
-            p
-            for key, item in value.items()
-            for p in _unknown_fields(schema["additionalProperties"], item, f"{at}{key}.")
-        ]
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        return [
-            p
-            for index, item in enumerate(value)
-            for p in _unknown_fields(schema["items"], item, f"{at}[{index}].")
-        ]
-    return []
-
-
-def _builtin_errors(data: Mapping[str, Any]) -> list[str]:
-    import kubernetes_validate
-
-    plain = copy.deepcopy(dict(data))
-    meta = plain.get("metadata") or {}
-    for name in _SERVER_FIELDS:
-        meta.pop(name, None)
-    try:
-        kubernetes_validate.validate(plain, _schema_version(), strict=True)
-    except kubernetes_validate.ValidationError as error:
-        where = ".".join(str(p) for p in error.absolute_path)
-        return [f"{where or '<root>'}: {error.message}"]
-    except kubernetes_validate.SchemaNotFoundError:
-        return []  # a kind kubernetes-validate does not know (e.g. ServiceMonitor)
-    return []
-
-
-def _schema_dir() -> Path:
-    import kubernetes_validate
-
-    return Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
-
-
-@functools.cache
-def _schema_version() -> str:
-    versions = sorted(
-        p.name[1:].split("-")[0] for p in _schema_dir().iterdir() if p.name.endswith("-local")
-    )
-    for version in versions:
-        if version.startswith("1.35."):
-            return version
-    return versions[-1]
-
-
-@functools.cache
-def _builtin_v3_schemas() -> dict[str, Any]:
-    """The built-in types' schemas as OpenAPI v3 components, from kubernetes-validate."""
-    path = _schema_dir() / f"v{_schema_version()}-local" / "_definitions.json"
-    data = json.loads(path.read_text())
-    out: dict[str, Any] = {}
-    for name, schema in data["$defs"].items():
-        converted = _json_schema_to_v3(schema)
-        gvk = _gvk_of(name, schema)
-        if gvk is not None:
-            converted["x-kubernetes-group-version-kind"] = [gvk]
-        out[name] = converted
-    return out
-
-
-def _builtin_schema_name(group: str, version: str, kind: str) -> str | None:
-    for name, schema in _builtin_v3_schemas().items():
-        for gvk in schema.get("x-kubernetes-group-version-kind") or []:
-            if gvk == {"group": group, "version": version, "kind": kind}:
-                return name
-    return None
-
-
-def _reachable(schemas: Mapping[str, Any], name: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    todo = [name]
-    while todo:
-        current = todo.pop()
-        if current in out or current not in schemas:
-            continue
-        out[current] = schemas[current]
-        todo += re.findall(r'"#/components/schemas/([^"]+)"', json.dumps(schemas[current]))
-    return out
-
-
-def _json_schema_to_v3(schema: Any) -> Any:
-    """kubernetes-validate's JSON Schema back to the OpenAPI v3 the API server serves."""
-    if isinstance(schema, list):
-        return [_json_schema_to_v3(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key == "$ref":
-            out["allOf"] = [{"$ref": value.replace("#/$defs/", "#/components/schemas/")}]
-        elif key == "type" and isinstance(value, list):
-            types = [t for t in value if t != "null"]
-            if len(types) == 1:
-                out[key] = types[0]
-            if "null" in value:
-                out["nullable"] = True
-        elif key == "enum" and isinstance(schema.get("type"), list):
-            continue  # the apiVersion/kind enums kubernetes-validate adds
-        elif key in ("oneOf", "anyOf", "not"):
-            continue
-        elif key in ("properties", "patternProperties"):
-            out[key] = {k: _json_schema_to_v3(v) for k, v in value.items()}
-        else:
-            out[key] = _json_schema_to_v3(value)
-    return out

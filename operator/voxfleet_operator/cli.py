@@ -26,25 +26,54 @@ def crd_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _render_pools(args: argparse.Namespace) -> tuple[Any, str, str | None]:
+    """The pools to render with, where they came from, and the values' engine-cache claim."""
+    import yaml
+
+    from voxfleet_operator.chart_values import engine_cache_claim, pools_from_values
+    from voxfleet_operator.pools import POOLS_FILE_ENV, PoolsConfigError, load_pools
+
+    if args.values and args.pools:
+        raise PoolsConfigError("give either --values or --pools, not both")
+    if args.values:
+        try:
+            with open(args.values) as stream:
+                values = yaml.safe_load(stream) or {}
+        except OSError as error:
+            raise PoolsConfigError(f"cannot read {args.values}: {error.strerror}") from None
+        except yaml.YAMLError as error:
+            raise PoolsConfigError(f"{args.values} is not valid YAML: {error}") from None
+        if not isinstance(values, dict):
+            raise PoolsConfigError(f"{args.values}: expected a mapping of chart values")
+        pools = pools_from_values(values, args.values)
+        return pools, f"pools from the chart values {args.values}", engine_cache_claim(values)
+    path = args.pools or os.environ.get(POOLS_FILE_ENV) or None
+    if path is None:
+        return (
+            load_pools(None),
+            "the built-in pool t4 (no --values, --pools or $VOXFLEET_POOLS_FILE)",
+            None,
+        )
+    origin = f"pools file {path}" + ("" if args.pools else f" (${POOLS_FILE_ENV})")
+    return load_pools(path), origin, None
+
+
 def render_command(args: argparse.Namespace) -> int:
     import yaml
 
-    from voxfleet_operator.config import (
-        DEFAULT_ENGINE_CACHE_PVC,
-        ENGINE_CACHE_PVC_ENV,
-        REPOSITORY_KEY_FILE_ENV,
-        ConfigError,
-        read_repository_key,
-    )
-    from voxfleet_operator.pools import PoolsConfigError, load_pools
+    from voxfleet_operator.config import DEFAULT_ENGINE_CACHE_PVC, ENGINE_CACHE_PVC_ENV
+    from voxfleet_operator.pools import PoolsConfigError
     from voxfleet_operator.render import render_voices
+    from voxfleet_operator.status import NOT_A_TTSVOICE
     from voxfleet_operator.voices import InvalidVoice, voice_from_object
 
     try:
-        pools = load_pools(args.pools)
+        pools, origin, values_claim = _render_pools(args)
     except PoolsConfigError as error:
         print(f"voxfleet render: {error}", file=sys.stderr)
         return 2
+    # On stderr, so that stdout stays YAML for kubectl.
+    print(f"voxfleet render: using {origin}", file=sys.stderr)
     voices = []
     for path in args.filename:
         try:
@@ -59,7 +88,7 @@ def render_command(args: argparse.Namespace) -> int:
         for index, document in enumerate(documents):
             try:
                 if not isinstance(document, dict):
-                    raise InvalidVoice("NotATTSVoice", "the document is not a mapping")
+                    raise InvalidVoice(NOT_A_TTSVOICE, "the document is not a mapping")
                 voices.append(voice_from_object(document, pools, args.namespace))
             except InvalidVoice as error:
                 print(
@@ -71,17 +100,29 @@ def render_command(args: argparse.Namespace) -> int:
         print("voxfleet render: no TTSVoice in the input", file=sys.stderr)
         return 1
     key = None
-    key_file = args.repository_key_file or os.environ.get(REPOSITORY_KEY_FILE_ENV)
-    if key_file:
+    if args.repository_key_file:
         try:
-            key = read_repository_key(key_file)
-        except ConfigError as error:
-            print(f"voxfleet render: {error}", file=sys.stderr)
+            with open(args.repository_key_file) as stream:
+                key = stream.read().strip()
+        except OSError as error:
+            print(
+                f"voxfleet render: cannot read {args.repository_key_file}: {error.strerror}",
+                file=sys.stderr,
+            )
             return 2
+        if not key:
+            print(f"voxfleet render: {args.repository_key_file} is empty", file=sys.stderr)
+            return 2
+    claim = (
+        args.engine_cache_pvc
+        or values_claim
+        or os.environ.get(ENGINE_CACHE_PVC_ENV)
+        or DEFAULT_ENGINE_CACHE_PVC
+    )
     objects = render_voices(
         voices,
         pools,
-        args.engine_cache_pvc or os.environ.get(ENGINE_CACHE_PVC_ENV) or DEFAULT_ENGINE_CACHE_PVC,
+        claim,
         service_monitor=not args.no_service_monitor,
         repository_key=key,
     )
@@ -120,6 +161,12 @@ def register(subparsers: Any) -> None:
         help="pools YAML (default: $VOXFLEET_POOLS_FILE, else one built-in T4 pool)",
     )
     render.add_argument(
+        "--values",
+        default=None,
+        help="the chart's values (helm get values --all RELEASE): render with the pools and "
+        "engine-cache claim the installed operator has",
+    )
+    render.add_argument(
         "-n",
         "--namespace",
         default="default",
@@ -133,8 +180,8 @@ def register(subparsers: Any) -> None:
     render.add_argument(
         "--repository-key-file",
         default=None,
-        help="also render the namespace's repository-key Secret from this file "
-        "(default: $VOXFLEET_REPOSITORY_KEY_FILE; left out when neither is set)",
+        help="also render the namespace's repository-key Secret with the key in this file "
+        "(left out by default: the operator makes a random key per namespace)",
     )
     render.add_argument(
         "--no-service-monitor",
@@ -147,7 +194,7 @@ def register(subparsers: Any) -> None:
         "operator",
         help="run the TTSVoice operator (kopf) against the current kubeconfig",
         description="Configured by VOXFLEET_POOLS_FILE, VOXFLEET_WATCH_NAMESPACES, "
-        "VOXFLEET_REPOSITORY_KEY_FILE and VOXFLEET_ENGINE_CACHE_PVC.",
+        "VOXFLEET_ENGINE_CACHE_PVC and VOXFLEET_RESYNC_SECONDS.",
     )
     operator.add_argument(
         "-n",

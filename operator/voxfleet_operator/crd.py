@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from voxfleet_operator.names import MAX_VOICE_NAME, VOICE_NAME_PATTERN
 from voxfleet_operator.spec import (
     GROUP,
     KIND,
@@ -46,6 +47,16 @@ SCALE_SUBRESOURCE = {
 }
 
 _DROPPED_KEYS = ("title", "additionalProperties", "$defs")
+
+# Checked at `kubectl apply`, as the operator checks it (names.voice_name_problem): a name
+# the API accepted must never fail later for being too long for a child's name.
+NAME_RULE: dict[str, str] = {
+    "rule": f"self.metadata.name.size() <= {MAX_VOICE_NAME} && "
+    f"self.metadata.name.matches('{VOICE_NAME_PATTERN}')",
+    "message": f"metadata.name must be a DNS label of at most {MAX_VOICE_NAME} characters "
+    "(lower-case letters, digits and '-', starting with a letter), so that every object "
+    "named after the voice is valid",
+}
 
 
 def _resolve(node: Any, defs: dict[str, Any]) -> Any:
@@ -106,6 +117,7 @@ def build_crd() -> dict[str, Any]:
         "type": "object",
         "description": "A streaming text-to-speech voice served by a Triton GPU pool.",
         "required": ["spec"],
+        "x-kubernetes-validations": [dict(NAME_RULE)],
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},

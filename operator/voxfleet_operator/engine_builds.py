@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,8 +11,15 @@ from voxfleet_operator.names import ENGINE_KEY_LABEL, VOICE_LABEL, engine_job_na
 from voxfleet_operator.plan import Voice
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.render import render_voice
-from voxfleet_operator.runtime import JOBS, Runtime
-from voxfleet_operator.status import ENGINE_READY, Cond
+from voxfleet_operator.runtime import JOBS, PVCS, Runtime
+from voxfleet_operator.status import (
+    BUILD_FAILED,
+    BUILDING,
+    ENGINE_CACHE_MISSING,
+    ENGINE_READY,
+    ENGINES_BUILT,
+    Cond,
+)
 
 
 def _job_condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -21,29 +29,59 @@ def _job_condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | Non
     return None
 
 
+CLAIM_RECHECK_SECONDS = 5.0
+
+
+async def _claim_exists(rt: Runtime, namespace: str) -> bool:
+    """Whether the engine-cache claim exists (asked only while a build has no pod running).
+
+    A claim found is remembered for the cache's lifetime; a missing one is asked for again
+    after `CLAIM_RECHECK_SECONDS`, so that its creation shows soon without every voice of
+    the namespace asking on every pass.
+    """
+    claim = rt.config.engine_cache_pvc
+    if rt.cache.lookup(PVCS.plural, namespace, claim) is not None:
+        return True
+    checked = rt.missing_claims.get(namespace)
+    if checked is not None and time.monotonic() - checked < CLAIM_RECHECK_SECONDS:
+        return False
+    live = await rt.client.get(PVCS, namespace, claim)
+    if live is None:
+        rt.missing_claims[namespace] = time.monotonic()
+        return False
+    rt.missing_claims.pop(namespace, None)
+    rt.cache.seen(PVCS.plural, live)
+    return True
+
+
 async def sync_engine(
     rt: Runtime, body: Mapping[str, Any], voice: Voice, pool: Pool, key: str
 ) -> Cond:
     """Make sure the engines for `key` exist, building them once; report EngineReady."""
     status = body.get("status") or {}
-    if status.get("engineKey") == key:
-        return Cond(ENGINE_READY, True, "EnginesBuilt", f"engines {key} are in the cache")
     job_name = engine_job_name(voice.name, key)
+    # One wording before and after status records the key: a message that changed once
+    # after every build would cost a status write for nothing.
+    built = Cond(ENGINE_READY, True, ENGINES_BUILT, f"Job {job_name} built engines {key}")
+    if status.get("engineKey") == key:
+        return built
     job_doc = next(
         o
         for o in render_voice(voice, rt.config.pools, rt.config.engine_cache_pvc)
         if o["kind"] == "Job"
     )
-    job = await rt.client.get(JOBS, voice.namespace, job_name)
+    job = rt.cache.lookup(JOBS.plural, voice.namespace, job_name)
     if job is None:
-        _, job = await ensure(rt.client, with_owners(job_doc, [body]))
+        job = await rt.client.get(JOBS, voice.namespace, job_name)
+    if job is None:
+        _, job = await ensure(rt.client, with_owners(job_doc, [body]), rt.cache)
         # Jobs of an older key are of no further use to this voice.
         for old in await rt.client.list(JOBS, voice.namespace, f"{VOICE_LABEL}={voice.name}"):
             old_key = (old["metadata"].get("labels") or {}).get(ENGINE_KEY_LABEL)
             if old_key and old_key != key:
                 await rt.client.delete(JOBS, voice.namespace, old["metadata"]["name"])
     if _job_condition(job, "Complete"):
-        return Cond(ENGINE_READY, True, "EnginesBuilt", f"Job {job_name} built engines {key}")
+        return built
     failed = _job_condition(job, "Failed")
     if failed:
         # The Job already retried within its backoffLimit; a new key (spec change) or
@@ -51,13 +89,22 @@ async def sync_engine(
         return Cond(
             ENGINE_READY,
             False,
-            "BuildFailed",
+            BUILD_FAILED,
             f"Job {job_name} failed: {failed.get('reason', '')}: {failed.get('message', '')}",
         )
     active = (job.get("status") or {}).get("active") or 0
+    if not active and not await _claim_exists(rt, voice.namespace):
+        return Cond(
+            ENGINE_READY,
+            False,
+            ENGINE_CACHE_MISSING,
+            f"PersistentVolumeClaim {rt.config.engine_cache_pvc} does not exist in namespace "
+            f"{voice.namespace}: Job {job_name} cannot start until it does (create it, "
+            "ReadWriteMany, or set the chart's engineCache.claimName)",
+        )
     return Cond(
         ENGINE_READY,
         False,
-        "Building",
+        BUILDING,
         f"Job {job_name} is building engines {key} for {pool.gpu_product} ({active} pod active)",
     )

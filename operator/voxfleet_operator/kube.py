@@ -4,13 +4,18 @@ kopf talks to the API for the TTSVoice objects themselves; children (Jobs, Deplo
 Services, ...) go through this client, which uses the same credentials kopf would (the
 in-cluster service account, else the kubeconfig). It speaks JSON merge patches only: the
 operator owns every field it renders, and lists are replaced whole.
+
+Transient answers (HTTP 429 and 5xx, a refused or dropped connection) are retried a few
+times with back-off, `Retry-After` honoured; `ApiHealth` remembers an outage and probes the
+API until it answers again, so that callers backing off can retry as soon as it does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
-import os
 import ssl
 import tempfile
 from collections.abc import Mapping
@@ -23,14 +28,101 @@ import aiohttp
 logger = logging.getLogger(__name__)
 
 CONFLICT_RETRIES = 5
+# Delays before each retry of a transient failure inside one call; after the last, the call
+# fails and the caller's own back-off (handlers.py) takes over.
+TRANSIENT_RETRY_SECONDS = (0.2, 0.5, 1.0)
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+# A Retry-After longer than this is cut short: the caller's back-off covers longer waits.
+MAX_RETRY_AFTER_SECONDS = 10.0
+PROBE_INTERVAL_SECONDS = 1.0
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(
+        self, status: int, reason: str, message: str, retry_after: float | None = None
+    ) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
+        self.retry_after = retry_after
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether `error` says the API is unavailable for now, not that the request is wrong."""
+    if isinstance(error, ApiError):
+        return error.status in TRANSIENT_STATUSES
+    return isinstance(error, (aiohttp.ClientConnectionError, asyncio.TimeoutError))
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """`Retry-After` in seconds (the API server sends delta-seconds), capped; None if absent."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
+
+
+class ApiHealth:
+    """Whether the API answers, learnt from every call, and a wake-up when it answers again.
+
+    After a transient failure it is `down` and one probe task repeats a harmless request
+    (a GET, or an empty merge patch where a write failed, since an outage can be of writes
+    only) every `PROBE_INTERVAL_SECONDS` until the API answers it.
+    """
+
+    def __init__(self) -> None:
+        self._up = asyncio.Event()
+        self._up.set()
+        self._probe: asyncio.Task[None] | None = None
+        self.outages = 0
+
+    @property
+    def down(self) -> bool:
+        return not self._up.is_set()
+
+    def mark_up(self) -> None:
+        self._up.set()
+
+    def mark_down(self, probe: Any) -> None:
+        if self._up.is_set():
+            self.outages += 1
+        self._up.clear()
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.create_task(self._run_probe(probe))
+
+    async def _run_probe(self, probe: Any) -> None:
+        while self.down:
+            await asyncio.sleep(PROBE_INTERVAL_SECONDS)
+            try:
+                await probe()
+            except ApiError as error:
+                if error.status in TRANSIENT_STATUSES:
+                    continue
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
+                continue
+            except RuntimeError:  # the session was closed: the operator is stopping
+                return
+            self.mark_up()
+
+    async def wait_up(self, timeout: float) -> bool:
+        """Wait at most `timeout` s for the API to answer again; True when it does."""
+        if not self.down:
+            return True
+        try:
+            await asyncio.wait_for(self._up.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        if self._probe is not None and not self._probe.done():
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
 
 
 @dataclass(frozen=True)
@@ -60,6 +152,7 @@ PLURALS: dict[tuple[str, str], Resource] = {
     ("v1", "Service"): Resource("", "v1", "services"),
     ("v1", "Secret"): Resource("", "v1", "secrets"),
     ("v1", "Pod"): Resource("", "v1", "pods"),
+    ("v1", "PersistentVolumeClaim"): Resource("", "v1", "persistentvolumeclaims"),
     ("autoscaling/v2", "HorizontalPodAutoscaler"): Resource(
         "autoscaling", "v2", "horizontalpodautoscalers"
     ),
@@ -90,6 +183,8 @@ class KubeClient:
         self._server = server.rstrip("/")
         self._authorization = authorization
         self.requests = 0
+        self.health = ApiHealth()
+        self._patched_path: str | None = None
 
     @classmethod
     async def connect(cls) -> KubeClient:
@@ -124,6 +219,7 @@ class KubeClient:
         return cls(session, info.server, _authorization(info))
 
     async def close(self) -> None:
+        await self.health.close()
         await self._session.close()
 
     async def _call(
@@ -134,15 +230,50 @@ class KubeClient:
         params: Mapping[str, str] | None = None,
         content_type: str = "application/json",
     ) -> Any:
-        for attempt in (1, 2):
+        delays = iter(TRANSIENT_RETRY_SECONDS)
+        renewed = False
+        while True:
             try:
-                return await self._call_once(method, path, body, params, content_type)
+                result = await self._call_once(method, path, body, params, content_type)
             except ApiError as error:
                 # Service-account tokens are short-lived and rotated on disk: read them again.
-                if error.status != 401 or attempt == 2 or self._authorization is None:
+                if error.status == 401 and not renewed and self._authorization is not None:
+                    self._authorization = _authorization(_login())
+                    renewed = True
+                    continue
+                if error.status not in TRANSIENT_STATUSES:
+                    self.health.mark_up()
                     raise
-                self._authorization = _authorization(_login())
-        raise AssertionError("unreachable")
+                delay = next(delays, None)
+                if delay is None:
+                    self.health.mark_down(self._probe_for(method, path))
+                    raise
+                await asyncio.sleep(error.retry_after or delay)
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
+                delay = next(delays, None)
+                if delay is None:
+                    self.health.mark_down(self._probe_for(method, path))
+                    raise
+                await asyncio.sleep(delay)
+            else:
+                self.health.mark_up()
+                if method == "PATCH":
+                    self._patched_path = path
+                return result
+
+    def _probe_for(self, method: str, path: str) -> Any:
+        """A request that repeats nothing but tells whether `method path` would work now.
+
+        A failed write is probed with an empty merge patch (it changes nothing, but goes the
+        way of a write) of the object patched last, or of the failed path itself; an outage
+        can be of writes only, where a GET would answer at once.
+        """
+        target = path if method == "PATCH" else self._patched_path
+        if method != "GET" and target is not None:
+            return lambda: self._call_once(
+                "PATCH", target, {}, None, "application/merge-patch+json"
+            )
+        return lambda: self._call_once("GET", path, None, {"limit": "1"}, "application/json")
 
     async def _call_once(
         self,
@@ -156,8 +287,6 @@ class KubeClient:
         headers = {"Authorization": self._authorization} if self._authorization else {}
         kwargs: dict[str, Any] = {"params": dict(params or {}), "headers": headers}
         if body is not None:
-            import json
-
             kwargs["data"] = json.dumps(body)
             headers["Content-Type"] = content_type
         async with self._session.request(method, self._server + path, **kwargs) as response:
@@ -168,7 +297,12 @@ class KubeClient:
                     message = str(status.get("message", ""))
                 except Exception:
                     reason, message = str(response.reason), (await response.text())[:500]
-                raise ApiError(response.status, reason, message)
+                raise ApiError(
+                    response.status,
+                    reason,
+                    message,
+                    retry_after_seconds(response.headers.get("Retry-After")),
+                )
             return await response.json(content_type=None)
 
     async def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
@@ -247,25 +381,13 @@ class KubeClient:
         return True
 
 
-def login_info(settings: Any) -> Any:
-    """Credentials in kubectl's order: an explicit $KUBECONFIG, else the pod's service
-    account, else ~/.kube/config. A kubeconfig given on purpose wins over the account a pod
-    always has, so an operator can be pointed at another API server."""
-    import kopf
-
-    if os.environ.get("KUBECONFIG"):
-        return kopf.login_with_kubeconfig(settings=settings) or kopf.login_with_service_account(
-            settings=settings
-        )
-    return kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-        settings=settings
-    )
-
-
 def _login() -> Any:
     import kopf
 
-    info = login_info(kopf.OperatorSettings())
+    settings = kopf.OperatorSettings()
+    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
+        settings=settings
+    )
     if info is None:
         raise RuntimeError("no Kubernetes credentials: neither a service account nor a kubeconfig")
     return info

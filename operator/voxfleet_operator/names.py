@@ -23,17 +23,21 @@ GRPC_PORT = 8001
 HTTP_PORT = 8000
 METRICS_PORT = 8002
 
-# Voice names become DNS labels (Service `<voice>-tts`, Job `engine-<voice>-<key>`) and label
-# keys, so they are held to the strictest of those limits.
-MAX_VOICE_NAME = 40
-_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# Voice names become DNS labels and label-key names (63 characters at most). MAX_VOICE_NAME
+# is set after the child-name functions below, as the longest name for which all still fit.
+DNS_LABEL_MAX = 63
+VOICE_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+_VOICE_NAME = re.compile(VOICE_NAME_PATTERN)
 
 
 def voice_name_problem(name: str) -> str | None:
     """Why `name` cannot be a voice name, or None when it can."""
     if len(name) > MAX_VOICE_NAME:
-        return f"name {name!r} has {len(name)} characters, the limit is {MAX_VOICE_NAME}"
-    if not _DNS_LABEL.match(name):
+        return (
+            f"name {name!r} has {len(name)} characters, the limit is {MAX_VOICE_NAME} "
+            f"(the engine Job is named {engine_job_name('<name>', '0' * 10)!r})"
+        )
+    if not _VOICE_NAME.match(name):
         return (
             f"name {name!r} must be a DNS label: lower-case letters, digits and '-', "
             "starting with a letter"
@@ -59,6 +63,17 @@ def serving_label(voice: str) -> str:
 
 def engine_job_name(voice: str, engine_key: str) -> str:
     return f"engine-{voice}-{engine_key[:10]}"
+
+
+# The longest voice name for which every child name is still a DNS label: the Service
+# `<voice>-tts`, the engine Job `engine-<voice>-<key[:10]>` (whose pods Kubernetes names
+# from a cut prefix), and the `serving.voxfleet.io/<voice>` and `loaded.voxfleet.io/<voice>`
+# label and annotation keys.
+MAX_VOICE_NAME = DNS_LABEL_MAX - max(
+    len(voice_service_name("")),
+    len(engine_job_name("", "0" * 20)),
+    len(serving_label("")) - len(SERVING_PREFIX),
+)
 
 
 def endpoint(voice: str, namespace: str) -> str:

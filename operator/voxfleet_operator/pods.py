@@ -57,8 +57,7 @@ async def sync_pods(
 ) -> tuple[int, int, list[str]]:
     """Load the voice on the ready pool pods it is placed on (all of them, or `spec.replicas`
     of them) and leave the others; return (ready pods, serving, errors)."""
-    selector = ",".join(f"{k}={v}" for k, v in pool_selector(pool.name).items())
-    pods = await rt.client.list(PODS, voice.namespace, selector)
+    pods = await rt.pool_pods(voice.namespace, pool_selector(pool.name))
     body = loading.load_request(serving_plan(voice.name, voice.spec, pool, key))
     digest = loading.load_digest(body)
     ready = [p for p in pods if pod_ready(p)]
@@ -92,7 +91,8 @@ async def sync_pods(
             continue
         try:
             url = f"http://{pod['status']['podIP']}:{_http_port(pod)}"
-            await loading.load_voice(rt.http, url, voice.name, body, rt.config.repository_key)
+            key = await rt.repository_key(voice.namespace)
+            await loading.load_voice(rt.http, url, voice.name, body, key)
         except Exception as error:  # an import, a refusal or a network error: all reported
             message = f"pod {meta['name']}: {error}"
             delay = min(LOAD_RETRY_FIRST_SECONDS * 2**failures, LOAD_RETRY_MAX_SECONDS)
@@ -100,7 +100,7 @@ async def sync_pods(
             errors.append(message)
             continue
         rt.load_failures.pop(attempt, None)
-        await rt.client.patch(
+        patched = await rt.client.patch(
             PODS,
             voice.namespace,
             meta["name"],
@@ -111,14 +111,14 @@ async def sync_pods(
                 }
             },
         )
+        rt.cache.seen(PODS.plural, patched)
         serving += 1
     return len(ready), serving, errors
 
 
 async def unload_from_pods(rt: Runtime, name: str, namespace: str, pool: Pool) -> list[str]:
-    selector = ",".join(f"{k}={v}" for k, v in pool_selector(pool.name).items())
     errors = []
-    for pod in await rt.client.list(PODS, namespace, selector):
+    for pod in await rt.pool_pods(namespace, pool_selector(pool.name)):
         error = await unload_from_pod(rt, name, namespace, pod)
         if error is not None:
             errors.append(error)
@@ -135,7 +135,7 @@ async def unload_from_pod(
     if serving_label(name) not in labels and LOADED_PREFIX + name not in annotations:
         return None
     # Unlabel first so that the Service stops routing new streams before the unload.
-    await rt.client.patch(
+    patched = await rt.client.patch(
         PODS,
         namespace,
         meta["name"],
@@ -146,10 +146,12 @@ async def unload_from_pod(
             }
         },
     )
+    rt.cache.seen(PODS.plural, patched)
     if pod_ready(pod):
         url = f"http://{pod['status']['podIP']}:{_http_port(pod)}"
         try:
-            await loading.unload_voice(rt.http, url, name, rt.config.repository_key)
-        except loading.LoadError as error:
+            key = await rt.repository_key(namespace)
+            await loading.unload_voice(rt.http, url, name, key)
+        except (loading.LoadError, LookupError) as error:
             return str(error)
     return None

@@ -17,12 +17,30 @@ from voxfleet_operator.placement import scale_status
 from voxfleet_operator.pods import sync_pods
 from voxfleet_operator.render import render_voice
 from voxfleet_operator.render.voice_scaling import voice_hpa_name
-from voxfleet_operator.runtime import HPAS, TTSVOICES, Peers, Runtime, peer_entry
+from voxfleet_operator.runtime import (
+    HPAS,
+    LAST_VALID_SPEC,
+    TTSVOICES,
+    Peers,
+    Runtime,
+    last_valid,
+    peer_entry,
+    valid_spec_record,
+)
 from voxfleet_operator.serving import voice_engine_key
 from voxfleet_operator.shared import leave_previous_pool, sync_shared
 from voxfleet_operator.status import (
     AVAILABLE,
+    BUILD_FAILED,
+    ENGINE_NOT_READY,
+    LOAD_FAILED,
+    NO_POD_SERVING,
+    POOL_READY,
     SCHEDULED,
+    SERVING,
+    SPEC_ACCEPTED,
+    SPEC_VALID,
+    WAITING_FOR_PODS,
     Cond,
     build_status,
     failed_conditions,
@@ -42,23 +60,50 @@ async def write_status(rt: Runtime, body: Mapping[str, Any], new_status: dict[st
     return True
 
 
+async def remember_valid_spec(rt: Runtime, body: Mapping[str, Any]) -> None:
+    """Record the spec as the last valid one (an annotation), if it is not already."""
+    meta = body["metadata"]
+    record = valid_spec_record(meta.get("generation"), body.get("spec") or {})
+    if (meta.get("annotations") or {}).get(LAST_VALID_SPEC) == record:
+        return
+    patch = {"metadata": {"annotations": {LAST_VALID_SPEC: record}}}
+    await rt.client.patch(TTSVOICES, meta["namespace"], meta["name"], patch)
+
+
 async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) -> dict[str, Any]:
     """Bring one voice's world in line with its spec; returns the status it now has."""
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     generation = meta.get("generation")
     old_status = body.get("status")
+    if meta.get("uid") in rt.deleted:
+        return dict(old_status or {})  # a pass that began before the voice was deleted
     try:
         voice = parse_voice(name, namespace, body.get("spec") or {}, rt.config.pools)
     except InvalidVoice as error:
-        status = build_status(
-            old_status,
-            phase="Failed",
-            conditions=failed_conditions(error.reason, error.message),
-            generation=generation,
+        last = last_valid(body, rt.config.pools)
+        if last is None:
+            status = build_status(
+                old_status,
+                phase="Failed",
+                conditions=failed_conditions(error.reason, error.message),
+                generation=generation,
+            )
+            await write_status(rt, body, status)
+            return status
+        # As a Deployment with a bad rollout: the last valid generation keeps serving, and
+        # the status says which one that is and what is wrong with the new one.
+        voice, valid_generation = last
+        spec_valid = Cond(
+            SPEC_VALID,
+            False,
+            error.reason,
+            f"generation {generation} is not applied: {error.message}; still serving "
+            f"generation {valid_generation}",
         )
-        await write_status(rt, body, status)
-        return status
+    else:
+        spec_valid = Cond(SPEC_VALID, True, SPEC_ACCEPTED, "the spec is valid")
+        await remember_valid_spec(rt, body)
 
     pool = rt.config.pools.get(voice.spec.pool)
     key = voice_engine_key(voice.spec, pool)
@@ -67,6 +112,8 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
     def peers_and_self() -> list[Mapping[str, Any]]:
         # The index may not hold a voice created a moment ago; it is a peer all the same.
         entries = peers()
+        if meta.get("uid") in rt.deleted:
+            return entries
         if own is not None and not any(e["metadata"]["name"] == name for e in entries):
             entries = [*entries, own]
         return entries
@@ -75,7 +122,7 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
     await leave_previous_pool(rt, body, voice, pool, peers)
     for child in render_voice(voice, rt.config.pools, rt.config.engine_cache_pvc):
         if child["kind"] != "Job":
-            await ensure(rt.client, with_owners(child, [body]))
+            await ensure(rt.client, with_owners(child, [body]), rt.cache)
     if not voice.spec.autoscaling.per_voice:
         await drop_voice_hpa(rt, name, namespace)
 
@@ -88,7 +135,7 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
         scheduled = Cond(
             SCHEDULED,
             True,
-            "PoolReady",
+            POOL_READY,
             f"pool {pool.name} ({pool.gpu_product}) has {max(ready_pods, available_replicas)} "
             f"ready pod(s) in Deployment {pool_deployment_name(pool.name)}",
         )
@@ -96,20 +143,20 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
         scheduled = Cond(
             SCHEDULED,
             False,
-            "WaitingForPods",
+            WAITING_FOR_PODS,
             f"no ready pod yet in Deployment {pool_deployment_name(pool.name)} of pool "
             f"{pool.name} (needs nodes with {pool.gpu_product})",
         )
     if errors:
-        available = Cond(AVAILABLE, False, "LoadFailed", "; ".join(errors)[:1000])
+        available = Cond(AVAILABLE, False, LOAD_FAILED, "; ".join(errors)[:1000])
     elif serving:
-        available = Cond(AVAILABLE, True, "Serving", f"{serving} pod(s) serve {name}")
+        available = Cond(AVAILABLE, True, SERVING, f"{serving} pod(s) serve {name}")
     elif engine.status is not True:
-        available = Cond(AVAILABLE, False, "EngineNotReady", "waiting for the engines")
+        available = Cond(AVAILABLE, False, ENGINE_NOT_READY, "waiting for the engines")
     else:
-        available = Cond(AVAILABLE, False, "NoPodServing", "no ready pool pod has the voice yet")
+        available = Cond(AVAILABLE, False, NO_POD_SERVING, "no ready pool pod has the voice yet")
 
-    if engine.reason == "BuildFailed":
+    if engine.reason == BUILD_FAILED:
         phase = "Failed"
     elif engine.status is not True:
         phase = "Building"
@@ -120,7 +167,7 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
     status = build_status(
         old_status,
         phase=phase,
-        conditions=[engine, scheduled, available],
+        conditions=[spec_valid, engine, scheduled, available],
         generation=generation,
         pool=pool.name,
         endpoint=endpoint(name, namespace),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -10,10 +12,12 @@ from typing import Any
 
 import aiohttp
 
+from voxfleet_operator.cache import ObjectCache
 from voxfleet_operator.config import OperatorConfig
 from voxfleet_operator.kube import PLURALS, KubeClient
+from voxfleet_operator.names import REPOSITORY_KEY_SECRET, REPOSITORY_KEY_SECRET_KEY
 from voxfleet_operator.plan import Voice
-from voxfleet_operator.pools import Pool
+from voxfleet_operator.pools import Pool, PoolsConfig
 from voxfleet_operator.voices import InvalidVoice, parse_voice
 
 TTSVOICES = PLURALS[("voxfleet.io/v1alpha1", "TTSVoice")]
@@ -21,8 +25,11 @@ JOBS = PLURALS[("batch/v1", "Job")]
 PODS = PLURALS[("v1", "Pod")]
 SECRETS = PLURALS[("v1", "Secret")]
 HPAS = PLURALS[("autoscaling/v2", "HorizontalPodAutoscaler")]
+PVCS = PLURALS[("v1", "PersistentVolumeClaim")]
 SERVICE_MONITOR_API = "/apis/monitoring.coreos.com/v1"
 SERVICE_MONITOR_RECHECK_SECONDS = 300.0
+# Every pool pod carries this label (render/pool.py); the operator watches and lists by it.
+POOL_PODS_LABELS = {"app.kubernetes.io/name": "voxfleet-triton"}
 
 
 @dataclass
@@ -33,6 +40,14 @@ class Runtime:
     client: KubeClient
     http: aiohttp.ClientSession
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    cache: ObjectCache = field(default_factory=ObjectCache)
+    # Uids of voices whose delete handler has run: a pass that began before the deletion
+    # must not own shared children with them again.
+    deleted: set[str] = field(default_factory=set)
+    # namespace -> when its engine-cache claim was last found missing.
+    missing_claims: dict[str, float] = field(default_factory=dict)
+    # (namespace, voice or pool) with an event-driven repair in flight -> one more wanted.
+    repairs: dict[tuple[str, str], bool] = field(default_factory=dict)
     closed: bool = False
     # (namespace, pod, voice, marker) -> (failures so far, retry not before, last error)
     load_failures: dict[tuple[str, str, str, str], tuple[int, float, str]] = field(
@@ -42,6 +57,33 @@ class Runtime:
 
     def lock(self, namespace: str) -> asyncio.Lock:
         return self.locks.setdefault(namespace, asyncio.Lock())
+
+    async def key_secret(self, namespace: str) -> dict[str, Any] | None:
+        """The namespace's repository-key Secret (cached, read again every few minutes)."""
+        cached = self.cache.lookup(SECRETS.plural, namespace, REPOSITORY_KEY_SECRET)
+        if cached is not None:
+            return cached
+        live = await self.client.get(SECRETS, namespace, REPOSITORY_KEY_SECRET)
+        if live is not None:
+            self.cache.seen(SECRETS.plural, live)
+        return live
+
+    async def repository_key(self, namespace: str) -> str:
+        """The key that opens Triton's repository API on this namespace's pools."""
+        key = secret_key(await self.key_secret(namespace))
+        if key is None:
+            raise LookupError(
+                f"no repository key: Secret {REPOSITORY_KEY_SECRET} in {namespace} is missing "
+                f"or has no {REPOSITORY_KEY_SECRET_KEY!r} entry"
+            )
+        return key
+
+    async def pool_pods(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The namespace's pods with `labels`, from the cache (listed once, then events)."""
+        if not self.cache.pods_listed(namespace):
+            selector = ",".join(f"{k}={v}" for k, v in POOL_PODS_LABELS.items())
+            self.cache.replace_pods(namespace, await self.client.list(PODS, namespace, selector))
+        return self.cache.pods(namespace, labels)
 
     async def service_monitor_available(self) -> bool:
         """Whether the ServiceMonitor CRD is served (checked again every few minutes)."""
@@ -56,12 +98,47 @@ class Runtime:
         return available
 
 
+def secret_key(secret: Mapping[str, Any] | None) -> str | None:
+    """The repository key a Secret holds, or None."""
+    encoded = ((secret or {}).get("data") or {}).get(REPOSITORY_KEY_SECRET_KEY)
+    if not encoded:
+        return None
+    try:
+        return base64.b64decode(encoded).decode() or None
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+# The last spec the operator found valid, with its generation (JSON), kept on the voice so
+# that an invalid edit leaves the voice serving as it was, even across operator restarts.
+LAST_VALID_SPEC = "voxfleet.io/last-valid-spec"
+
+
+def valid_spec_record(generation: int | None, spec: Mapping[str, Any]) -> str:
+    return json.dumps({"generation": generation, "spec": spec}, sort_keys=True)
+
+
+def last_valid(body: Mapping[str, Any], pools: PoolsConfig) -> tuple[Voice, int | None] | None:
+    """The voice as of its last valid spec, and that spec's generation; None if none."""
+    meta = body.get("metadata") or {}
+    raw = (meta.get("annotations") or {}).get(LAST_VALID_SPEC)
+    if not raw:
+        return None
+    try:
+        record = json.loads(raw)
+        voice = parse_voice(meta["name"], meta["namespace"], record["spec"], pools)
+    except (ValueError, KeyError, TypeError):  # InvalidVoice is a ValueError
+        return None
+    return voice, record.get("generation")
+
+
 def peer_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
     """What the namespace index keeps of a voice: enough to own children and plan pools."""
     meta = body.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return None
-    return {
+    annotations = meta.get("annotations") or {}
+    entry = {
         "apiVersion": body.get("apiVersion", TTSVOICES.api_version),
         "kind": body.get("kind", "TTSVoice"),
         "metadata": {
@@ -71,6 +148,9 @@ def peer_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
         },
         "spec": dict(body.get("spec") or {}),
     }
+    if LAST_VALID_SPEC in annotations:
+        entry["metadata"]["annotations"] = {LAST_VALID_SPEC: annotations[LAST_VALID_SPEC]}
+    return entry
 
 
 # Reads the voices of a namespace as they are now (kopf's live index); called under the
@@ -88,11 +168,20 @@ class Peer:
 def valid_peers(rt: Runtime, namespace: str, entries: Iterable[Mapping[str, Any]]) -> list[Peer]:
     peers = []
     for entry in entries:
+        if entry["metadata"].get("uid") in rt.deleted:
+            continue
         try:
             voice = parse_voice(
                 entry["metadata"]["name"], namespace, entry["spec"], rt.config.pools
             )
         except InvalidVoice:
-            continue
+            # An invalid edit of a voice that was valid: it keeps its place on its pool.
+            last = last_valid(
+                {**entry, "metadata": {**entry["metadata"], "namespace": namespace}},
+                rt.config.pools,
+            )
+            if last is None:
+                continue
+            voice = last[0]
         peers.append(Peer(entry, voice, rt.config.pools.get(voice.spec.pool)))
     return sorted(peers, key=lambda p: p.voice.name)

@@ -10,6 +10,8 @@ from voxfleet_operator.children import ensure, with_owners
 from voxfleet_operator.kube import PLURALS, Resource
 from voxfleet_operator.names import (
     MANAGED_BY,
+    REPOSITORY_KEY_SECRET,
+    REPOSITORY_KEY_SECRET_KEY,
     pool_deployment_name,
     pool_metrics_service_name,
 )
@@ -17,8 +19,8 @@ from voxfleet_operator.plan import Voice, plan_pool
 from voxfleet_operator.pods import unload_from_pods
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.render import render_pool
-from voxfleet_operator.render.voice import build_repository_key_secret
-from voxfleet_operator.runtime import SECRETS, Peer, Peers, Runtime, valid_peers
+from voxfleet_operator.render.voice import build_repository_key_secret, new_repository_key
+from voxfleet_operator.runtime import Peer, Peers, Runtime, secret_key, valid_peers
 
 logger = logging.getLogger(__name__)
 
@@ -48,25 +50,33 @@ async def sync_shared(
             plan = plan_pool(pool_members[0].pool, namespace, [m.voice for m in pool_members])
             pool_owners = [m.body for m in pool_members]
             for child in render_pool(plan, rt.config.engine_cache_pvc, monitor):
-                _, live = await ensure(rt.client, with_owners(child, pool_owners))
+                _, live = await ensure(rt.client, with_owners(child, pool_owners), rt.cache)
                 if child["kind"] == "Deployment":
                     deployments[pool_name] = live
     return deployments
 
 
-async def sync_key_secret(rt: Runtime, namespace: str, owners: list[Mapping[str, Any]]) -> None:
-    """The namespace's copy of the repository key, unless someone else manages that Secret.
+async def sync_key_secret(rt: Runtime, namespace: str, owners: list[Mapping[str, Any]]) -> str:
+    """The namespace's repository key: made once at random, kept in the namespace's Secret.
 
-    In the chart's own namespace the Secret comes from Helm; taking it over would let the
-    garbage collector delete it with the last voice.
+    Each namespace has its own key, so reading Secrets in one namespace gives no control
+    over another namespace's pools. A Secret of that name that someone else manages (it
+    lacks our managed-by label) is used as it is and never changed or owned.
     """
-    secret = build_repository_key_secret(namespace, rt.config.repository_key)
-    live = await rt.client.get(SECRETS, namespace, secret["metadata"]["name"])
+    live = await rt.key_secret(namespace)
+    key = secret_key(live) if live is not None else None
     if live is not None:
         labels = (live.get("metadata") or {}).get("labels") or {}
         if labels.get("app.kubernetes.io/managed-by") != MANAGED_BY:
-            return
-    await ensure(rt.client, with_owners(secret, owners))
+            if key is None:
+                raise ValueError(
+                    f"Secret {REPOSITORY_KEY_SECRET} in {namespace} has no "
+                    f"{REPOSITORY_KEY_SECRET_KEY!r} entry"
+                )
+            return key
+    secret = build_repository_key_secret(namespace, key or new_repository_key())
+    _, live = await ensure(rt.client, with_owners(secret, owners), rt.cache)
+    return secret_key(live) or ""
 
 
 async def remove_from_pool(rt: Runtime, namespace: str, pool: Pool, peers: Peers) -> None:
@@ -78,6 +88,7 @@ async def remove_from_pool(rt: Runtime, namespace: str, pool: Pool, peers: Peers
         monitor = await rt.service_monitor_available()
         for resource, name in pool_object_names(pool.name, monitor):
             await rt.client.delete(resource, namespace, name)
+            rt.cache.forget(resource.plural, namespace, name)
 
 
 def pool_object_names(pool: str, service_monitor: bool) -> list[tuple[Resource, str]]:

@@ -323,7 +323,7 @@ class ConditionStatus(str, Enum):
 
 
 class Condition(_Model):
-    type: str = Field(description="EngineReady, Scheduled or Available.")
+    type: str = Field(description="SpecValid, EngineReady, Scheduled or Available.")
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(description="One CamelCase word a program can match on.")
     message: str = Field(default="", description="What happened, for a person.")

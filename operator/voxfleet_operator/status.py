@@ -11,10 +11,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+SPEC_VALID = "SpecValid"
 ENGINE_READY = "EngineReady"
 SCHEDULED = "Scheduled"
 AVAILABLE = "Available"
-CONDITION_TYPES = (ENGINE_READY, SCHEDULED, AVAILABLE)
+CONDITION_TYPES = (SPEC_VALID, ENGINE_READY, SCHEDULED, AVAILABLE)
+
+# Every reason of the conditions above, defined here only.
+SPEC_ACCEPTED = "Accepted"
+INVALID_SPEC = "InvalidSpec"
+INVALID_NAME = "InvalidName"
+UNKNOWN_POOL = "UnknownPool"
+NOT_A_TTSVOICE = "NotATTSVoice"  # `voxfleet render` input only
+ENGINES_BUILT = "EnginesBuilt"
+BUILDING = "Building"
+BUILD_FAILED = "BuildFailed"
+ENGINE_CACHE_MISSING = "EngineCacheMissing"
+POOL_READY = "PoolReady"
+WAITING_FOR_PODS = "WaitingForPods"
+SERVING = "Serving"
+LOAD_FAILED = "LoadFailed"
+ENGINE_NOT_READY = "EngineNotReady"
+NO_POD_SERVING = "NoPodServing"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from voxfleet_operator.names import voice_name_problem
 from voxfleet_operator.plan import Voice
 from voxfleet_operator.pools import PoolsConfig
 from voxfleet_operator.spec import GROUP, KIND, VERSION, TTSVoiceSpec
+from voxfleet_operator.status import INVALID_NAME, INVALID_SPEC, NOT_A_TTSVOICE, UNKNOWN_POOL
 
 API_VERSION = f"{GROUP}/{VERSION}"
 
@@ -37,15 +38,15 @@ def parse_voice(name: str, namespace: str, spec: Mapping[str, Any], pools: Pools
     """A validated voice; InvalidVoice says what is wrong and what the limit is."""
     problem = voice_name_problem(name)
     if problem:
-        raise InvalidVoice("InvalidName", problem)
+        raise InvalidVoice(INVALID_NAME, problem)
     try:
         parsed = TTSVoiceSpec.model_validate(dict(spec))
     except ValidationError as error:
-        raise InvalidVoice("InvalidSpec", describe_validation_error(error)) from None
+        raise InvalidVoice(INVALID_SPEC, describe_validation_error(error)) from None
     try:
         pools.get(parsed.pool)
     except KeyError as error:
-        raise InvalidVoice("UnknownPool", str(error.args[0])) from None
+        raise InvalidVoice(UNKNOWN_POOL, str(error.args[0])) from None
     return Voice(name=name, namespace=namespace, spec=parsed)
 
 
@@ -55,15 +56,15 @@ def voice_from_object(
     """A Voice from a whole TTSVoice document, as in a file given to `voxfleet render`."""
     if obj.get("apiVersion") != API_VERSION or obj.get("kind") != KIND:
         raise InvalidVoice(
-            "NotATTSVoice",
+            NOT_A_TTSVOICE,
             f"expected apiVersion {API_VERSION} and kind {KIND}, got "
             f"{obj.get('apiVersion')!r} {obj.get('kind')!r}",
         )
     meta = obj.get("metadata") or {}
     name = meta.get("name")
     if not name:
-        raise InvalidVoice("InvalidName", "metadata.name is missing")
+        raise InvalidVoice(INVALID_NAME, "metadata.name is missing")
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
-        raise InvalidVoice("InvalidSpec", f"TTSVoice {name}: spec is missing or not a mapping")
+        raise InvalidVoice(INVALID_SPEC, f"TTSVoice {name}: spec is missing or not a mapping")
     return parse_voice(name, meta.get("namespace") or default_namespace, spec, pools)

@@ -85,14 +85,6 @@ chart's appVersion.
 {{- include "voxfleet.suffixed" (list . "pools") }}
 {{- end }}
 
-{{- define "voxfleet.repositoryKeySecretName" -}}
-{{- if .Values.repositoryKey.existingSecret }}
-{{- .Values.repositoryKey.existingSecret }}
-{{- else }}
-{{- include "voxfleet.suffixed" (list . "operator-repository-key") }}
-{{- end }}
-{{- end }}
-
 {{/*
 The operator's pools file: the values' pools with the default Triton image filled in, in the
 shape voxfleet_operator.pools.PoolsConfig reads.

@@ -35,9 +35,9 @@ operator code path that needs it.
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["servicemonitors"]
   verbs: ["create", "get", "list", "watch", "patch", "delete"]
-# The namespace's copy of the repository key for the pool's Triton pods. Creating cannot be
-# narrowed to a name in RBAC; reading and changing are limited to that one Secret, so the
-# operator can never read other Secrets.
+# The namespace's own repository key (the operator makes it at random) for the pool's Triton
+# pods and the operator's load calls. Creating cannot be narrowed to a name in RBAC; reading
+# and changing are limited to that one Secret, so the operator can never read other Secrets.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create"]
@@ -45,6 +45,10 @@ operator code path that needs it.
   resources: ["secrets"]
   resourceNames: ["voxfleet-repository-key"]
   verbs: ["get", "patch", "delete"]
+# The engine-cache claim: read only to report it missing (EngineCacheMissing).
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get"]
 # Pool pods: found by label, labelled with the voices loaded on them.
 - apiGroups: [""]
   resources: ["pods"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import secrets
 from typing import Any
 
 from voxfleet_operator.names import (
@@ -46,8 +47,17 @@ def build_voice_service(voice: str, namespace: str, pool: Pool) -> dict[str, Any
     }
 
 
+# 32 random bytes, URL-safe base64: it travels in an HTTP header and a command-line flag.
+REPOSITORY_KEY_BYTES = 32
+
+
+def new_repository_key() -> str:
+    """A fresh random repository key (one per namespace)."""
+    return secrets.token_urlsafe(REPOSITORY_KEY_BYTES)
+
+
 def build_repository_key_secret(namespace: str, key: str) -> dict[str, Any]:
-    """The namespace's copy of the operator's repository key, for the pool pods' args."""
+    """The namespace's repository key, read by its pool pods' args and by the operator."""
     # `data`, not `stringData`: the API server returns `data`, and drift is compared on it.
     encoded = base64.b64encode(key.encode()).decode()
     return {

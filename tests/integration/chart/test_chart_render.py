@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import re
 from pathlib import Path
 
@@ -110,11 +109,6 @@ def test_operator_configuration_reaches_the_operator_as_files_and_env() -> None:
         if c["metadata"]["name"] == volumes["pools"]["configMap"]["name"]
     )
     assert pools_key in configmap["data"]
-    key_dir, key_name = env["VOXFLEET_REPOSITORY_KEY_FILE"].rsplit("/", 1)
-    assert mounts["repository-key"] == key_dir
-    assert volumes["repository-key"]["secret"]["items"] == [
-        {"key": "repository-key", "path": key_name}
-    ]
 
 
 def test_pools_file_is_what_the_operator_accepts() -> None:
@@ -160,8 +154,8 @@ def test_long_release_names_are_cut_to_63_characters_without_collisions() -> Non
         assert len(name) <= 63 and DNS_LABEL.match(name), name
     assert len(set(names)) == len(names)
     # Suffixes survive the cut, so objects stay recognisable.
-    secret = one(objects, "Secret")["metadata"]["name"]
-    assert secret.endswith("-operator-repository-key")
+    pools = [n for k, n in names if k == "ConfigMap" and n.endswith("-pools")]
+    assert len(pools) == 1
 
 
 def test_name_overrides() -> None:
@@ -228,28 +222,13 @@ def test_cluster_wide_objects_are_optional() -> None:
     assert {o["kind"] for o in objects} & CLUSTER_SCOPED == set()
 
 
-def test_repository_key_is_generated_or_taken_from_an_existing_secret() -> None:
-    secret = one(helm_template("helm"), "Secret")
-    key = base64.b64decode(secret["data"]["repository-key"]).decode()
-    assert re.fullmatch(r"[A-Za-z0-9]{48}", key)
-    objects = helm_template("helm", "--set", "repositoryKey.existingSecret=my-key")
+def test_the_chart_holds_no_repository_key() -> None:
+    """Each voice namespace gets its own random key from the operator: a key made by the
+    chart would open every namespace's pools to whoever can read it."""
+    objects = helm_template("helm")
     assert not by_kind(objects, "Secret")
-    volumes = one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
-    assert {"name": "repository-key"}.items() <= next(
-        v for v in volumes if v["name"] == "repository-key"
-    ).items()
-    assert (
-        next(v for v in volumes if v["name"] == "repository-key")["secret"]["secretName"]
-        == "my-key"
-    )
-
-
-def test_repository_key_template_reuses_the_installed_key() -> None:
-    """`lookup` needs a live cluster, which this machine cannot have; check the template reads
-    the existing Secret back before it generates anything."""
-    text = (CHART / "templates" / "secret-repository-key.yaml").read_text()
-    assert 'lookup "v1" "Secret" .Release.Namespace $name' in text
-    assert 'index $existing.data "repository-key"' in text
+    container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert not [e for e in container["env"] if "REPOSITORY_KEY" in e["name"]]
 
 
 def test_engine_cache_claim_is_optional_and_survives_uninstall() -> None:

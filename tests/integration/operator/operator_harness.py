@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import aiohttp.web
 import kmock
 import pytest
 import yaml
@@ -27,6 +28,8 @@ from e2e.cluster.apiserver import ScriptedKubernetes
 REAL_CLUSTER = bool(os.environ.get("VOXFLEET_E2E_KUBECONFIG"))
 NAMESPACE = "voxfleet-e2e" if REAL_CLUSTER else "default"
 
+# The operator watches its children (to repair them at once and to read them from a cache).
+CHILD_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
 RESOURCES: dict[str, kmock.ResourceInfo] = {
     # kopf waits to discover these two before it starts any watch.
     "v1/namespaces": kmock.ResourceInfo(
@@ -49,9 +52,11 @@ RESOURCES: dict[str, kmock.ResourceInfo] = {
         subresources={"status"},
         verbs={"get", "list", "watch", "create", "patch", "delete"},
     ),
-    "apps/v1/deployments": kmock.ResourceInfo(kind="Deployment", namespaced=True),
-    "v1/services": kmock.ResourceInfo(kind="Service", namespaced=True),
-    "v1/secrets": kmock.ResourceInfo(kind="Secret", namespaced=True),
+    "apps/v1/deployments": kmock.ResourceInfo(
+        kind="Deployment", namespaced=True, verbs=CHILD_VERBS
+    ),
+    "v1/services": kmock.ResourceInfo(kind="Service", namespaced=True, verbs=CHILD_VERBS),
+    "v1/secrets": kmock.ResourceInfo(kind="Secret", namespaced=True, verbs=CHILD_VERBS),
     "v1/pods": kmock.ResourceInfo(
         kind="Pod",
         namespaced=True,
@@ -60,10 +65,13 @@ RESOURCES: dict[str, kmock.ResourceInfo] = {
     ),
     "v1/events": kmock.ResourceInfo(kind="Event", namespaced=True),
     "autoscaling/v2/horizontalpodautoscalers": kmock.ResourceInfo(
-        kind="HorizontalPodAutoscaler", namespaced=True
+        kind="HorizontalPodAutoscaler", namespaced=True, verbs=CHILD_VERBS
     ),
     "policy/v1/poddisruptionbudgets": kmock.ResourceInfo(
-        kind="PodDisruptionBudget", namespaced=True
+        kind="PodDisruptionBudget", namespaced=True, verbs=CHILD_VERBS
+    ),
+    "v1/persistentvolumeclaims": kmock.ResourceInfo(
+        kind="PersistentVolumeClaim", namespaced=True, verbs=CHILD_VERBS
     ),
 }
 
@@ -203,6 +211,20 @@ POOLS = {
     ],
 }
 REPOSITORY_KEY = "e2e-repository-key"
+ENGINE_CACHE_CLAIM = "voxfleet-engine-cache"
+
+
+def engine_cache_claim() -> dict[str, Any]:
+    """The engine-cache claim the chart's users create in each voice namespace."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": ENGINE_CACHE_CLAIM},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": "20Gi"}},
+        },
+    }
 
 
 @contextlib.asynccontextmanager
@@ -218,10 +240,9 @@ async def running_operator(tmp_path: Path, resync_seconds: float) -> AsyncIterat
 
     pools = tmp_path / "pools.yaml"
     pools.write_text(yaml.safe_dump(POOLS))
-    key = tmp_path / "repository-key"
-    key.write_text(REPOSITORY_KEY + "\n")
+    # Set for the operator's thread, and put back afterwards for the tests that follow.
+    saved = {k: os.environ.get(k) for k in ("VOXFLEET_POOLS_FILE", "VOXFLEET_WATCH_NAMESPACES")}
     os.environ["VOXFLEET_POOLS_FILE"] = str(pools)
-    os.environ["VOXFLEET_REPOSITORY_KEY_FILE"] = str(key)
     os.environ.pop("VOXFLEET_WATCH_NAMESPACES", None)
     stop = threading.Event()
     ready = threading.Event()
@@ -253,6 +274,11 @@ async def running_operator(tmp_path: Path, resync_seconds: float) -> AsyncIterat
     finally:
         stop.set()
         await asyncio.to_thread(thread.join, 15)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     assert not errors, f"the operator crashed: {errors[0]!r}"
 
 
@@ -263,6 +289,8 @@ async def operator(
     """The operator with a short drift-correction interval (0.5 s)."""
     for name in ("VOXFLEET_POOLS_FILE", "VOXFLEET_REPOSITORY_KEY_FILE"):
         monkeypatch.delenv(name, raising=False)  # restored after the test
+    if await api.get("v1", "persistentvolumeclaims", ENGINE_CACHE_CLAIM) is None:
+        await api.create("v1", "persistentvolumeclaims", engine_cache_claim())
     async with running_operator(tmp_path, resync_seconds=0.5):
         yield
         if REAL_CLUSTER:

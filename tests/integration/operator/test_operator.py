@@ -7,6 +7,7 @@ tests run on kind with VOXFLEET_E2E_KUBECONFIG (request counting is KMock-only).
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from pathlib import Path
 from typing import Any
@@ -337,11 +338,11 @@ async def test_conflicts_are_retried_and_service_monitor_follows_its_crd(
     api: Api, tmp_path: Path
 ) -> None:
     import kmock
-    from operator_harness import running_operator
+    from operator_harness import CHILD_VERBS, running_operator
 
     assert api.emulator is not None
     api.emulator.resources["monitoring.coreos.com/v1/servicemonitors"] = kmock.ResourceInfo(
-        kind="ServiceMonitor", namespaced=True
+        kind="ServiceMonitor", namespaced=True, verbs=CHILD_VERBS
     )
     # A Secret of that name that the operator does not manage (Helm's) is left alone.
     await api.create(
@@ -413,6 +414,21 @@ async def test_voice_is_loaded_onto_ready_pool_pods_through_the_keyed_api(
     (tmp_path / "models").mkdir()
     (tmp_path / "triton").mkdir()
     triton = TritonServer(tmp_path / "models", extra_args=args, work_dir=tmp_path / "triton")
+    # The namespace's key, as the operator made it earlier: it keeps an existing key.
+    encoded = base64.b64encode(REPOSITORY_KEY.encode()).decode()
+    await api.create(
+        "v1",
+        "secrets",
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": "voxfleet-repository-key",
+                "labels": {"app.kubernetes.io/managed-by": "voxfleet-operator"},
+            },
+            "data": {"repository-key": encoded},
+        },
+    )
     with triton:
         async with running_operator(tmp_path, resync_seconds=60):
             await api.create(*VOICES, voice("joe"))

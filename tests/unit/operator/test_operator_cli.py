@@ -87,13 +87,52 @@ def test_render_rejects_an_invalid_voice_with_its_reason(tmp_path: Path) -> None
     assert "UnknownPool: pool 'l4' is not configured; known pools: t4" in result.stderr
 
 
-def test_operator_refuses_to_start_without_its_key(tmp_path: Path) -> None:
+def test_operator_refuses_to_start_with_a_wrong_pools_file(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "VOXFLEET_POOLS_FILE": str(tmp_path / "absent.yaml")}
     result = voxfleet("operator", env=env)
     assert result.returncode == 2
     assert "cannot read pools file" in result.stderr
+
+
+REPO = Path(__file__).resolve().parents[3]
+CHART_VALUES = REPO / "charts" / "voxfleet" / "values.yaml"
+EXAMPLE = REPO / "manifests" / "examples" / "custom-autoscaling.yaml"
+
+
+def _hpa_max(stdout: str) -> int:
+    (hpa,) = [o for o in yaml.safe_load_all(stdout) if o["kind"] == "HorizontalPodAutoscaler"]
+    return int(hpa["spec"]["maxReplicas"])
+
+
+def test_render_says_which_pools_it_used_and_renders_as_the_chart_would(tmp_path: Path) -> None:
+    # The example asks for 8 replicas; the chart's default pool allows 4 pods.
+    builtin = voxfleet("render", "-f", str(EXAMPLE), env={"PATH": "/usr/bin:/bin"})
+    assert builtin.returncode == 0, builtin.stderr
+    assert "using the built-in pool t4 (no --values, --pools or $VOXFLEET_POOLS_FILE)" in (
+        builtin.stderr
+    )
+    assert _hpa_max(builtin.stdout) == 8
+
+    chart = voxfleet("render", "-f", str(EXAMPLE), "--values", str(CHART_VALUES))
+    assert chart.returncode == 0, chart.stderr
+    assert f"using pools from the chart values {CHART_VALUES}" in chart.stderr
+    assert _hpa_max(chart.stdout) == 4
+    objects = list(yaml.safe_load_all(chart.stdout))
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "voxfleet-triton:0.1.0"  # the chart's Triton image at its appVersion
+
     (tmp_path / "pools.yaml").write_text(POOLS)
-    env["VOXFLEET_POOLS_FILE"] = str(tmp_path / "pools.yaml")
-    result = voxfleet("operator", env=env)
-    assert result.returncode == 2
-    assert "VOXFLEET_REPOSITORY_KEY_FILE is not set" in result.stderr
+    env = {"PATH": "/usr/bin:/bin", "VOXFLEET_POOLS_FILE": str(tmp_path / "pools.yaml")}
+    from_env = voxfleet("render", "-f", str(EXAMPLE), env=env)
+    assert f"using pools file {tmp_path / 'pools.yaml'} ($VOXFLEET_POOLS_FILE)" in from_env.stderr
+
+    both = voxfleet(
+        "render", "-f", str(EXAMPLE), "--values", str(CHART_VALUES), "--pools", "x.yaml"
+    )
+    assert both.returncode == 2
+    assert "give either --values or --pools, not both" in both.stderr
+    (tmp_path / "partial.yaml").write_text("tritonImage: {repository: x}\n")
+    partial = voxfleet("render", "-f", str(EXAMPLE), "--values", str(tmp_path / "partial.yaml"))
+    assert partial.returncode == 2
+    assert "helm get values --all RELEASE" in partial.stderr

@@ -212,6 +212,42 @@ def test_voxfleet_crd_prints_the_generated_crd() -> None:
     assert yaml.safe_load(result.stdout) == build_crd()
 
 
+NAME_CASES = ["joe", "en-us-joe-medium", "a" * 45, "a" * 46, "joe.v2", "Joe", "9joe", "joe-"]
+
+
+@pytest.mark.parametrize("name", NAME_CASES)
+def test_name_rule_at_apply_and_the_operator_agree(name: str) -> None:
+    """A name the API server accepts never fails later in the operator, and the reverse."""
+    from voxfleet_operator.names import voice_name_problem
+
+    crd = build_crd()
+    root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    (rule,) = root["x-kubernetes-validations"]
+    env = celpy.Environment()
+    accepted = env.program(env.compile(rule["rule"])).evaluate(
+        {"self": celpy.json_to_cel({"metadata": {"name": name}, "spec": {}})}
+    )
+    assert bool(accepted) == (voice_name_problem(name) is None)
+
+
+def test_the_name_limit_is_the_longest_for_which_every_child_name_fits() -> None:
+    from voxfleet_operator.names import (
+        MAX_VOICE_NAME,
+        engine_job_name,
+        serving_label,
+        voice_name_problem,
+        voice_service_name,
+    )
+
+    longest = "a" * MAX_VOICE_NAME
+    names = [voice_service_name(longest), engine_job_name(longest, "f" * 20)]
+    names.append(serving_label(longest).split("/", 1)[1])
+    assert max(len(n) for n in names) == 63  # one more character would break a child's name
+    problem = voice_name_problem(longest + "a")
+    assert problem is not None and "the limit is 45" in problem
+    assert "engine-<name>-0000000000" in problem
+
+
 def test_the_api_offers_the_precisions_the_runtime_registry_knows() -> None:
     from voxfleet_operator.spec import Precision
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from voxfleet_operator.children import is_subset, with_owners
+from voxfleet_operator.children import _patch_of, drift, in_line, with_owners
 from voxfleet_operator.status import Cond, build_status, status_changed
 
 
@@ -46,15 +46,13 @@ def test_live_objects_with_server_defaults_need_no_patch() -> None:
         "spec": {"ports": [{"name": "grpc", "port": 8001, "protocol": "TCP"}], "replicas": 1.0},
         "status": {"ready": True},
     }
-    assert is_subset(desired, live)
-    assert not is_subset({"spec": {"ports": [{"name": "grpc"}, {"name": "http"}]}}, live)
-    assert not is_subset({"spec": {"replicas": 2}}, live)
-    assert not is_subset({"a": True}, {"a": 1})  # a boolean is not a number
+    assert in_line(desired, live)
+    assert not in_line({"spec": {"ports": [{"name": "grpc"}, {"name": "http"}]}}, live)
+    assert not in_line({"spec": {"replicas": 2}}, live)
+    assert not in_line({"a": True}, {"a": 1})  # a boolean is not a number
 
 
 def test_selectors_must_match_exactly_and_extra_keys_are_removed() -> None:
-    from voxfleet_operator.children import _patch_of
-
     desired = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -65,7 +63,7 @@ def test_selectors_must_match_exactly_and_extra_keys_are_removed() -> None:
         "metadata": {"name": "s", "labels": {"x": "1"}},
         "spec": {"selector": {"voice": "joe", "app": "other"}, "clusterIP": "10.0.0.1"},
     }
-    assert not is_subset(desired, live)  # one more label would select other pods
+    assert not in_line(desired, live)  # one more label would select other pods
     patch = _patch_of(desired, live)
     assert patch["spec"] == {"selector": {"voice": "joe", "app": None}}
     assert "labels" not in patch["metadata"]  # other labels on the object are not ours
@@ -86,3 +84,102 @@ def test_shared_children_have_no_single_controller() -> None:
     two = with_owners(obj, [owner("a"), owner("b")])
     assert [r["controller"] for r in two["metadata"]["ownerReferences"]] == [False, False]
     assert "ownerReferences" not in obj["metadata"]  # the rendered object is left alone
+
+
+POD_TEMPLATE = {
+    "apiVersion": "apps/v1",
+    "kind": "Deployment",
+    "metadata": {"name": "d", "namespace": "n"},
+    "spec": {
+        "template": {
+            "spec": {
+                "securityContext": {"runAsNonRoot": True},
+                "containers": [
+                    {
+                        "name": "triton",
+                        "image": "triton",
+                        "securityContext": {"allowPrivilegeEscalation": False},
+                    }
+                ],
+            }
+        }
+    },
+}
+
+
+def _live(**pod_extra: object) -> dict[str, object]:
+    """POD_TEMPLATE as an API server returns it: defaults filled in, plus `pod_extra`."""
+    import copy
+
+    live = copy.deepcopy(POOL_DEFAULTED)
+    live["spec"]["template"]["spec"].update(pod_extra)  # type: ignore[index]
+    return live
+
+
+POOL_DEFAULTED: dict[str, object] = {
+    "apiVersion": "apps/v1",
+    "kind": "Deployment",
+    "metadata": {"name": "d", "namespace": "n", "uid": "u", "annotations": {"x": "y"}},
+    "spec": {
+        "replicas": 3,  # the HPA's
+        "revisionHistoryLimit": 10,
+        "progressDeadlineSeconds": 600,
+        "template": {
+            "metadata": {"creationTimestamp": None},
+            "spec": {
+                "securityContext": {"runAsNonRoot": True},
+                "restartPolicy": "Always",
+                "dnsPolicy": "ClusterFirst",
+                "schedulerName": "default-scheduler",
+                "serviceAccountName": "default",
+                "serviceAccount": "default",
+                "terminationGracePeriodSeconds": 30,
+                "containers": [
+                    {
+                        "name": "triton",
+                        "image": "triton",
+                        "imagePullPolicy": "IfNotPresent",
+                        "terminationMessagePath": "/dev/termination-log",
+                        "terminationMessagePolicy": "File",
+                        "resources": {},
+                        "securityContext": {"allowPrivilegeEscalation": False},
+                    }
+                ],
+            },
+        },
+    },
+    "status": {"replicas": 3},
+}
+
+
+def test_server_defaults_and_the_hpas_replicas_are_not_drift() -> None:
+    assert drift(POD_TEMPLATE, _live()) == []
+    # apiVersion and kind name the object; an answer with or without them is the same object.
+    without_kind = {k: v for k, v in _live().items() if k not in ("apiVersion", "kind")}
+    assert in_line(POD_TEMPLATE, without_kind)
+    assert in_line({k: v for k, v in POD_TEMPLATE.items() if k != "kind"}, _live())
+    live = _live(hostNetwork=True)
+    assert "kind" not in _patch_of(POD_TEMPLATE, live)  # never a null kind
+
+
+def test_fields_added_to_a_rendered_object_are_drift_and_patched_away() -> None:
+    live = _live(hostNetwork=True, serviceAccountName="admin", serviceAccount="admin")
+    container = live["spec"]["template"]["spec"]["containers"][0]  # type: ignore[index]
+    container["securityContext"]["privileged"] = True
+    found = drift(POD_TEMPLATE, live)
+    assert ".spec.template.spec.hostNetwork" in found
+    assert ".spec.template.spec.serviceAccountName" in found
+    assert ".spec.template.spec.containers[0].securityContext.privileged" in found
+    patch = _patch_of(POD_TEMPLATE, live)
+    pod = patch["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is None and pod["serviceAccountName"] is None
+    # Lists are replaced whole by a merge patch: the rendered container, without privileged.
+    assert pod["containers"] == POD_TEMPLATE["spec"]["template"]["spec"]["containers"]  # type: ignore[index]
+    assert "replicas" not in patch["spec"]  # the HPA's, left alone
+
+
+def test_an_extra_sidecar_is_drift() -> None:
+    live = _live()
+    containers = live["spec"]["template"]["spec"]["containers"]  # type: ignore[index]
+    containers.append({"name": "sidecar", "image": "busybox"})
+    assert drift(POD_TEMPLATE, live) == [".spec.template.spec.containers"]
