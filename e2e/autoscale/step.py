@@ -608,7 +608,8 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
     return {
         "scale_up_within_60_s": up is not None and up <= 60,
         "step_p95_within_2x_slo": p95 is not None and p95 <= 2 * slo,
-        "no_stream_cut_on_scale_in": cut == 0,
+        # None: no pod was removed during the run, so nothing could be cut.
+        "no_stream_cut_on_scale_in": None if cut is None else cut == 0,
         "per_voice_loaded_voice_on_2_other_on_1": (
             per_voice.get("joe_serving_pods_at_end") == 2
             and per_voice.get("joe_fast_serving_pods_at_end") == 1
@@ -630,7 +631,7 @@ def markdown(results: dict[str, Any]) -> str:
     """The measured numbers for docs/autoscaling.md (between its markers)."""
     pool = results.get("pool") or {}
     voice = results.get("per_voice") or {}
-    marks = {True: "yes", False: "**no**", None: "not run"}
+    marks = {True: "yes", False: "**no**", None: "not reached"}
     goal = results["goals"]
     lines = [
         BEGIN,
@@ -649,13 +650,15 @@ def markdown(results: dict[str, Any]) -> str:
         f"{_fmt(pool.get('first_audio_p95_ms_during_step'), ' ms')} | ≤ {2 * results['slo_ms']} ms "
         f"(2 × SLO) | {marks[goal['step_p95_within_2x_slo']]} |",
         f"| streams cut while a pod left on scale-in | "
-        f"{_fmt(pool.get('streams_cut_on_scale_in'))} | 0 | "
+        f"{_fmt(pool.get('streams_cut_on_scale_in')) if pool.get('scaled_in') else 'no scale-in'}"
+        " | 0 | "
         f"{marks[goal['no_stream_cut_on_scale_in']]} |",
         f"| per-voice: pods serving joe / joe-fast at the end | "
         f"{_fmt(voice.get('joe_serving_pods_at_end'))} / "
         f"{_fmt(voice.get('joe_fast_serving_pods_at_end'))} | 2 / 1 | "
         f"{marks[goal['per_voice_loaded_voice_on_2_other_on_1']]} |",
-        f"| per-voice: load step → a second pod serving joe | "
+        f"| per-voice: load step → a second pod serving joe (pods serving joe before the step: "
+        f"{_fmt(voice.get('joe_serving_pods_before_step'))}) | "
         f"{_fmt(voice.get('joe_scale_up_seconds'), ' s')} | | |",
         "",
         f"Pool scenario: {_fmt(pool.get('streams'))} streams "
