@@ -171,11 +171,28 @@ class PrometheusServer:
         self.scrape_interval = scrape_interval
         self.metrics_path = metrics_path
         self._own_dir = work_dir is None
-        self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="voxfleet-prometheus-"))
-        self.config_path = self.work_dir / "prometheus.yml"
-        self.targets_path = self.work_dir / "targets.json"
-        self.log_path = self.work_dir / "prometheus.log"
+        self._work_dir = work_dir
         self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def work_dir(self) -> Path:
+        """The configuration, targets, data and log; a temporary one (made on first use and
+        removed by `stop`) unless given."""
+        if self._work_dir is None:
+            self._work_dir = Path(tempfile.mkdtemp(prefix="voxfleet-prometheus-"))
+        return self._work_dir
+
+    @property
+    def config_path(self) -> Path:
+        return self.work_dir / "prometheus.yml"
+
+    @property
+    def targets_path(self) -> Path:
+        return self.work_dir / "targets.json"
+
+    @property
+    def log_path(self) -> Path:
+        return self.work_dir / "prometheus.log"
 
     @property
     def url(self) -> str:
@@ -290,8 +307,9 @@ class PrometheusServer:
                 self.process.kill()
                 self.process.wait()
         self.process = None
-        if self._own_dir:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
+        if self._own_dir and self._work_dir is not None:
+            shutil.rmtree(self._work_dir, ignore_errors=True)
+            self._work_dir = None
 
     def __enter__(self) -> PrometheusServer:
         return self.start()

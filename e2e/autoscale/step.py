@@ -507,41 +507,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Each scenario on a fresh installation: a pool still scaled out, or a p95 window still
     # full of the previous scenario's load, would say nothing about the next one.
     scenarios = ["calibrate"] if args.calibrate else args.scenarios.split(",")
-    for scenario in scenarios:
-        if scenario not in ("calibrate", "pool", "per_voice"):
-            raise SystemExit(f"unknown scenario {scenario!r}: pool or per_voice")
-        with autoscaling_environment(workdir / scenario, args) as (installation, controllers):
-            adapter = PrometheusAdapter(controllers.prometheus.url, controllers.rules, no_pods)
-            try:
-                if scenario == "calibrate":
-                    results.update(calibrate(installation, adapter, args.slo_ms))
-                    print(json.dumps(results, indent=1))
-                    return 0
-                if scenario == "pool":
-                    results["pool"] = pool_scenario(
-                        installation,
-                        controllers,
-                        adapter,
-                        args.capacity,
-                        args.slo_ms,
-                        args.steady,
-                        args.step,
-                        args.down_max,
-                    )
-                elif scenario == "per_voice":
-                    results["per_voice"] = per_voice_scenario(
-                        installation,
-                        controllers,
-                        adapter,
-                        args.capacity,
-                        args.slo_ms,
-                        args.steady,
-                        args.step,
-                    )
-            finally:
-                results.setdefault("controller_errors", {})[scenario] = controllers.errors[-20:]
-        write(results, args.out)
-    write(results, args.out)
+    try:
+        for scenario in scenarios:
+            if scenario not in ("calibrate", "pool", "per_voice"):
+                raise SystemExit(f"unknown scenario {scenario!r}: pool or per_voice")
+            with autoscaling_environment(workdir / scenario, args) as (installation, controllers):
+                adapter = PrometheusAdapter(controllers.prometheus.url, controllers.rules, no_pods)
+                try:
+                    if scenario == "calibrate":
+                        results.update(calibrate(installation, adapter, args.slo_ms))
+                        print(json.dumps(results, indent=1))
+                        return 0
+                    if scenario == "pool":
+                        results["pool"] = pool_scenario(
+                            installation,
+                            controllers,
+                            adapter,
+                            args.capacity,
+                            args.slo_ms,
+                            args.steady,
+                            args.step,
+                            args.down_max,
+                        )
+                    elif scenario == "per_voice":
+                        results["per_voice"] = per_voice_scenario(
+                            installation,
+                            controllers,
+                            adapter,
+                            args.capacity,
+                            args.slo_ms,
+                            args.steady,
+                            args.step,
+                        )
+                finally:
+                    results.setdefault("controller_errors", {})[scenario] = controllers.errors[-20:]
+            write(results, args.out)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

@@ -250,15 +250,21 @@ def test_dashboard_queries_run_on_the_scraped_metrics(
         (ROOT / "charts" / "voxfleet" / "dashboards" / "voxfleet.json").read_text()
     )
     client = adapter_for(prometheus, pods).prometheus
-    results: dict[str, list[dict[str, Any]]] = {}
-    for panel in dashboard["panels"]:
-        for target in panel["targets"]:
-            query = target["expr"]
-            for variable, value in GRAFANA_VARIABLES.items():
-                query = query.replace(variable, value)
-            # Prometheus refuses a bad query (the client raises); an empty result is fine.
-            results.setdefault(panel["title"], []).extend(client.custom_query(query))
-    # Panels fed by the stream model show the voice; replicas need kube-state-metrics.
-    for title in ("Live streams", "First audio p50 / p95", "Pods per voice", "Queue time"):
-        assert results[title], f"{title}: no data"
+
+    def run_all() -> dict[str, list[dict[str, Any]]]:
+        results: dict[str, list[dict[str, Any]]] = {}
+        for panel in dashboard["panels"]:
+            for target in panel["targets"]:
+                query = target["expr"]
+                for variable, value in GRAFANA_VARIABLES.items():
+                    query = query.replace(variable, value)
+                # Prometheus refuses a bad query (the client raises); an empty result is fine.
+                results.setdefault(panel["title"], []).extend(client.custom_query(query))
+        # Panels fed by the stream model show the voice (once a scrape has happened since the
+        # targets came back); replicas need kube-state-metrics.
+        for title in ("Live streams", "First audio p50 / p95", "Pods per voice", "Queue time"):
+            assert results[title], f"{title}: no data"
+        return results
+
+    results = eventually(run_all, timeout_s=30)
     assert {r["metric"].get("model") for r in results["Pods per voice"]} == {"joe"}
