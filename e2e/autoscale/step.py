@@ -447,7 +447,9 @@ def autoscaling_environment(
                 installation.kubectl,
                 NAMESPACE,
                 prometheus,
-                rules_from_chart("helm"),
+                rules_from_chart(
+                    "helm", "--set", f"prometheusAdapter.rules.rateWindow={args.rate_window}"
+                ),
                 args.sync_period,
                 target_refresh_s=parse_seconds(args.scrape_interval),
             ).start()
@@ -472,6 +474,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sync-period", type=float, default=15.0, help="HPA sync period, s")
     parser.add_argument("--scrape-interval", default="5s", help="Prometheus scrape interval")
+    parser.add_argument(
+        "--rate-window", default="1m", help="the chart's prometheusAdapter.rules.rateWindow"
+    )
     parser.add_argument("--capacity", type=int, default=2, help="streams one pod holds")
     parser.add_argument("--slo-ms", type=int, default=800, help="targetFirstAudioP95Ms")
     parser.add_argument("--steady", type=float, default=60.0)
@@ -501,6 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{len(os.sched_getaffinity(0))} CPUs",
         "sync_period_s": args.sync_period,
         "scrape_interval": args.scrape_interval,
+        "rate_window": args.rate_window,
         "slo_ms": args.slo_ms,
         "pod_capacity_streams": args.capacity,
     }
