@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TOOLS_STAMP := .tools/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint e2e e2e-kind autoscale bench clean
+.PHONY: setup demo test lint e2e e2e-kind autoscale bench soak faults clean
 
 setup: $(STAMP) $(TOOLS_STAMP)
 
@@ -49,6 +49,14 @@ autoscale: setup
 
 bench: setup
 	PATH="$(CURDIR)/.tools/bin:$$PATH" bash scripts/bench.sh
+
+# Not part of `make test`: 10,000 requests with hang-ups and bad input (docs/reliability.md).
+soak: setup
+	$(PY) -m engines.bench.soak --out docs/reliability.json
+
+# Stop, heal and overload timings on fresh servers (docs/reliability.md).
+faults: setup
+	$(PY) -m engines.bench.faults stop heal overload --runs 3 --out docs/reliability-faults.json
 
 clean:
 	rm -rf $(VENV) .tools build *.egg-info

@@ -28,6 +28,11 @@ _SENTENCE_END = re.compile(r"(?<=[.!?…])[\"'”’)\]]*\s+")
 # A sentence longer than this is cut at clause (then word) boundaries: the acoustic stage
 # runs once per sentence before first audio, so its length bounds time to first audio.
 MAX_SENTENCE_CHARS = 300
+# Sentences longer than this are also cut into phrases at clause boundaries (never inside a
+# clause): each phrase is one encoder call, so a long sentence neither delays its own first
+# audio nor stalls the streams already playing for the length of one long call.
+PHRASE_CHARS = 120
+_CLAUSE_END = re.compile(r"(?<=[,;:])\s+")
 
 BOS, EOS, PAD = "^", "$", "_"
 
@@ -66,8 +71,27 @@ def _cut_long(sentence: str, limit: int) -> list[str]:
     return pieces
 
 
-def split_sentences(text: str, max_chars: int = MAX_SENTENCE_CHARS) -> list[str]:
+def split_phrases(sentence: str, phrase_chars: int = PHRASE_CHARS) -> list[str]:
+    """Clauses of a sentence joined into phrases of at most `phrase_chars` where they fit; a
+    longer clause stays whole."""
+    if len(sentence) <= phrase_chars:
+        return [sentence]
+    phrases: list[str] = []
+    for clause in _CLAUSE_END.split(sentence):
+        if phrases and len(phrases[-1]) + 1 + len(clause) <= phrase_chars:
+            phrases[-1] = f"{phrases[-1]} {clause}"
+        else:
+            phrases.append(clause)
+    return phrases
+
+
+def split_sentences(
+    text: str, max_chars: int = MAX_SENTENCE_CHARS, phrase_chars: int | None = None
+) -> list[str]:
+    """Sentences, cut at `max_chars`; with `phrase_chars`, long ones also into phrases."""
     sentences = [part.strip() for part in _SENTENCE_END.split(text) if part.strip()]
+    if phrase_chars is not None:
+        sentences = [phrase for s in sentences for phrase in split_phrases(s, phrase_chars)]
     return [piece for sentence in sentences for piece in _cut_long(sentence, max_chars)]
 
 
@@ -118,10 +142,13 @@ class Sentence:
     ids: list[int]
 
 
-def text_to_sentences(text: str, config: VoiceConfig) -> list[Sentence]:
-    """The whole frontend: raw user text to one id sequence per sentence (empty ones dropped)."""
+def text_to_sentences(
+    text: str, config: VoiceConfig, phrase_chars: int | None = PHRASE_CHARS
+) -> list[Sentence]:
+    """The whole frontend: raw user text to one id sequence per sentence, or per phrase of a
+    long sentence (empty ones dropped); `phrase_chars=None` keeps sentences whole."""
     sentences = []
-    for sentence in split_sentences(normalize_text(text)):
+    for sentence in split_sentences(normalize_text(text), phrase_chars=phrase_chars):
         ids = phoneme_ids(phonemize(sentence, config), config)
         if len(ids) > 3:  # BOS PAD EOS alone carries no sound
             sentences.append(Sentence(sentence, ids))

@@ -53,3 +53,16 @@ FIRST_AUDIO_BUCKETS_SECONDS = (
 )
 QUEUE_SECONDS = "voxfleet_queue_seconds"  # _sum and _count counters
 VOCODER_BATCHES_TOTAL = "voxfleet_vocoder_batches_total"  # labelled batch_size too
+# Times `voxfleet triton` / `voxfleet serve` restarted the server to heal this voice after its
+# backend process died (set by the supervisor, so it carries across those restarts).
+MODEL_RESTARTS_TOTAL = "voxfleet_model_restarts_total"
+
+# -- the supervisor (`voxfleet triton`, `voxfleet serve`) ---------------------------------
+# Its own HTTP port in a pool pod: GET /ready and /live are the pod's probes.
+HEALTH_PORT = 8003
+HEALTH_PORT_ENV = "VOXFLEET_HEALTH_PORT"  # overrides HEALTH_PORT for `voxfleet triton`
+READY_PATH = "/ready"
+LIVE_PATH = "/live"
+# Environment the supervisor gives tritonserver (and so the stream model).
+DRAIN_FILE_ENV = "VOXFLEET_DRAIN_FILE"  # exists once the server drains: new streams refused
+RESTARTS_ENV = "VOXFLEET_MODEL_RESTARTS"  # JSON {model: restarts so far}

@@ -90,6 +90,10 @@ class TritonServer:
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
+    def work_dir(self) -> Path:
+        return self._work
+
+    @property
     def grpc_url(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
 

@@ -72,7 +72,7 @@ def main() -> None:
     voice = load_voice("joe")
     entry = build_engines(voice.model_path, "onnxruntime", None, Path(tempfile.mkdtemp()))
     stages = OnnxStages(entry.path)
-    sentences = text_to_sentences(REFERENCE_SENTENCE, voice.config)
+    sentences = text_to_sentences(REFERENCE_SENTENCE, voice.config, phrase_chars=None)
     ids = np.array([sentences[0].ids], dtype=np.int64)
     lengths = np.array([ids.shape[1]], dtype=np.int64)
     scales = np.array(QUIET.scales(), dtype=np.float32)
@@ -83,8 +83,10 @@ def main() -> None:
         oneshot_times.append(time.perf_counter() - started)
     seconds = len(reference) / voice.config.sample_rate
     oneshot = float(np.median(oneshot_times[1:]))
-    print(f"joe voice, reference sentence ({seconds:.2f} s of audio), {date.today()}, "
-          f"{platform.processor() or platform.machine()}, onnxruntime CPU, median of {args.repeat}")
+    print(
+        f"joe voice, reference sentence ({seconds:.2f} s of audio), {date.today()}, "
+        f"{platform.processor() or platform.machine()}, onnxruntime CPU, median of {args.repeat}"
+    )
     print()
     print("| first | window | vocoder ctx | flow ctx | SNR dB | first audio ms | RTF |")
     print("|---|---|---|---|---|---|---|")

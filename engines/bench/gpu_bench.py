@@ -399,6 +399,12 @@ def main(argv: list[str] | None = None) -> int:
         help="comma list: where batched runs keep the frame stores (device, host)",
     )
     parser.add_argument("--skip", default="", help="comma list of parts to skip")
+    parser.add_argument(
+        "--stop-when-saturated",
+        action="store_true",
+        help="skip a configuration's larger stream counts once more than half of a level's "
+        "streams ran dry (by default every level asked for runs)",
+    )
     parser.add_argument("--quality-sentences", type=int, default=40)
     args = parser.parse_args(argv)
     from engines.streaming import WindowConfig
@@ -455,9 +461,9 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(row)
                 print({k: v for k, v in row.items() if k not in ("windows",)}, flush=True)
                 save()
-                if not row["zero_underruns"] and batching and row["completed_streams"]:
-                    if row["streams_ran_dry"] > 0.5 * row["completed_streams"]:
-                        break  # far past capacity: larger counts only take time
+                saturated = row["streams_ran_dry"] > 0.5 * row["completed_streams"]
+                if args.stop_when_saturated and batching and saturated:
+                    break  # far past capacity: larger counts only take time
     save()
     return 0
 

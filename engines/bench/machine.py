@@ -10,6 +10,8 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import shutil
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +31,24 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _gpus() -> list[str]:
+    """Each GPU as nvidia-smi names it, with its driver and memory; none without nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    query = "--query-gpu=name,driver_version,memory.total"
+    try:
+        listing = subprocess.run(
+            ["nvidia-smi", query, "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in listing.splitlines() if line.strip()]
+
+
 def describe_machine() -> dict[str, Any]:
     try:
         usable = len(os.sched_getaffinity(0))
@@ -45,6 +65,7 @@ def describe_machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "onnxruntime": onnxruntime.__version__,
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "gpus": _gpus(),
     }
 
 

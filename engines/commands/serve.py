@@ -1,4 +1,10 @@
-"""`voxfleet serve`: build engines, write the model repository, run Triton in the foreground."""
+"""`voxfleet serve`: build engines, write the model repository, run Triton in the foreground.
+
+Triton runs under the supervisor of engines/supervisor.py, as in a pool pod: a voice whose
+backend process dies is healed by a server restart, GET /ready and /live answer on the
+health port, and SIGINT or SIGTERM (whatever this process inherited) drain the streams in
+flight, refuse new ones with UNAVAILABLE, and stop as soon as none is left.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from engines import names
 from engines.commands.build_engines import PRECISION_CHOICES, RUNTIME_CHOICES, runtime_help
 
 GPU_SERVER_ARGS = ["--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0"]
@@ -78,7 +85,8 @@ def plan_from_args(args: argparse.Namespace):  # -> list[ServingPlan], imported 
 def handle(args: argparse.Namespace) -> int:
     from engines.engine_build import EngineBuildError
     from engines.serving import local_server
-    from engines.triton_server import TritonError
+    from engines.supervisor import Supervisor, TritonEndpoints
+    from engines.triton_server import EXIT_TIMEOUT_SECONDS, TritonError, server_env
     from engines.voice import VoiceError
 
     try:
@@ -87,18 +95,38 @@ def handle(args: argparse.Namespace) -> int:
         gpu = any(plan.runtime_info.needs_gpu for plan in plans)
         extra = GPU_SERVER_ARGS if gpu else []
         server = local_server(plans, args.grpc_port, args.http_port, args.metrics_port, None, extra)
+        endpoints = TritonEndpoints(
+            http_port=server.http_port,
+            metrics_port=server.metrics_port,
+            exit_timeout_s=EXIT_TIMEOUT_SECONDS,
+        )
+        supervisor = Supervisor(
+            server.command(),
+            server_env(),
+            endpoints,
+            server.work_dir / "supervisor",
+            health_port=args.health_port or None,
+        )
+        supervisor.install_signal_handlers()
         print(f"voxfleet: serving {', '.join(p.name for p in plans)}", file=sys.stderr)
-        # GPU runtimes capture CUDA graphs for every call shape before the model is ready.
-        server.start(timeout_s=600 if gpu else 120, stdout_to_log=False)
-    except (VoiceError, EngineBuildError, TritonError, ValueError) as error:
+        supervisor.start()
+    except (VoiceError, EngineBuildError, TritonError, ValueError, OSError) as error:
         print(f"voxfleet serve: {error}", file=sys.stderr)
         return 1
+    # GPU runtimes capture CUDA graphs for every call shape before the model is ready.
+    if not supervisor.wait_ready(600 if gpu else 120):
+        if supervisor.stopping:
+            return supervisor.run()
+        print("voxfleet serve: tritonserver did not become ready", file=sys.stderr)
+        supervisor.run_down()
+        return 1
+    health = f", health http://127.0.0.1:{args.health_port}" if args.health_port else ""
     print(
         f"voxfleet: ready — gRPC {server.grpc_url}, HTTP {server.http_url}, "
-        f"metrics {server.metrics_url}; Ctrl-C stops",
+        f"metrics {server.metrics_url}{health}; Ctrl-C stops",
         file=sys.stderr,
     )
-    code = server.run_foreground()
+    code = supervisor.run()
     print("voxfleet: Triton stopped", file=sys.stderr)
     return code
 
@@ -109,4 +137,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=names.HEALTH_PORT,
+        help=f"readiness (GET {names.READY_PATH}) and liveness (GET {names.LIVE_PATH}); 0: none",
+    )
     parser.set_defaults(func=handle)

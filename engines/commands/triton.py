@@ -3,8 +3,10 @@
 This is the Triton container's command in a pool pod. With a `tritonserver` on PATH (NVIDIA's
 Triton image) it runs that one with the arguments as given; otherwise the one bundled in the
 nvidia-pytriton wheel, with the Python backend's stub for the running Python (as
-`voxfleet serve` does) and its libraries on the library path. The process replaces itself
-with tritonserver, so the kubelet's signals and exit codes are Triton's own.
+`voxfleet serve` does) and its libraries on the library path. It stays as tritonserver's
+supervisor (engines/supervisor.py): it restarts the server when a voice's backend process
+dies and loads the voices again, answers the pod's probes on its health port (8003, or
+$VOXFLEET_HEALTH_PORT: GET /ready, /live), and on SIGTERM drains streams before stopping it.
 """
 
 from __future__ import annotations
@@ -34,19 +36,28 @@ def triton_command(args: list[str], work_dir: Path) -> tuple[list[str], dict[str
 
 
 def run(triton_args: list[str]) -> int:
-    """Replace this process with tritonserver; returns only on an error."""
+    """Run and supervise tritonserver until SIGTERM or SIGINT; returns the exit status."""
+    from engines import names
+    from engines.supervisor import Supervisor, TritonEndpoints
     from engines.triton_server import TritonError
 
     work_dir = Path(tempfile.mkdtemp(prefix="voxfleet-triton-"))
     try:
         command, env = triton_command(triton_args, work_dir)
-    except TritonError as error:
+        health_port = int(os.environ.get(names.HEALTH_PORT_ENV) or names.HEALTH_PORT)
+    except (TritonError, ValueError) as error:
         print(f"voxfleet triton: {error}", file=sys.stderr)
         return 2
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(command[0], command, env)
-    return 0  # not reached
+    supervisor = Supervisor(
+        command, env, TritonEndpoints.from_args(triton_args), work_dir, health_port
+    )
+    supervisor.install_signal_handlers()
+    try:
+        supervisor.start()
+    except OSError as error:  # the health port is taken
+        print(f"voxfleet triton: {error}", file=sys.stderr)
+        return 2
+    return supervisor.run()
 
 
 def handle(args: argparse.Namespace) -> int:

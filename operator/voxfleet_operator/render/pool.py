@@ -10,11 +10,14 @@ from typing import Any
 
 from voxfleet_operator.names import (
     GRPC_PORT,
+    HEALTH_PORT,
     HTTP_PORT,
     METRICS_PORT,
     REPOSITORY_HEADER_KEY,
     REPOSITORY_KEY_SECRET,
     REPOSITORY_KEY_SECRET_KEY,
+    SUPERVISOR_LIVE_PATH,
+    SUPERVISOR_READY_PATH,
     pool_deployment_name,
     pool_metrics_service_name,
     pool_selector,
@@ -68,6 +71,9 @@ def triton_args() -> list[str]:
 def build_pool_deployment(pool: Pool, namespace: str, engine_cache_pvc: str) -> dict[str, Any]:
     selector = pool_selector(pool.name)
     probe_base = {"port": "http", "scheme": "HTTP"}
+    # `voxfleet triton` supervises tritonserver: its readiness also fails while a voice is
+    # being healed or the server drains (Triton's own stays 200 with a dead voice).
+    health = {"port": "health", "scheme": "HTTP"}
     container = {
         "name": "triton",
         "image": pool.triton_image,
@@ -90,6 +96,7 @@ def build_pool_deployment(pool: Pool, namespace: str, engine_cache_pvc: str) -> 
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+            {"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"},
         ],
         "startupProbe": {
             "httpGet": {"path": "/v2/health/live", **probe_base},
@@ -97,13 +104,13 @@ def build_pool_deployment(pool: Pool, namespace: str, engine_cache_pvc: str) -> 
             "failureThreshold": 120,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/v2/health/live", **probe_base},
+            "httpGet": {"path": SUPERVISOR_LIVE_PATH, **health},
             "periodSeconds": 10,
             "failureThreshold": 3,
         },
-        # Strict readiness: not ready while any loaded voice is not ready.
+        # Not ready while any loaded voice is not ready, is being healed, or the pod drains.
         "readinessProbe": {
-            "httpGet": {"path": "/v2/health/ready", **probe_base},
+            "httpGet": {"path": SUPERVISOR_READY_PATH, **health},
             "periodSeconds": 5,
             "failureThreshold": 2,
         },

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from supervised import running, serve_command
 
 from engines.client import StreamResult, SynthesisError, stream_tts, synthesize
-from engines.triton_server import TritonServer, free_port
+from engines.triton_server import TritonServer
 
 pytestmark = pytest.mark.triton
 
@@ -147,36 +148,9 @@ def test_a_cancelled_stream_leaves_nothing_behind(server: TritonServer) -> None:
 
 
 def test_serve_stops_cleanly_on_ctrl_c(engine_cache: Path) -> None:
-    ports = [str(free_port()) for _ in range(3)]
-    serve = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "engines.cli",
-            "serve",
-            "--cache",
-            str(engine_cache),
-            "--grpc-port",
-            ports[0],
-            "--http-port",
-            ports[1],
-            "--metrics-port",
-            ports[2],
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert serve.stdout is not None
-    output = []
-    deadline = time.monotonic() + 120
-    for line in serve.stdout:
-        output.append(line)
-        if "ready" in line or time.monotonic() > deadline:
-            break
-    assert any("ready" in line for line in output), "".join(output)
-    assert synthesize(f"127.0.0.1:{ports[0]}", "Goodbye.").audio_seconds > 0.3
-    serve.send_signal(signal.SIGINT)
-    assert serve.wait(timeout=60) == 0
-    rest = serve.stdout.read()
-    assert "Traceback" not in rest
+    command, ports = serve_command(str(engine_cache))
+    with running(command, ports) as served:  # stopped (and its tree killed) even on failure
+        assert synthesize(served.grpc_url, "Goodbye.").audio_seconds > 0.3
+        served.process.send_signal(signal.SIGINT)
+        assert served.process.wait(timeout=60) == 0
+    assert "Traceback" not in "".join(served.output)

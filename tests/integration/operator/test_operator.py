@@ -247,6 +247,14 @@ async def test_invalid_voice_fails_with_a_reason_and_no_retry_storm(
     assert await jobs_of(api, "bad") == []
     if api.emulator is None:
         return
+
+    async def create_handled() -> bool:
+        # kopf records a handled create in an annotation, written after the handler's status.
+        body = await api.get(*VOICES, "bad")
+        annotations = (body or {}).get("metadata", {}).get("annotations") or {}
+        return "voxfleet.io/last-handled-configuration" in annotations
+
+    await eventually(create_handled)
     writes_before = api.writes()
     await asyncio.sleep(2.0)  # four drift-correction ticks
     assert api.writes() == writes_before, "an invalid voice keeps being written"

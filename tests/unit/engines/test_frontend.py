@@ -27,6 +27,22 @@ def test_split_sentences_and_long_sentence_cut() -> None:
     assert " ".join(pieces).replace(" ", "") == long.replace(" ", "")
 
 
+def test_long_sentences_become_phrases_at_clause_boundaries_only() -> None:
+    sentence = (
+        "We the People of the United States, in Order to form a more perfect Union, establish "
+        "Justice, insure domestic Tranquility, provide for the common defence, promote the "
+        "general Welfare, and secure the Blessings of Liberty to ourselves and our Posterity."
+    )
+    phrases = split_sentences(sentence, phrase_chars=120)
+    assert len(phrases) == 3
+    assert all(len(p) <= 120 and p.endswith((",", ".")) for p in phrases)
+    assert " ".join(phrases) == sentence
+    # A clause longer than a phrase stays whole; short sentences are left alone.
+    clause = "a clause without a single pause in it that runs on and on well past the phrase limit"
+    assert split_sentences(f"{clause}, then more.", phrase_chars=40) == [f"{clause},", "then more."]
+    assert split_sentences("Short, and sweet.", phrase_chars=120) == ["Short, and sweet."]
+
+
 def test_ids_match_piper_for_the_reference_sentence(joe: Voice) -> None:
     text = "The quick brown fox jumps over the lazy dog, while the service answers at once."
     piper = PiperVoice.load(joe.model_path)

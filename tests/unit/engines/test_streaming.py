@@ -15,8 +15,8 @@ from engines.streaming import (
     StreamSink,
     SynthesisParams,
     WindowConfig,
-    _CostModel,
 )
+from engines.streaming.costs import CostModel
 from engines.voice import Voice
 
 TEXT = (
@@ -51,7 +51,8 @@ def stages(engine_dir: Path) -> OnnxStages:
 
 @pytest.fixture(scope="module")
 def sentences(joe: Voice) -> list[Sentence]:
-    return text_to_sentences(TEXT, joe.config)
+    # One whole sentence: the audio is compared with a one-shot decode of it.
+    return text_to_sentences(TEXT, joe.config, phrase_chars=None)
 
 
 def snr_db(signal: np.ndarray, reference: np.ndarray) -> float:
@@ -165,7 +166,7 @@ def test_window_config_rejects_nonsense() -> None:
 def test_the_cost_model_learns_what_a_call_costs_besides_its_frames() -> None:
     # A GPU: 2 ms per call whatever its size, 1 µs per frame. Judged per frame of small calls,
     # a 128-window batch would look 60x dearer than it is, and steps would stay tiny.
-    costs = _CostModel()
+    costs = CostModel()
     for _ in range(3):
         for rows in (1, 8, 32, 128, 2, 64):
             costs.observe("vocoder", 0.002 + 1e-6 * rows * 144, rows, 144)

@@ -144,9 +144,13 @@ def test_triton_deployment_serves_safely_and_drains() -> None:
         "grpc": 8001,
         "http": 8000,
         "metrics": 8002,
+        "health": 8003,
     }
-    assert main["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-    assert main["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    # the supervisor inside `voxfleet triton` answers the probes (tests/integration/data_plane)
+    health = {"port": "health", "scheme": "HTTP"}
+    assert main["livenessProbe"]["httpGet"] == {"path": "/live", **health}
+    assert main["readinessProbe"]["httpGet"] == {"path": "/ready", **health}
+    assert main["startupProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert main["resources"]["limits"]["nvidia.com/gpu"] == "1"
     mounts = {m["name"]: m for m in main["volumeMounts"]}
     assert mounts["engines"]["readOnly"] is True

@@ -1,0 +1,315 @@
+"""`make soak`: many requests against `voxfleet serve`, with hang-ups and bad input mixed in,
+then a look at what the server kept (memory, live streams).
+
+Each request speaks the first 3 to 8 words of a corpus sentence (whole sentences would make
+10,000 requests take hours on a 2-core CPU; the soak looks for leaks, not throughput). A
+fifth of the streams are hung up at a random point (before or after the first audio), one
+in twenty carries a bad input that the server must refuse. Writes docs/reliability.json.
+
+    python -m engines.bench.soak --requests 10000 --out docs/reliability.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import platform
+import random
+import re
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from engines import names
+from engines.corpus import load_corpus
+
+HANG_UP_SHARE = 0.20
+BAD_INPUT_SHARE = 0.05
+LIVE_STREAMS_DELAY_S = 5.0
+_LIVE = re.compile(rf"^{names.LIVE_STREAMS}\{{[^}}]*\}} ([0-9.e+-]+)$", re.M)
+
+
+def _bytes_tensor(request: Any, name: str, values: list[bytes]) -> None:
+    tensor = request.inputs.add()
+    tensor.name, tensor.datatype = name, "BYTES"
+    tensor.shape.extend([len(values)])
+    request.raw_input_contents.append(b"".join(struct.pack("<I", len(v)) + v for v in values))
+
+
+def _scalar_tensor(request: Any, name: str, datatype: str, value: float) -> None:
+    tensor = request.inputs.add()
+    tensor.name, tensor.datatype = name, datatype
+    tensor.shape.extend([1])
+    packed = struct.pack("<i", int(value)) if datatype == "INT32" else struct.pack("<f", value)
+    request.raw_input_contents.append(packed)
+
+
+def _text(values: list[bytes]) -> Callable[[Any], None]:
+    return lambda request: _bytes_tensor(request, names.TEXT, values)
+
+
+def _with_scalar(name: str, datatype: str, value: float) -> Callable[[Any], None]:
+    def add(request: Any) -> None:
+        _bytes_tensor(request, names.TEXT, [b"Hello there."])
+        _scalar_tensor(request, name, datatype, value)
+
+    return add
+
+
+# Each bad input, as what it adds to a request.
+BAD_INPUTS: dict[str, Callable[[Any], None]] = {
+    "empty text": _text([b""]),
+    "blank text": _text([b" \t\n"]),
+    "invalid UTF-8": _text([b"caf\xc3("]),
+    "text over the limit": _text([b"a" * 6000]),
+    "two texts": _text([b"One.", b"Two."]),
+    "NaN length scale": _with_scalar(names.LENGTH_SCALE, "FP32", math.nan),
+    "huge length scale": _with_scalar(names.LENGTH_SCALE, "FP32", 1e30),
+    "negative noise": _with_scalar(names.NOISE_W, "FP32", -1.0),
+    "unknown speaker": _with_scalar(names.SPEAKER_ID, "INT32", 7),
+    "unknown input": _with_scalar("VOLUME", "FP32", 1.0),
+}
+
+
+@dataclass
+class Tally:
+    requests: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    bad_inputs_refused: int = 0
+    unexpected_errors: int = 0
+    examples: list[str] = field(default_factory=list)
+    bad_kinds: Counter[str] = field(default_factory=Counter)
+
+    def unexpected(self, what: str) -> None:
+        self.unexpected_errors += 1
+        if len(self.examples) < 10:
+            self.examples.append(what[:300])
+
+
+class SoakClient:
+    def __init__(self, url: str, model: str) -> None:
+        import grpc
+        from tritonclient.grpc import service_pb2_grpc
+
+        self.model = model
+        self._channel = grpc.aio.insecure_channel(url)
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    def request(self, text: str | None, bad: str | None) -> Any:
+        from tritonclient.grpc import service_pb2
+
+        request = service_pb2.ModelInferRequest(model_name=self.model)
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
+        if bad is not None:
+            BAD_INPUTS[bad](request)
+        else:
+            assert text is not None
+            _bytes_tensor(request, names.TEXT, [text.encode("utf-8")])
+        return request
+
+    async def stream(self, request: Any, hang_up_after: int | None) -> tuple[str, str]:
+        """('completed' | 'cancelled' | 'error', detail)."""
+        finished = asyncio.Event()
+
+        async def requests() -> AsyncIterator[Any]:
+            yield request
+            await finished.wait()
+
+        call = self._stub.ModelStreamInfer(requests())
+        responses = 0
+        try:
+            if hang_up_after == 0:
+                await asyncio.sleep(random.uniform(0.0, 0.2))
+                call.cancel()
+                return "cancelled", "before any audio"
+            async for response in call:
+                if response.error_message:
+                    return "error", response.error_message
+                responses += 1
+                parameters = response.infer_response.parameters
+                if parameters["triton_final_response"].bool_param:
+                    return "completed", f"{responses} responses"
+                if hang_up_after is not None and responses >= hang_up_after:
+                    call.cancel()
+                    return "cancelled", f"after {responses} responses"
+            return "error", "the stream closed without a final response"
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            return "error", f"{type(error).__name__}: {error}"
+        finally:
+            finished.set()
+
+
+def process_tree_rss_mb(pid: int) -> float:
+    root = psutil.Process(pid)
+    total = 0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            total += process.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total / 2**20
+
+
+def live_streams(metrics_url: str) -> float:
+    with urllib.request.urlopen(metrics_url, timeout=5) as response:
+        return sum(float(v) for v in _LIVE.findall(response.read().decode()))
+
+
+async def soak(
+    url: str, requests: int, concurrency: int, max_seconds: float, seed: int, tally: Tally
+) -> None:
+    rng = random.Random(seed)
+    sentences = load_corpus()
+    client = SoakClient(url, "joe")
+    deadline = time.monotonic() + max_seconds
+    issued = 0
+    kinds = sorted(BAD_INPUTS)
+
+    async def worker() -> None:
+        nonlocal issued
+        while issued < requests and time.monotonic() < deadline:
+            issued += 1
+            draw = rng.random()
+            bad = kinds[issued % len(kinds)] if draw < BAD_INPUT_SHARE else None
+            hang_up = draw >= 1 - HANG_UP_SHARE
+            words = rng.choice(sentences).split()[: rng.randint(3, 8)]
+            text = " ".join(words)
+            request = client.request(text, bad)
+            outcome, detail = await client.stream(request, rng.randint(0, 3) if hang_up else None)
+            tally.requests += 1
+            if bad is not None:
+                if outcome == "error":
+                    tally.bad_inputs_refused += 1
+                    tally.bad_kinds[bad] += 1
+                else:
+                    tally.unexpected(f"bad input ({bad}) was not refused: {outcome} {detail}")
+            elif outcome == "completed":
+                tally.completed += 1
+            elif outcome == "cancelled":
+                tally.cancelled += 1
+            else:
+                tally.unexpected(f"{text!r}: {detail}")
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        await client.close()
+
+
+def start_server(work: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+    from engines.triton_server import free_port
+
+    grpc, http, metrics, health = (free_port() for _ in range(4))
+    log = open(work / "serve.log", "wb")
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "engines.cli", "serve",
+            "--grpc-port", str(grpc), "--http-port", str(http),
+            "--metrics-port", str(metrics), "--health-port", str(health),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"voxfleet serve exited; see {work / 'serve.log'}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{health}/ready", timeout=2) as r:
+                if r.status == 200:
+                    return process, f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}/metrics"
+        except OSError:
+            pass
+        time.sleep(0.5)
+    process.kill()
+    raise RuntimeError("voxfleet serve was not ready within 300 s")
+
+
+def stop_server(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            for child in psutil.Process(process.pid).children(recursive=True):
+                child.kill()
+            process.kill()
+            process.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--max-minutes", type=float, default=20.0)
+    parser.add_argument("--warmup", type=int, default=50, help="requests before rss_start_mb")
+    parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument("--out", type=Path, default=Path("docs/reliability.json"))
+    args = parser.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="voxfleet-soak-"))
+    process, url, metrics_url = start_server(work)
+    try:
+        asyncio.run(soak(url, args.warmup, 4, 300, args.seed + 1, Tally()))
+        rss_start = process_tree_rss_mb(process.pid)
+        tally = Tally()
+        started = time.monotonic()
+        asyncio.run(
+            soak(url, args.requests, args.concurrency, args.max_minutes * 60, args.seed, tally)
+        )
+        duration = time.monotonic() - started
+        time.sleep(LIVE_STREAMS_DELAY_S)
+        live_after = live_streams(metrics_url)
+        rss_end = process_tree_rss_mb(process.pid)
+    finally:
+        stop_server(process)
+    result = {
+        "requests": tally.requests,
+        "completed": tally.completed,
+        "cancelled": tally.cancelled,
+        "bad_inputs_refused": tally.bad_inputs_refused,
+        "unexpected_errors": tally.unexpected_errors,
+        "rss_start_mb": round(rss_start, 1),
+        "rss_end_mb": round(rss_end, 1),
+        "live_streams_after": live_after,
+        "duration_s": round(duration, 1),
+        "concurrency": args.concurrency,
+        "unexpected_examples": tally.examples,
+        "bad_inputs_by_kind": dict(sorted(tally.bad_kinds.items())),
+        "goals_met": tally.unexpected_errors == 0
+        and rss_end - rss_start < 100
+        and live_after == 0
+        and tally.requests >= args.requests,
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "machine": f"{platform.machine()}, {psutil.cpu_count()} CPUs (shared), "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
+        "command": "make soak",
+        "server_log": str(work / "serve.log"),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0 if result["goals_met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""The streaming core: per-stream state and the cross-stream window scheduler.
+
+- `types`: a request's parameters, its sink, and the state of live streams and sentences.
+- `costs`: the cost model the planner budgets steps with.
+- `planner`: which sentences to encode and which windows to decode in a step (pure).
+- `scheduler`: the thread that runs the planned calls on a backend and sends the audio.
+"""
+
+from engines.plan import WindowConfig
+from engines.streaming.costs import CostModel
+from engines.streaming.scheduler import StreamScheduler
+from engines.streaming.types import (
+    SchedulerStats,
+    Stream,
+    StreamCancelled,
+    StreamSink,
+    SynthesisParams,
+)
+
+__all__ = [
+    "CostModel",
+    "SchedulerStats",
+    "Stream",
+    "StreamCancelled",
+    "StreamScheduler",
+    "StreamSink",
+    "SynthesisParams",
+    "WindowConfig",
+]

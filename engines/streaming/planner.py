@@ -1,0 +1,245 @@
+"""Choosing a step's work: which sentences to encode and which windows to decode.
+
+Pure: the planner reads streams, the window settings and the cost model, and calls no stage,
+so it is tested without a runtime. The scheduler (engines/streaming/scheduler.py) runs what
+it plans.
+
+A stream's windows grow from `first_window_frames` (short, for first audio) by doubling up to
+`window_frames`, so the second chunk is due soon after the first and steady windows keep the
+context overhead small. Window k decodes frames [start, end); its flow chunk is computed one
+vocoder context ahead, so the vocoder always has real right context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from engines.plan import WindowConfig
+from engines.streaming.costs import CostModel
+from engines.streaming.types import Stream, Window
+
+# Never shrink a step below this on account of streams that are already late: a late stream
+# is best helped by a step that still makes progress for everyone.
+MIN_STEP_BUDGET_S = 0.03
+# Where an encoder call has a large fixed cost (a GPU), a new stream waits up to this many
+# such costs, never more than `WindowConfig.max_encoder_wait_ms`, for others to share its
+# call; only on a busy scheduler (at least ENCODE_HOLD_MIN_STREAMS live), where others arrive.
+ENCODE_HOLD_CALLS = 5.0
+ENCODE_HOLD_MIN_STREAMS = 16
+
+# A playing stream with at least this much audio buffered has a lead: where the runtime takes
+# windows of any width (onnxruntime), it may take a longer window and flow chunk
+# (`WindowRules`) and pay the context frames once where it would pay them twice or more. The
+# planner takes the longer window only where its cost still fits the step.
+LEAD_SECONDS = 0.5
+
+Scales = tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class WindowRules:
+    """How a scheduler's windows are cut, beyond the serving plan's `WindowConfig`.
+
+    `exact_widths`: calls are as wide as their windows (plus context) rather than rounded up
+    to the few widths that fixed-shape engines (CUDA graphs, TensorRT profiles) are built for;
+    windows of different widths then never share a call, which costs nothing where the cost
+    per frame does not fall with the batch (the CPU). `lead_window_frames` and
+    `lead_flow_frames`: the window and the flow chunk of a stream with a lead (0: no lead
+    windows).
+    """
+
+    exact_widths: bool = False
+    lead_window_frames: int = 0
+    lead_flow_frames: int = 0
+
+
+@dataclass
+class StepPlan:
+    """A step's work: streams whose next sentence is encoded, then windows to decode."""
+
+    encodes: list[Stream] = field(default_factory=list)
+    windows: list[Window] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.encodes or self.windows)
+
+
+def next_window(stream: Stream, cfg: WindowConfig, lead: WindowRules | None = None) -> Window:
+    """The stream's next window of its current sentence, with the flow chunk it needs; with
+    `lead`, the lead window and flow chunk where they are longer than the usual ones."""
+    state = stream.current
+    assert state is not None
+    size = min(cfg.window_frames, cfg.first_window_frames << min(stream.windows_sent, 16))
+    chunk = 2 * size
+    if lead is not None:
+        size, chunk = max(size, lead.lead_window_frames), max(chunk, lead.lead_flow_frames)
+    start, end = state.vocoded, min(state.frames, state.vocoded + size)
+    needed = min(state.frames, end + cfg.vocoder_context_frames)
+    if state.flowed >= needed:
+        return Window(stream, (state.flowed, state.flowed), (start, end))
+    flow_end = min(state.frames, max(needed, state.flowed + chunk))
+    return Window(stream, (state.flowed, flow_end), (start, end))
+
+
+def call_frames(frames: int, cfg: WindowConfig, rules: WindowRules, flow: bool = False) -> int:
+    """Frames a call gives `frames` frames of window (context not counted): the smallest
+    size class that holds them, or exactly `frames` with exact widths."""
+    return frames if rules.exact_widths else cfg.size_class(frames, flow=flow)
+
+
+def window_shape(
+    window: Window, cfg: WindowConfig, rules: WindowRules = WindowRules()
+) -> tuple[int, int]:
+    """(flow call frames, or 0 without a flow chunk; vocoder call frames) of a window."""
+    flow_frames = window.flow[1] - window.flow[0]
+    decode = call_frames(window.decode[1] - window.decode[0], cfg, rules)
+    return (call_frames(flow_frames, cfg, rules, flow=True) if flow_frames else 0, decode)
+
+
+def window_calls(
+    window: Window, cfg: WindowConfig, rules: WindowRules = WindowRules()
+) -> list[tuple[str, int]]:
+    """The (stage, width) calls a window takes part in; same-width windows share one."""
+    flow_width, decode_width = window_shape(window, cfg, rules)
+    calls = [("vocoder", decode_width + 2 * cfg.vocoder_context_frames)]
+    if flow_width:
+        calls.append(("flow", flow_width + 2 * cfg.flow_context_frames))
+    return calls
+
+
+def group_calls(
+    windows: list[Window], size: Callable[[Window], int], batching: bool
+) -> list[list[Window]]:
+    """One call per size; one call per window when cross-stream batching is off."""
+    if not batching:
+        return [[window] for window in windows]
+    groups: dict[int, list[Window]] = {}
+    for window in windows:
+        groups.setdefault(size(window), []).append(window)
+    return list(groups.values())
+
+
+def _cost(costs: CostModel, calls: list[tuple[str, int]], planned: set[tuple[str, int]]) -> float:
+    return sum(
+        costs.estimate(stage, width, (stage, width) not in planned) for stage, width in calls
+    )
+
+
+def plan_step(
+    streams: list[Stream],
+    cfg: WindowConfig,
+    costs: CostModel,
+    batching: bool,
+    now: float,
+    rules: WindowRules = WindowRules(),
+) -> StepPlan:
+    """Earliest deadline first over all work: sentences to encode and windows to decode.
+
+    Work is added while every chosen stream still gets its audio before its deadline and
+    the step stays under `max_step_ms` (both by the cost model), so a stream that arrives
+    while others race ahead of playback waits one short step, not one long one. A playing
+    stream that cannot wait a whole step is always served (its window runs before any
+    encoder call), and nothing is added that would make a playing stream left for later
+    run dry. A stream whose sentence is encoded this step also gets its first window. A
+    stream with a lead takes a lead window (`rules`) where it fits the step, else the usual one.
+
+    Every stream passed in has a current sentence or one waiting to be encoded.
+    """
+    streams = sorted(streams, key=Stream.deadline)
+    encode_limit = cfg.max_encoder_batch if batching else len(streams)
+    window_limit = cfg.max_batch_windows if batching else len(streams)
+    plan = StepPlan()
+    step_s = cfg.max_step_ms / 1000
+    step_cost, budget = 0.0, step_s
+    waiting_slack = float("inf")  # the least slack of a playing stream left for later
+    planned: set[tuple[str, int]] = set()  # calls the step makes so far
+    hold = 0.0
+    if batching and len(streams) >= ENCODE_HOLD_MIN_STREAMS:
+        hold = min(cfg.max_encoder_wait_ms / 1000, ENCODE_HOLD_CALLS * costs.per_call["encoder"])
+        new = sum(1 for s in streams if s.first_audio_at is None and s.current is None)
+        if new >= encode_limit:
+            hold = 0.0  # a full encoder batch is waiting already
+    for stream in streams:
+        window: Window | None = None
+        if stream.current is None:
+            if len(plan.encodes) >= encode_limit:
+                continue
+            if stream.first_audio_at is None and now - stream.arrived < hold:
+                continue
+            # New streams' encoder call (one per step is counted: they split by length
+            # only) and first windows (a vocoder call of their own, after the encoder).
+            calls = [("encoder", 0), ("first-window", 0)]
+            cost = costs.estimate(
+                "encoder", len(stream.sentences[0].ids), calls[0] not in planned
+            ) + costs.estimate(
+                "vocoder",
+                cfg.first_window_frames + 2 * cfg.vocoder_context_frames,
+                calls[1] not in planned,
+            )
+        else:
+            if len(plan.windows) >= window_limit:
+                continue
+            window = next_window(stream, cfg)
+            calls = window_calls(window, cfg, rules)
+            cost = _cost(costs, calls, planned)
+            if rules.lead_window_frames and stream.buffered_seconds(now) >= LEAD_SECONDS:
+                longer = next_window(stream, cfg, rules)
+                longer_calls = window_calls(longer, cfg, rules)
+                longer_cost = _cost(costs, longer_calls, planned)
+                if longer != window and (
+                    not plan or step_cost + longer_cost <= min(budget, waiting_slack)
+                ):
+                    window, calls, cost = longer, longer_calls, longer_cost
+        time_left = stream.deadline() - now
+        slack = max(time_left, MIN_STEP_BUDGET_S)
+        playing = stream.first_audio_at is not None
+        # A playing stream whose audio runs out within a step cannot wait for the next one.
+        # (Judged against the step's length, not the budget left: that shrinks to the least
+        # slack chosen so far, and a second late stream would then wait a whole step.)
+        urgent = playing and stream.current is not None and time_left < step_s
+        limit = min(budget, slack, waiting_slack)
+        if not urgent and plan and step_cost + cost > limit:
+            if playing:
+                waiting_slack = min(waiting_slack, slack)
+            continue
+        if window is None:
+            plan.encodes.append(stream)
+        else:
+            plan.windows.append(window)
+        step_cost += cost
+        planned.update(calls)
+        budget = max(MIN_STEP_BUDGET_S, min(budget, slack))
+    return plan
+
+
+def encoder_calls(
+    waiting: list[Stream], costs: CostModel, batching: bool
+) -> Iterator[tuple[Scales, list[Stream]]]:
+    """The encoder calls for streams whose next sentence is to be encoded: batches sharing
+    scales and speaker, sorted by length and split where padding costs more than a call.
+
+    A generator: each split is decided with the cost model as it stands after the calls
+    before it have run and been observed.
+    """
+    groups: dict[tuple[float, float, float, int], list[Stream]] = {}
+    for stream in waiting:
+        key = (*stream.params.scales(), stream.params.speaker_id)
+        groups.setdefault(key, []).append(stream)
+    for (noise, length, noise_w, _), streams in groups.items():
+        # Padding a short sentence to a long one costs the long one's time: split at 1.25x,
+        # unless one more call costs more than the padding (a GPU's fixed cost per call).
+        streams.sort(key=lambda s: len(s.sentences[0].ids))
+        batch: list[Stream] = []
+        for stream in streams:
+            split = not batching
+            if batch and not split:
+                shortest, size = len(batch[0].sentences[0].ids), len(stream.sentences[0].ids)
+                longest = len(batch[-1].sentences[0].ids)
+                padding = costs.estimate("encoder", (size - longest) * len(batch), False)
+                split = size > 1.25 * shortest and padding > costs.per_call["encoder"]
+            if batch and split:
+                yield (noise, length, noise_w), batch
+                batch = []
+            batch.append(stream)
+        yield (noise, length, noise_w), batch

@@ -1,0 +1,370 @@
+"""The stream model's executor: one thread that steps all live streams of a voice.
+
+Nothing here knows about Triton: the Triton model (engines/triton_model/model.py) feeds
+`StreamScheduler.submit` and turns `StreamSink` calls into decoupled responses, and the tests
+drive the same scheduler in-process.
+
+Per stream and sentence, the encoder runs once (ids → prior frames); then the flow and the
+vocoder run in windows (engines/streaming/planner.py chooses them). Every window carries
+context on both sides, zero-padded (mask 0) outside the sentence exactly as a one-shot decode
+pads its edges, so a window's shape is one of a few sizes.
+
+Each step, the planner picks windows earliest-deadline-first by the cost model
+(engines/streaming/costs.py); then one batched flow call and one batched vocoder call run per
+window size, and every decoded window is sent at once. The frames themselves live in the
+backend's paged stores (engines/frames.py): host memory for CPU runtimes, GPU memory for GPU
+runtimes. Nothing here imports a runtime library (an import contract in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from engines.frames import StreamBackend, stream_backend
+from engines.frontend import Sentence
+from engines.plan import WindowConfig
+from engines.stages import StageRuntime
+from engines.streaming.costs import CostModel
+from engines.streaming.planner import (
+    StepPlan,
+    WindowRules,
+    call_frames,
+    encoder_calls,
+    group_calls,
+    next_window,
+    plan_step,
+    window_shape,
+)
+from engines.streaming.types import (
+    SchedulerStats,
+    SentenceState,
+    Stream,
+    StreamCancelled,
+    StreamSink,
+    SynthesisParams,
+    Window,
+)
+
+LOGGER = logging.getLogger(__name__)
+IDLE_WAIT_S = 0.002
+MAX_FIRST_AUDIO_SAMPLES = 10_000
+# How often each stream's sink is asked whether its client went away: for a Triton stream
+# the question is a round trip to the server process, too dear to ask every step.
+CANCEL_CHECK_S = 0.5
+
+
+class StreamScheduler:
+    """Owns all live streams of one voice and one thread that steps them."""
+
+    def __init__(
+        self,
+        runtime: StageRuntime,
+        sample_rate: int,
+        hop_length: int = 256,
+        windows: WindowConfig | None = None,
+        cross_stream_batching: bool = True,
+        on_step: Callable[[SchedulerStats], None] | None = None,
+        exact_widths: bool | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.backend: StreamBackend = stream_backend(runtime)
+        self.sample_rate = sample_rate
+        self.hop = hop_length
+        self.windows = windows or WindowConfig()
+        # onnxruntime runs a window of any width at the same cost per frame, so its calls are
+        # as wide as their windows, and a stream with a lead takes windows twice the steady
+        # size and flow chunks of four steady windows; engines built for fixed shapes (CUDA
+        # graphs, TensorRT profiles) keep the size classes. (planner.WindowRules)
+        if exact_widths is None:
+            exact_widths = getattr(runtime, "name", "") == "onnxruntime"
+        steady = self.windows.window_frames
+        self.rules = (
+            WindowRules(True, lead_window_frames=2 * steady, lead_flow_frames=4 * steady)
+            if exact_widths
+            else WindowRules()
+        )
+        self.batching = cross_stream_batching
+        self.stats = SchedulerStats()
+        # Only a device backend's calls have a fixed cost worth planning around; the CPU keeps
+        # the proportional model its benchmark figures were measured with (docs/streaming.md).
+        self.costs = CostModel(fixed_part=getattr(self.backend, "fixed_call_costs", False))
+        self._on_step = on_step
+        self._incoming: deque[Stream] = deque()
+        self._streams: dict[int, Stream] = {}
+        self._ids = itertools.count(1)
+        self._wake = threading.Condition()
+        self._running = False
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, name="voxfleet-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._running = False
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        for stream in [*self._incoming, *self._streams.values()]:
+            stream.sink.finish(RuntimeError("the server is shutting down"))
+        self._incoming.clear()
+        self._streams.clear()
+
+    def warmup(self, max_phonemes: int = 640) -> int:
+        """Prepare the backend for every call shape this scheduler sends (GPU runtimes capture
+        their CUDA graphs here, before the first listener waits for them); returns how many
+        shapes are prepared (0 where there is nothing to prepare)."""
+        warm = getattr(self.backend, "warmup", None)
+        if warm is None:
+            return 0
+        cfg, sizes = self.windows, self.windows.window_sizes()
+        windows = cfg.max_batch_windows if self.batching else 1
+        sentences = cfg.max_encoder_batch if self.batching else 1
+        flow_frames = [2 * size + 2 * cfg.flow_context_frames for size in sizes]
+        vocoder_frames = [size + 2 * cfg.vocoder_context_frames for size in sizes]
+        shapes = int(
+            warm(
+                flow_frames=flow_frames,
+                vocoder_frames=vocoder_frames,
+                windows=windows,
+                sentences=sentences,
+                phonemes=range(32, max_phonemes + 1, 32),
+            )
+        )
+        calibrate = getattr(self.backend, "calibrate", None)
+        if calibrate is not None:
+            # Seed the cost model with small and large calls of the steady shapes.
+            samples = calibrate(vocoder_frames[-1], flow_frames[-1], 256, windows, sentences)
+            for _ in range(3):
+                for stage, seconds, rows, width in samples:
+                    self.costs.observe(stage, seconds, rows, width)
+        return shapes
+
+    def submit(self, sentences: list[Sentence], params: SynthesisParams, sink: StreamSink) -> int:
+        stream = Stream(next(self._ids), deque(sentences), params, sink, time.monotonic())
+        with self._wake:
+            self._incoming.append(stream)
+            self._wake.notify()
+        return stream.stream_id
+
+    def live_streams(self) -> int:
+        return len(self._streams) + len(self._incoming)
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while self._running and not self._incoming and not self._streams:
+                    self._wake.wait()
+                if not self._running:
+                    return
+                while self._incoming:
+                    stream = self._incoming.popleft()
+                    self._streams[stream.stream_id] = stream
+                    self.stats.streams_total += 1
+            try:
+                if not self.step():
+                    # Only held new streams (see planner.plan_step): wait for them or for more.
+                    with self._wake:
+                        self._wake.wait(timeout=IDLE_WAIT_S)
+            except Exception as error:  # a broken step must not take the model down
+                LOGGER.exception("scheduler step failed")
+                for stream in list(self._streams.values()):
+                    self._close(stream, RuntimeError(f"synthesis failed: {error}"))
+                self._publish_stats()
+
+    def step(self) -> bool:
+        """Plan and run one step; False when there was nothing to run yet."""
+        self._drop_cancelled()
+        plan = self._plan()
+        if not plan:
+            self._publish_stats()
+            return False
+        # Streams already playing go first: an encoder call (the longest call there is) must
+        # not stand between a stream and the window it needs before its buffer runs out.
+        self._run(plan.windows)
+        for scales, streams in encoder_calls(plan.encodes, self.costs, self.batching):
+            self._encode(streams, scales)
+        self._run([next_window(stream, self.windows) for stream in plan.encodes if stream.current])
+        self._publish_stats()
+        return True
+
+    def _plan(self) -> StepPlan:
+        for stream in [s for s in self._streams.values() if s.current is None and not s.sentences]:
+            self._close(stream)
+        return plan_step(
+            list(self._streams.values()),
+            self.windows,
+            self.costs,
+            self.batching,
+            time.monotonic(),
+            self.rules,
+        )
+
+    def _run(self, windows: list[Window]) -> None:
+        flows = [w for w in windows if w.flow[1] > w.flow[0]]
+        for batch in group_calls(
+            flows, lambda w: window_shape(w, self.windows, self.rules)[0], self.batching
+        ):
+            self._flow(batch)
+        for batch in group_calls(
+            windows, lambda w: window_shape(w, self.windows, self.rules)[1], self.batching
+        ):
+            self._run_windows(batch)
+
+    def _close(self, stream: Stream, error: Exception | None = None) -> None:
+        self._streams.pop(stream.stream_id, None)
+        self._end_sentence(stream)
+        try:
+            stream.sink.finish(error)
+        except Exception:  # the client may be gone already
+            LOGGER.debug("finishing stream %s failed", stream.stream_id, exc_info=True)
+
+    def _end_sentence(self, stream: Stream) -> None:
+        if stream.current is not None:
+            self.backend.pool.release(stream.current.pages)
+            stream.current = None
+
+    def _drop_cancelled(self) -> None:
+        now = time.monotonic()
+        for stream in list(self._streams.values()):
+            if now - stream.cancel_checked_at < CANCEL_CHECK_S:
+                continue
+            stream.cancel_checked_at = now
+            if stream.sink.cancelled():
+                # The final flag still goes out: Triton holds a request (and will not unload
+                # the model) until its stream is finished.
+                self._close(stream, StreamCancelled("the client cancelled the stream"))
+
+    def _encode(self, streams: list[Stream], scales: tuple[float, float, float]) -> None:
+        sentences = [stream.sentences.popleft() for stream in streams]
+        longest = max(len(s.ids) for s in sentences)
+        ids = np.zeros((len(sentences), longest), dtype=np.int64)
+        for row, sentence in enumerate(sentences):
+            ids[row, : len(sentence.ids)] = sentence.ids
+        lengths = np.array([len(s.ids) for s in sentences], dtype=np.int64)
+        speakers = np.array([s.params.speaker_id for s in streams], dtype=np.int64)
+        started = time.perf_counter()
+        prior, frames = self.backend.encode(
+            ids, lengths, np.array(scales, dtype=np.float32), speakers
+        )
+        tables = [self.backend.pool.allocate(int(count)) for count in frames]
+        self.backend.store_prior(prior, tables, frames)
+        # GPU backends may run the flow over the whole sentences here (engines/torch_cuda/
+        # backend.py); the windows then need the vocoder only.
+        flow_sentences = getattr(self.backend, "flow_sentences", None)
+        flowed = bool(flow_sentences and flow_sentences(prior, tables, frames, speakers))
+        self.backend.sync()
+        self.costs.observe("encoder", time.perf_counter() - started, len(streams), longest)
+        now = time.monotonic()
+        for row, stream in enumerate(streams):
+            count = int(frames[row])
+            stream.current = SentenceState(
+                pages=tables[row], frames=count, flowed=count if flowed else 0
+            )
+            stream.window_ready_at = now
+
+    # -- flow and vocoder calls for batches of same-sized windows --------------------------------
+    def _run_windows(self, windows: list[Window]) -> None:
+        started = time.monotonic()
+        for window in windows:
+            if window.stream.window_ready_at is not None:
+                self.stats.queue_seconds_sum += started - window.stream.window_ready_at
+                self.stats.queue_count += 1
+        audio = self._vocode(windows)
+        now = time.monotonic()
+        for window, pcm in zip(windows, audio, strict=True):
+            stream, state = window.stream, window.stream.current
+            assert state is not None
+            state.vocoded = window.decode[1]
+            if stream.first_audio_at is None:
+                stream.first_audio_at = now
+                self.stats.first_audio_seconds_sum += now - stream.arrived
+                self.stats.first_audio_count += 1
+                if len(self.stats.first_audio_samples) < MAX_FIRST_AUDIO_SAMPLES:
+                    self.stats.first_audio_samples.append(now - stream.arrived)
+            stream.audio_seconds_sent += len(pcm) / self.sample_rate
+            stream.windows_sent += 1
+            stream.window_ready_at = now
+            try:
+                stream.sink.audio(pcm)
+            except Exception as error:
+                LOGGER.debug("sending to stream %s failed; dropping it", stream.stream_id)
+                self._close(stream, StreamCancelled(f"the stream could not be sent: {error}"))
+                continue
+            if state.vocoded >= state.frames:
+                self._end_sentence(stream)
+                if not stream.sentences:
+                    self._close(stream)
+
+    def _flow(self, windows: list[Window]) -> None:
+        if not windows:
+            return
+        context = self.windows.flow_context_frames
+        width = 2 * context + max(
+            call_frames(w.flow[1] - w.flow[0], self.windows, self.rules, flow=True) for w in windows
+        )
+        states = [w.state for w in windows]
+        ends = np.array([w.flow[1] for w in windows], dtype=np.int64)
+        limits = np.minimum(np.array([s.frames for s in states], dtype=np.int64), ends + context)
+        started = time.perf_counter()
+        self.backend.flow(
+            [s.pages for s in states],
+            np.array([w.flow[0] - context for w in windows], dtype=np.int64),
+            limits,
+            width,
+            context,
+            ends,
+            self._speakers(windows),
+        )
+        self.backend.sync()
+        self.costs.observe("flow", time.perf_counter() - started, len(windows), width)
+        for window, state in zip(windows, states, strict=True):
+            state.flowed = window.flow[1]
+
+    def _vocode(self, windows: list[Window]) -> list[np.ndarray]:
+        context = self.windows.vocoder_context_frames
+        sizes = [w.decode[1] - w.decode[0] for w in windows]
+        width = max(call_frames(size, self.windows, self.rules) for size in sizes) + 2 * context
+        states = [w.state for w in windows]
+        ends = np.array([w.decode[1] for w in windows], dtype=np.int64)
+        limits = np.minimum(np.array([s.frames for s in states], dtype=np.int64), ends + context)
+        started = time.perf_counter()
+        pcm = self.backend.vocode(
+            [s.pages for s in states],
+            np.array([w.decode[0] - context for w in windows], dtype=np.int64),
+            limits,
+            width,
+            self._speakers(windows),
+            (context * self.hop, (context + max(sizes)) * self.hop),
+        )
+        self.costs.observe("vocoder", time.perf_counter() - started, len(windows), width)
+        batches = self.stats.vocoder_batches
+        batches[len(windows)] = batches.get(len(windows), 0) + 1
+        return [pcm[row, : size * self.hop] for row, size in enumerate(sizes)]
+
+    @staticmethod
+    def _speakers(windows: list[Window]) -> np.ndarray:
+        return np.array([w.stream.params.speaker_id for w in windows], dtype=np.int64)
+
+    def _publish_stats(self) -> None:
+        now = time.monotonic()
+        window_seconds = self.windows.window_frames * self.hop / self.sample_rate
+        self.stats.live_streams = len(self._streams) + len(self._incoming)
+        self.stats.underrun_risk_streams = sum(
+            1
+            for s in self._streams.values()
+            if s.first_audio_at is not None and s.buffered_seconds(now) < window_seconds
+        )
+        if self._on_step is not None:
+            self._on_step(self.stats)

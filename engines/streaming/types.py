@@ -1,0 +1,106 @@
+"""What the stream model's parts share: a request's parameters, where its audio goes, and the
+state of each live stream and sentence."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engines.frontend import Sentence
+
+# A new stream's first audio is due this long after it arrives (after its encoder call).
+FIRST_AUDIO_TARGET_S = 0.05
+
+
+class StreamCancelled(Exception):
+    """The client went away; the stream is closed without audio."""
+
+
+@dataclass(frozen=True)
+class SynthesisParams:
+    speaker_id: int = 0
+    length_scale: float = 1.0
+    noise_scale: float = 0.667
+    noise_w: float = 0.8
+
+    def scales(self) -> tuple[float, float, float]:
+        return (self.noise_scale, self.length_scale, self.noise_w)
+
+
+class StreamSink:
+    """Where a stream's audio goes. Implementations must not block for long."""
+
+    def audio(self, pcm: np.ndarray) -> None:  # int16 mono
+        raise NotImplementedError
+
+    def finish(self, error: Exception | None = None) -> None:
+        raise NotImplementedError
+
+    def cancelled(self) -> bool:
+        return False
+
+
+@dataclass
+class SentenceState:
+    pages: np.ndarray  # page table of its prior and latent frames (engines.frames)
+    frames: int
+    flowed: int = 0
+    vocoded: int = 0
+
+
+@dataclass
+class Stream:
+    stream_id: int
+    sentences: deque[Sentence]
+    params: SynthesisParams
+    sink: StreamSink
+    arrived: float
+    current: SentenceState | None = None
+    audio_seconds_sent: float = 0.0
+    first_audio_at: float | None = None
+    window_ready_at: float | None = None
+    windows_sent: int = 0
+    cancel_checked_at: float = 0.0
+
+    def buffered_seconds(self, now: float) -> float:
+        """Audio sent but not yet played, if playback started with the first chunk."""
+        if self.first_audio_at is None:
+            return 0.0
+        return self.audio_seconds_sent - (now - self.first_audio_at)
+
+    def deadline(self) -> float:
+        if self.first_audio_at is None:
+            return self.arrived + FIRST_AUDIO_TARGET_S
+        return self.first_audio_at + self.audio_seconds_sent
+
+
+@dataclass
+class Window:
+    """One stream's work in a step: a flow chunk (maybe empty) and a vocoder window."""
+
+    stream: Stream
+    flow: tuple[int, int]
+    decode: tuple[int, int]
+
+    @property
+    def state(self) -> SentenceState:
+        state = self.stream.current
+        assert state is not None
+        return state
+
+
+@dataclass
+class SchedulerStats:
+    live_streams: int = 0
+    streams_total: int = 0
+    first_audio_seconds_sum: float = 0.0
+    first_audio_count: int = 0
+    # Each new stream's first-audio time, until the metrics publisher takes them (a histogram
+    # needs every observation); bounded, so a scheduler nobody publishes stays small.
+    first_audio_samples: list[float] = field(default_factory=list)
+    queue_seconds_sum: float = 0.0
+    queue_count: int = 0
+    underrun_risk_streams: int = 0
+    vocoder_batches: dict[int, int] = field(default_factory=dict)

@@ -1,0 +1,481 @@
+"""A supervisor around tritonserver: heals a voice whose backend process died, drains on
+SIGTERM/SIGINT, and answers the pod's readiness and liveness.
+
+Why a restart: when a Python-backend stub dies, Triton (2.51) keeps the model READY, answers
+every new request with "Stub process ... is not healthy" and never ends the streams that
+were in flight; unloading the model leaves those requests held, so even a clean shutdown
+then waits out the exit timeout. Killing tritonserver (and its stubs) closes every gRPC
+stream with UNAVAILABLE at once, and a fresh server loads the voices again: from the model
+repository on disk (`voxfleet serve`), or, for voices the operator loaded through the
+repository API, from the configuration the supervisor read from Triton when they loaded.
+
+Readiness (GET /ready on the health port) is 200 only while Triton is ready, every voice it
+has loaded is ready, no heal is under way and the server is not draining. Liveness (GET
+/live) is 200 while the supervisor's loop runs; a heal that cannot finish ends the process
+with an error, so the kubelet restarts the container.
+
+On SIGTERM or SIGINT (handlers installed whatever was inherited) the server drains: readiness
+fails, new streams are refused with UNAVAILABLE (the stream model checks the drain file),
+streams in flight finish for up to Triton's exit timeout, and tritonserver is stopped as
+soon as none is left.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from engines import names
+from engines.repository import MODEL_SOURCE, stream_model_source
+
+LOGGER = logging.getLogger("voxfleet.supervisor")
+STUB_NAME = "triton_python_backend_stub"
+WATCH_INTERVAL_S = 0.1
+READY_CHECK_INTERVAL_S = 0.5
+# A heal (server restarted, every voice loaded again) that takes longer ends the supervisor.
+HEAL_TIMEOUT_S = 120.0
+# After the last stream ends, wait this long for none to start (a request being phonemised
+# is not yet in the gauge) before stopping tritonserver.
+DRAIN_SETTLE_S = 0.5
+# tritonserver with no stream left exits in about 3 s. Triton 2.51 now and then keeps a model
+# whose streams have all ended (seen after clients cancelled streams that had finished) and
+# waits out its whole exit timeout: with nothing left to lose, it is killed after this long.
+STOP_TIMEOUT_S = 5.0
+DEFAULT_EXIT_TIMEOUT_S = 30.0
+_LIVE_STREAMS = re.compile(rf"^{names.LIVE_STREAMS}\{{[^}}]*\}} ([0-9.e+-]+)$", re.M)
+
+
+@dataclass(frozen=True)
+class TritonEndpoints:
+    """What the supervisor needs to know of tritonserver's arguments."""
+
+    http_port: int = 8000
+    metrics_port: int = 8002
+    exit_timeout_s: float = DEFAULT_EXIT_TIMEOUT_S
+    # The header that opens the repository API, where it is restricted (name, value).
+    repository_header: tuple[str, str] | None = None
+
+    @classmethod
+    def from_args(cls, args: Sequence[str]) -> TritonEndpoints:
+        values: dict[str, str] = {}
+        items = list(args)
+        for index, arg in enumerate(items):
+            if not arg.startswith("--"):
+                continue
+            if "=" in arg:
+                key, value = arg[2:].split("=", 1)
+            elif index + 1 < len(items) and not items[index + 1].startswith("--"):
+                key, value = arg[2:], items[index + 1]
+            else:
+                continue
+            values[key] = value
+        header = None
+        restricted = values.get("http-restricted-api", "")
+        apis, _, key_value = restricted.partition(":")
+        if "model-repository" in apis.split(",") and "=" in key_value:
+            name, value = key_value.split("=", 1)
+            header = (name, value)
+        return cls(
+            http_port=int(values.get("http-port", 8000)),
+            metrics_port=int(values.get("metrics-port", 8002)),
+            exit_timeout_s=float(values.get("exit-timeout-secs", DEFAULT_EXIT_TIMEOUT_S)),
+            repository_header=header,
+        )
+
+
+@dataclass
+class _Stub:
+    model: str
+    shm_region: str
+
+
+@dataclass
+class _State:
+    ready: bool = False
+    reason: str = "starting"
+    draining: bool = False
+    healing: bool = False
+    last_tick: float = field(default_factory=time.monotonic)
+    restarts: dict[str, int] = field(default_factory=dict)
+
+
+def stub_of(process: psutil.Process) -> _Stub | None:
+    """The model a Python-backend stub serves, from its command line
+    (stub, model.py, shm region, sizes, parent pid, backend dir, ..., instance name, ...)."""
+    try:
+        if process.name() != STUB_NAME:
+            return None
+        cmdline = process.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+    if len(cmdline) < 9:
+        return None
+    instance = cmdline[8]  # <model>_<group>_<instance>
+    parts = instance.rsplit("_", 2)
+    return _Stub(model=parts[0] if len(parts) == 3 else instance, shm_region=cmdline[2])
+
+
+class Supervisor:
+    def __init__(
+        self,
+        command: list[str],
+        env: dict[str, str],
+        endpoints: TritonEndpoints,
+        work_dir: Path,
+        health_port: int | None = names.HEALTH_PORT,
+        health_host: str = "0.0.0.0",
+    ) -> None:
+        self.command = command
+        self.env = env
+        self.endpoints = endpoints
+        self.work_dir = work_dir
+        self.drain_file = work_dir / "draining"
+        self.health_port = health_port
+        self.health_host = health_host
+        self.state = _State()
+        self.process: subprocess.Popen[bytes] | None = None
+        self._stubs: dict[int, _Stub] = {}
+        # Voices loaded through the repository API: their config, to load them again.
+        self._configs: dict[str, dict[str, Any]] = {}
+        self._pending_config: set[str] = set()
+        self._stop = threading.Event()
+        self._health: ThreadingHTTPServer | None = None
+
+    # -- tritonserver ---------------------------------------------------------------------
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.endpoints.http_port}"
+
+    def _http(self, method: str, path: str, body: bytes | None = None, timeout: float = 2.0) -> int:
+        return self._http_read(method, path, body, timeout)[0]
+
+    def _http_read(
+        self, method: str, path: str, body: bytes | None = None, timeout: float = 2.0
+    ) -> tuple[int, bytes]:
+        request = urllib.request.Request(f"{self.http_url}{path}", data=body, method=method)
+        if self.endpoints.repository_header and path.startswith("/v2/repository"):
+            request.add_header(*self.endpoints.repository_header)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return int(response.status), response.read()
+        except urllib.error.HTTPError as error:
+            return int(error.code), error.read()
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return 0, b""
+
+    def _start_triton(self) -> None:
+        self.drain_file.unlink(missing_ok=True)
+        env = {
+            **self.env,
+            names.DRAIN_FILE_ENV: str(self.drain_file),
+            names.RESTARTS_ENV: json.dumps(self.state.restarts),
+        }
+        self.process = subprocess.Popen(self.command, env=env, start_new_session=True)
+        self._stubs = {}
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait for tritonserver's own readiness; False if it exited or the time ran out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self._stop.is_set():
+            if self.process is None or self.process.poll() is not None:
+                return False
+            if self._http("GET", "/v2/health/ready") == 200:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def _kill_triton(self) -> None:
+        process = self.process
+        if process is None:
+            return
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        process.wait(timeout=30)
+        self._remove_shared_memory()
+
+    def _remove_shared_memory(self) -> None:
+        # A killed stub leaves its shared-memory region behind.
+        for stub in self._stubs.values():
+            Path("/dev/shm", stub.shm_region).unlink(missing_ok=True)
+        self._stubs = {}
+
+    def _model_ready(self, model: str) -> bool:
+        return self._http("GET", f"/v2/models/{model}/ready") == 200
+
+    # -- watching ---------------------------------------------------------------------------
+    def _current_stubs(self) -> dict[int, _Stub]:
+        assert self.process is not None
+        try:
+            children = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return {}
+        found = {}
+        for child in children:
+            stub = stub_of(child)
+            if stub is not None:
+                found[child.pid] = stub
+        return found
+
+    def _dead_model(self) -> str | None:
+        """A voice whose stub died while Triton still holds it loaded, if any."""
+        current = self._current_stubs()
+        alive = {stub.model for stub in current.values()}
+        dead = None
+        undecided: dict[int, _Stub] = {}
+        for pid, stub in self._stubs.items():
+            if pid in current or stub.model in alive:
+                continue  # a reload starts the new stub before the old one ends
+            status = self._http("GET", f"/v2/models/{stub.model}/ready")
+            if status == 200:
+                dead = stub.model
+            elif status == 0:
+                undecided[pid] = stub  # no answer (a busy server): ask again next time
+            else:  # unloaded on purpose
+                self._configs.pop(stub.model, None)
+                self._pending_config.discard(stub.model)
+        for pid, stub in current.items():
+            if pid not in self._stubs:
+                self._pending_config.add(stub.model)  # loaded or reloaded: read its config
+        if dead is not None:  # keep the dead stub's shared memory to remove
+            self._stubs = {**self._stubs, **current}
+        else:
+            self._stubs = {**current, **undecided}
+        return dead
+
+    def _read_configs(self) -> None:
+        for model in list(self._pending_config):
+            if not self._model_ready(model):
+                continue
+            status, body = self._http_read("GET", f"/v2/models/{model}/config")
+            if status == 200:
+                self._configs[model] = json.loads(body)
+                self._pending_config.discard(model)
+
+    def _check_ready(self) -> None:
+        state = self.state
+        if state.draining:
+            state.ready, state.reason = False, "draining"
+        elif state.healing:
+            state.ready, state.reason = False, "restarting the server to heal a voice"
+        elif self._http("GET", "/v2/health/ready") != 200:
+            state.ready, state.reason = False, "tritonserver is not ready"
+        else:
+            missing = [model for model in self._configs if not self._model_ready(model)]
+            if missing:
+                # A voice the operator is unloading stays out of readiness: its last streams
+                # end while the pod's other voices keep serving.
+                unloading = self._models_in_state("UNLOADING")
+                missing = [model for model in missing if model not in unloading]
+            state.ready = not missing
+            state.reason = f"not ready: {', '.join(missing)}" if missing else "ready"
+
+    def _models_in_state(self, wanted: str) -> set[str]:
+        """Models the repository index lists in `wanted` state (empty if it cannot be read)."""
+        status, body = self._http_read("POST", "/v2/repository/index", b"{}")
+        if status != 200:
+            return set()
+        try:
+            entries = json.loads(body)
+        except ValueError:
+            return set()
+        return {
+            str(entry.get("name"))
+            for entry in entries
+            if isinstance(entry, dict) and entry.get("state") == wanted
+        }
+
+    # -- healing ----------------------------------------------------------------------------
+    def _heal(self, cause: str, model: str | None) -> bool:
+        state = self.state
+        state.healing, state.ready = True, False
+        if model is not None:
+            state.restarts[model] = state.restarts.get(model, 0) + 1
+        LOGGER.error("voxfleet: %s; restarting tritonserver", cause)
+        print(f"voxfleet: {cause}; restarting tritonserver", flush=True)
+        started = time.monotonic()
+        self._kill_triton()
+        self._start_triton()
+        if not self.wait_ready(HEAL_TIMEOUT_S):
+            return False
+        for voice, config in self._configs.items():
+            if self._model_ready(voice):
+                continue  # loaded from the repository on disk
+            body = json.dumps(
+                {
+                    "parameters": {
+                        "config": json.dumps(config),
+                        f"file:{MODEL_SOURCE}": base64.b64encode(stream_model_source()).decode(),
+                    }
+                }
+            ).encode()
+            remaining = max(1.0, HEAL_TIMEOUT_S - (time.monotonic() - started))
+            status, reply = self._http_read(
+                "POST", f"/v2/repository/models/{voice}/load", body, timeout=remaining
+            )
+            if status != 200:
+                print(f"voxfleet: loading {voice} again failed ({status}): {reply!r}", flush=True)
+                return False
+        self._stubs = self._current_stubs()
+        state.healing = False
+        print(f"voxfleet: healed in {time.monotonic() - started:.1f} s", flush=True)
+        return True
+
+    # -- draining ---------------------------------------------------------------------------
+    def live_streams(self) -> float | None:
+        url = f"http://127.0.0.1:{self.endpoints.metrics_port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                text = response.read().decode()
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return None
+        return sum(float(value) for value in _LIVE_STREAMS.findall(text))
+
+    def _drain_and_stop(self) -> int:
+        state = self.state
+        state.draining, state.ready = True, False
+        self.drain_file.touch()
+        deadline = time.monotonic() + self.endpoints.exit_timeout_s
+        idle_since: float | None = None
+        while self.process is not None and self.process.poll() is None:
+            now = time.monotonic()
+            state.last_tick = now  # still live while it drains
+            if now >= deadline:
+                break
+            live = self.live_streams()
+            if live is None or live > 0:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = now
+            elif now - idle_since >= DRAIN_SETTLE_S:
+                break
+            time.sleep(0.05)
+        return self._stop_triton()
+
+    def _stop_triton(self) -> int:
+        process = self.process
+        if process is None:
+            return 0
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._kill_triton()
+        self._remove_shared_memory()
+        return 0
+
+    # -- the health port --------------------------------------------------------------------
+    def _serve_health(self) -> None:
+        if self.health_port is None:
+            return
+        supervisor = self
+
+        class Health(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                state = supervisor.state
+                if self.path == names.READY_PATH:
+                    ok, text = state.ready, state.reason
+                elif self.path == names.LIVE_PATH:
+                    ok = state.healing or time.monotonic() - state.last_tick < 10
+                    text = "live" if ok else "the supervisor is stuck"
+                else:
+                    ok, text = False, "not found"
+                body = (text + "\n").encode()
+                self.send_response(200 if ok else (404 if text == "not found" else 503))
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self._health = ThreadingHTTPServer((self.health_host, self.health_port), Health)
+        self._health.daemon_threads = True
+        threading.Thread(
+            target=self._health.serve_forever, name="voxfleet-health", daemon=True
+        ).start()
+
+    # -- the whole life ---------------------------------------------------------------------
+    def install_signal_handlers(self) -> None:
+        """SIGINT and SIGTERM drain and stop, whatever this process inherited (a background
+        job of a script starts with SIGINT ignored)."""
+
+        def request_stop(signum: int, _frame: object) -> None:
+            self._stop.set()
+
+        signal.signal(signal.SIGINT, request_stop)
+        signal.signal(signal.SIGTERM, request_stop)
+
+    def start(self) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._serve_health()
+        self._start_triton()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> int:
+        """Watch until a signal; returns the exit status."""
+        assert self.process is not None, "start() first"
+        next_ready_check = 0.0
+        try:
+            while not self._stop.is_set():
+                self.state.last_tick = time.monotonic()
+                code = self.process.poll()
+                if code is not None:
+                    if not self._heal(f"tritonserver exited with {code}", None):
+                        return self._give_up()
+                    continue
+                dead = self._dead_model()
+                if dead is not None:
+                    if not self._heal(f"the backend process of voice {dead!r} died", dead):
+                        return self._give_up()
+                    continue
+                now = time.monotonic()
+                if now >= next_ready_check:
+                    self._read_configs()
+                    self._check_ready()
+                    next_ready_check = now + READY_CHECK_INTERVAL_S
+                self._stop.wait(WATCH_INTERVAL_S)
+            return self._drain_and_stop()
+        finally:
+            if self._health is not None:
+                self._health.shutdown()
+                self._health.server_close()
+                self._health = None
+
+    def run_down(self) -> None:
+        """Kill tritonserver and close the health port (a start that failed)."""
+        self._kill_triton()
+        if self._health is not None:
+            self._health.shutdown()
+            self._health.server_close()
+            self._health = None
+
+    def _give_up(self) -> int:
+        if self._stop.is_set():
+            return self._drain_and_stop()
+        print("voxfleet: could not heal the server; exiting", flush=True)
+        self._kill_triton()
+        return 1

@@ -1,0 +1,102 @@
+"""The stream model's metrics: Triton custom metrics (pb_utils.MetricFamily), labelled by model."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import triton_python_backend_utils as pb_utils
+
+from engines import names
+from engines.streaming import SchedulerStats
+
+METRICS_INTERVAL_S = 0.25
+
+
+class ModelMetrics:
+    """The voice's own metrics on Triton's metrics port, published from scheduler stats."""
+
+    def __init__(self, model: str, restarts: int = 0) -> None:
+        labels = {names.MODEL_LABEL: model}
+        # A Metric is only valid while its MetricFamily lives: keep the families.
+        self._families: list[Any] = []
+
+        def family(name: str, help_text: str, kind: Any) -> Any:
+            metric_family = pb_utils.MetricFamily(name=name, description=help_text, kind=kind)
+            self._families.append(metric_family)
+            return metric_family.Metric(labels=labels)
+
+        gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
+        self.live = family(names.LIVE_STREAMS, "Streams in progress", gauge)
+        self.risk = family(
+            names.UNDERRUN_RISK_STREAMS,
+            "Live streams with less than one window of audio buffered ahead of playback",
+            gauge,
+        )
+        self.streams = family(names.STREAMS_TOTAL, "Streams accepted", counter)
+        self.restarts = family(
+            names.MODEL_RESTARTS_TOTAL,
+            "Server restarts that healed this voice after its backend process died",
+            counter,
+        )
+        if restarts > 0:
+            self.restarts.increment(restarts)
+        first_audio = pb_utils.MetricFamily(
+            name=names.FIRST_AUDIO_SECONDS,
+            description="Seconds from a request to its first audio",
+            kind=pb_utils.MetricFamily.HISTOGRAM,
+        )
+        self._families.append(first_audio)
+        self.first_audio = first_audio.Metric(
+            labels=labels, buckets=list(names.FIRST_AUDIO_BUCKETS_SECONDS)
+        )
+        self.queue_sum = family(
+            f"{names.QUEUE_SECONDS}_sum", "Total seconds windows waited for the vocoder", counter
+        )
+        self.queue_count = family(f"{names.QUEUE_SECONDS}_count", "Windows decoded", counter)
+        self._labels = labels
+        self._batches_family = pb_utils.MetricFamily(
+            name=names.VOCODER_BATCHES_TOTAL,
+            description="Vocoder calls by the number of stream windows they decoded together",
+            kind=counter,
+        )
+        self._batches: dict[int, Any] = {}
+        self._batches_seen: dict[int, int] = {}
+        self._last = SchedulerStats()
+        self._published_at = 0.0
+        self._lock = threading.Lock()
+
+    def publish(self, stats: SchedulerStats, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and stats.live_streams and now - self._published_at < METRICS_INTERVAL_S:
+            return
+        with self._lock:
+            self._published_at = now
+            last = self._last
+            self.live.set(stats.live_streams)
+            self.risk.set(stats.underrun_risk_streams)
+            for metric, new, old in (
+                (self.streams, stats.streams_total, last.streams_total),
+                (self.queue_sum, stats.queue_seconds_sum, last.queue_seconds_sum),
+                (self.queue_count, stats.queue_count, last.queue_count),
+            ):
+                if new > old:
+                    metric.increment(new - old)
+            samples, stats.first_audio_samples = stats.first_audio_samples, []
+            for seconds in samples:
+                self.first_audio.observe(seconds)
+            for size, calls in list(stats.vocoder_batches.items()):
+                seen = self._batches_seen.get(size, 0)
+                if calls > seen:
+                    if size not in self._batches:
+                        self._batches[size] = self._batches_family.Metric(
+                            labels={**self._labels, "batch_size": str(size)}
+                        )
+                    self._batches[size].increment(calls - seen)
+                    self._batches_seen[size] = calls
+            self._last = SchedulerStats(
+                streams_total=stats.streams_total,
+                queue_seconds_sum=stats.queue_seconds_sum,
+                queue_count=stats.queue_count,
+            )

@@ -1,0 +1,129 @@
+"""Responses of the stream model: a stream's sink and the threads that send for it."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from engines import names
+from engines.streaming import StreamCancelled, StreamSink
+from engines.triton_model.requests import INTERNAL, RequestError
+
+LOGGER = logging.getLogger("voxfleet.model")
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+SENDER_THREADS = 2
+
+def triton_error_code(status: str) -> Any:
+    """The Triton error code closest to a gRPC status name. (pb_utils has its TritonError
+    only once the stub is up, not while it imports a model to auto-complete its config.)"""
+    codes = pb_utils.TritonError
+    return {
+        "INVALID_ARGUMENT": codes.INVALID_ARG,
+        "RESOURCE_EXHAUSTED": codes.UNAVAILABLE,
+        "UNAVAILABLE": codes.UNAVAILABLE,
+        "NOT_FOUND": codes.NOT_FOUND,
+    }.get(status, codes.INTERNAL)
+
+
+def error_response(message: str, status: str) -> Any:
+    """An error response that engines.client turns back into `status`: Triton's gRPC stream
+    carries per-request errors as text only, so the status name leads the message."""
+    error = pb_utils.TritonError(f"[{status}] {message}", triton_error_code(status))
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
+
+
+class Senders:
+    """Threads that hand responses to the server, so that the scheduler never waits on a send
+    (each is a round trip to the tritonserver process). All responses of one stream go
+    through one thread, in order; streams are spread over the threads. With no threads, the
+    caller sends itself (the CPU data plane: its two cores are the stages')."""
+
+    def __init__(self, threads: int = SENDER_THREADS) -> None:
+        self._queues: list[queue.SimpleQueue[Callable[[], None] | None]] = [
+            queue.SimpleQueue() for _ in range(threads)
+        ]
+        self._threads = [
+            threading.Thread(target=self._run, args=(q,), name=f"voxfleet-send-{i}", daemon=True)
+            for i, q in enumerate(self._queues)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, key: int, call: Callable[[], None]) -> None:
+        if not self._queues:
+            call()  # the scheduler handles a failed send as the stream's failure
+            return
+        self._queues[key % len(self._queues)].put(call)
+
+    @staticmethod
+    def _run(calls: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+        while True:
+            call = calls.get()
+            if call is None:
+                return
+            try:
+                call()
+            except Exception:  # the client may be gone; the scheduler notices it cancelled
+                LOGGER.debug("sending a response failed", exc_info=True)
+            # A send holds its stream's response sender: kept while this thread waits, it
+            # would hold the request, and the model with it, past Triton's shutdown.
+            call = None
+
+    def stop(self) -> None:
+        for calls in self._queues:
+            calls.put(None)  # after everything already queued
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+
+class ResponseSink(StreamSink):
+    """One stream's decoupled responses: audio chunks, then one final-flagged response."""
+
+    _keys = itertools.count()
+
+    def __init__(self, request: Any, sample_rate: int, senders: Senders) -> None:
+        self._sender: Any = request.get_response_sender()
+        self._rate = np.array([sample_rate], dtype=np.int32)
+        self._senders = senders
+        self._key = next(self._keys)
+
+    def _send(self, response: Any = None, flags: int = 0) -> None:
+        sender = self._sender
+        if sender is None:
+            return  # finished already
+        if flags & FINAL:
+            # Triton releases a request (and lets its model unload) only once the Python
+            # objects of its response sender are gone: drop ours with the final response,
+            # whatever else still refers to this sink.
+            self._sender = None
+        self._senders.submit(self._key, lambda: sender.send(response, flags=flags))
+
+    def audio(self, pcm: np.ndarray) -> None:
+        rate, sender = self._rate, self._sender
+        if sender is None:
+            return
+
+        def send() -> None:
+            tensors = [pb_utils.Tensor(names.AUDIO, pcm), pb_utils.Tensor(names.SAMPLE_RATE, rate)]
+            sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
+
+        self._senders.submit(self._key, send)
+
+    def finish(self, error: Exception | None = None) -> None:
+        if error is None or isinstance(error, StreamCancelled):
+            self._send(flags=FINAL)
+        elif isinstance(error, RequestError):
+            self._send(error_response(str(error), error.status), flags=FINAL)
+        else:
+            self._send(error_response(str(error), INTERNAL), flags=FINAL)
+
+    def cancelled(self) -> bool:
+        sender = self._sender
+        return sender is None or bool(sender.is_cancelled())

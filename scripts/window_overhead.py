@@ -1,0 +1,101 @@
+"""Context-frame overhead of the stream model's windows over the shipped corpus.
+
+The encoder (onnxruntime, noise scales 0) gives each corpus sentence's frame count; the
+windows and flow chunks are then cut by the scheduler's own planner functions
+(engines/streaming/planner.py) for each cutting rule, and the frames that go through the flow
+and the vocoder (context and padding included) are counted against the frames of audio. A
+count, not a timing: it does not depend on the machine's load. docs/streaming.md quotes it.
+
+    .venv/bin/python scripts/window_overhead.py
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from engines.corpus import load_corpus
+from engines.engine_build import build_engines
+from engines.frontend import text_to_sentences
+from engines.plan import WindowConfig
+from engines.runtime import OnnxStages
+from engines.streaming.planner import WindowRules, call_frames, next_window
+from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams
+from engines.voice import load_voice
+
+QUIET = np.array([0.0, 1.0, 0.0], dtype=np.float32)
+
+
+def sentence_frames(phrase_chars: int | None) -> list[list[int]]:
+    """Each corpus text's sentences (or phrases): their frame counts."""
+    voice = load_voice("joe")
+    entry = build_engines(voice.model_path, "onnxruntime", None, Path(tempfile.mkdtemp()))
+    stages = OnnxStages(entry.path)
+    texts = []
+    for text in load_corpus():
+        frames = []
+        for sentence in text_to_sentences(text, voice.config, phrase_chars=phrase_chars):
+            ids = np.array([sentence.ids], dtype=np.int64)
+            _, mask = stages.encode(ids, np.array([ids.shape[1]]), QUIET)
+            frames.append(int(mask.sum()))
+        texts.append(frames)
+    return texts
+
+
+def count(
+    texts: list[list[int]], cfg: WindowConfig, rules: WindowRules, lead_after: int
+) -> tuple[int, int]:
+    """(flow frames, vocoder frames) for one stream per text, as the bench sends them; from
+    the stream's window `lead_after` on, lead windows (a stream with a lead by then, and
+    every lead window fitting its step: the most they can save)."""
+    flow = vocoder = 0
+    for sentences in texts:
+        stream = Stream(0, deque(), SynthesisParams(), StreamSink(), 0.0)
+        for total in sentences:
+            stream.current = state = SentenceState(pages=np.zeros(1, np.int64), frames=total)
+            while state.vocoded < total:
+                lead = rules if stream.windows_sent >= lead_after else None
+                window = next_window(stream, cfg, lead)
+                if window.flow[1] > window.flow[0]:
+                    chunk = call_frames(window.flow[1] - window.flow[0], cfg, rules, flow=True)
+                    flow += chunk + 2 * cfg.flow_context_frames
+                    state.flowed = window.flow[1]
+                size = call_frames(window.decode[1] - window.decode[0], cfg, rules)
+                vocoder += size + 2 * cfg.vocoder_context_frames
+                state.vocoded = window.decode[1]
+                stream.windows_sent += 1
+    return flow, vocoder
+
+
+def main() -> None:
+    cfg = WindowConfig()
+    print(
+        "| sentences | rules | audio frames | flow frames per audio frame | "
+        "vocoder frames per audio frame |"
+    )
+    print("|---|---|---:|---:|---:|")
+    for label, phrase_chars in (("whole", None), ("phrases of ≤ 120 chars", 120)):
+        texts = sentence_frames(phrase_chars)
+        audio = sum(sum(frames) for frames in texts)
+        pieces = sum(len(frames) for frames in texts)
+        for name, rules, lead_after in (
+            ("size classes (GPU engines)", WindowRules(), 10**9),
+            ("exact widths", WindowRules(exact_widths=True), 10**9),
+            (
+                "exact widths, lead windows from the 3rd window on",
+                WindowRules(True, 2 * cfg.window_frames, 4 * cfg.window_frames),
+                2,
+            ),
+        ):
+            flow, vocoder = count(texts, cfg, rules, lead_after)
+            print(
+                f"| {label} ({pieces}) | {name} | {audio:,} | {flow / audio:.3f} | "
+                f"{vocoder / audio:.3f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

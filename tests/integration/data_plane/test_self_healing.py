@@ -1,0 +1,131 @@
+"""A voice whose backend process dies heals itself, and stops are prompt: `voxfleet serve`
+and `voxfleet triton` (a pool pod's command, with the pool's own arguments) on a real Triton."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from supervised import Served, running, serve_command, talk_in_background
+
+from engines import names
+from engines.client import StreamResult, SynthesisError, stream_tts, synthesize
+from engines.repository import load_request
+from engines.serving import plan_local_voices
+from engines.triton_server import free_port
+
+pytestmark = pytest.mark.triton
+
+
+def kill_the_backend_under_load(served: Served) -> None:
+    """kill -9 the voice's stub with four streams in flight; check what users would see."""
+    talkers, results = talk_in_background(served.grpc_url, 4)
+    assert served.wait_for(lambda: (served.metric(names.LIVE_STREAMS) or 0) >= 4, 30) is not None
+    assert served.ready() == 200
+    (stub,) = served.stubs()
+    stub.kill()
+    killed_at = time.monotonic()
+    # Until it has healed, the pod says it cannot serve.
+    assert served.wait_for(lambda: served.ready() == 503, 2) is not None
+    for talker in talkers:
+        talker.join(timeout=10)
+    for outcome, ended_at in results.values():
+        assert isinstance(outcome, SynthesisError), outcome
+        assert outcome.code == "UNAVAILABLE", str(outcome)
+        assert ended_at - killed_at < 2.0, f"a stream ended {ended_at - killed_at:.1f} s later"
+    assert served.live() == 200
+    healed = served.wait_for(lambda: served.ready() == 200, 20)
+    assert healed is not None, "".join(served.output[-30:])
+    assert synthesize(served.grpc_url, "I am back.").audio_seconds > 0.3
+    assert time.monotonic() - killed_at < 20
+    assert served.metric(names.MODEL_RESTARTS_TOTAL) == 1
+
+
+def test_serve_heals_a_killed_backend_under_load(engine_cache: Path) -> None:
+    command, ports = serve_command(str(engine_cache))
+    with running(command, ports) as served:
+        kill_the_backend_under_load(served)
+
+
+def test_serve_stops_promptly_after_hung_up_streams_with_sigint_ignored(
+    engine_cache: Path, tmp_path: Path
+) -> None:
+    command, ports = serve_command(str(engine_cache))
+    with running(command, ports, ignore_sigint=True) as served:
+        chunks = stream_tts(served.grpc_url, "A long story that nobody hears to the end. " * 6)
+        next(chunks)
+        chunks.close()  # a hang-up mid-stream
+        say = [sys.executable, "-m", "engines.cli", "say", "Bye.", "--url", served.grpc_url]
+        subprocess.run([*say, "-o", str(tmp_path / "bye.wav")], check=True, timeout=60)
+        talkers, results = talk_in_background(served.grpc_url, 2)
+        assert served.wait_for(lambda: (served.metric(names.LIVE_STREAMS) or 0) >= 2, 30)
+        signalled = time.monotonic()
+        served.process.send_signal(signal.SIGINT)
+        assert served.wait_for(lambda: served.ready() == 503, 2) is not None
+        with pytest.raises(SynthesisError) as refused:
+            synthesize(served.grpc_url, "Too late.")
+        assert refused.value.code == "UNAVAILABLE"
+        served.process.wait(timeout=60)
+        stopped_in = time.monotonic() - signalled
+        for talker in talkers:
+            talker.join(timeout=5)
+        # the streams in flight finished; then the server went at once
+        assert all(isinstance(outcome, StreamResult) for outcome, _ in results.values())
+        last_stream = max(ended for _, ended in results.values()) - signalled
+        assert stopped_in < last_stream + 10, (stopped_in, last_stream)
+        assert served.process.returncode == 0
+
+
+def pool_args(key: str, ports: tuple[int, int, int, int], repository: Path) -> list[str]:
+    """The pool pod's tritonserver arguments, as the kubelet expands them."""
+    from voxfleet_operator.render.pool import KEY_ENV, triton_args
+
+    replaced = []
+    for arg in triton_args():
+        arg = arg.replace(f"$({KEY_ENV})", key)
+        name = arg.split("=", 1)[0]
+        value = {
+            "--grpc-port": ports[0],
+            "--http-port": ports[1],
+            "--metrics-port": ports[2],
+            "--model-repository": repository,
+        }.get(name)
+        replaced.append(f"{name}={value}" if value is not None else arg)
+    return replaced
+
+
+def test_the_pool_pods_supervisor_reloads_a_killed_voice(
+    engine_cache: Path, tmp_path: Path
+) -> None:
+    from voxfleet_operator.names import REPOSITORY_HEADER_KEY
+
+    key = "pod-secret"
+    ports = (free_port(), free_port(), free_port(), free_port())
+    repository = tmp_path / "models"
+    repository.mkdir()
+    command = [sys.executable, "-m", "engines.cli", "triton", *pool_args(key, ports, repository)]
+    env = {names.HEALTH_PORT_ENV: str(ports[3])}
+    with running(command, ports, env=env, ready_line=None) as served:
+        assert served.wait_for(lambda: served.live() == 200, 60) is not None
+        # The operator loads the voice through the restricted repository API.
+        (plan,) = plan_local_voices(["joe"], engine_cache)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{ports[1]}/v2/repository/models/joe/load",
+            data=json.dumps(load_request(plan)).encode(),
+            headers={REPOSITORY_HEADER_KEY: key},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            assert reply.status == 200
+        assert served.wait_for(lambda: served.ready() == 200, 10) is not None
+        kill_the_backend_under_load(served)
+        signalled = time.monotonic()
+        served.process.send_signal(signal.SIGTERM)
+        assert served.process.wait(timeout=30) == 0
+        assert time.monotonic() - signalled < 10

@@ -1,0 +1,158 @@
+"""The step planner without a runtime: which windows and encoder calls a step makes."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from engines.frontend import Sentence
+from engines.plan import WindowConfig
+from engines.streaming.costs import CostModel
+from engines.streaming.planner import (
+    WindowRules,
+    encoder_calls,
+    next_window,
+    plan_step,
+    window_calls,
+)
+from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams
+
+NOW = 1000.0
+
+
+def make_stream(
+    stream_id: int,
+    ids: int = 40,
+    frames: int | None = None,
+    buffered_s: float | None = None,
+    windows_sent: int = 0,
+) -> Stream:
+    """A stream with a sentence of `ids` phoneme ids waiting, or one of `frames` frames
+    playing with `buffered_s` seconds of audio left in its listener's buffer."""
+    stream = Stream(
+        stream_id, deque([Sentence("x", [1] * ids)]), SynthesisParams(), StreamSink(), NOW
+    )
+    if frames is not None:
+        stream.sentences.clear()
+        stream.current = SentenceState(pages=np.array([1]), frames=frames)
+        stream.first_audio_at = NOW - 1.0
+        stream.audio_seconds_sent = 1.0 + (buffered_s or 0.0)
+        stream.windows_sent = windows_sent
+    return stream
+
+
+def test_windows_grow_from_the_first_window_to_the_steady_window() -> None:
+    cfg = WindowConfig()
+    stream = make_stream(1, frames=1000)
+    sizes = []
+    for sent in range(5):
+        stream.windows_sent = sent
+        window = next_window(stream, cfg)
+        sizes.append(window.decode[1] - window.decode[0])
+    assert sizes == [16, 32, 64, 128, 128]
+    # The flow runs ahead of the vocoder by at least its context.
+    window = next_window(stream, cfg)
+    assert window.flow[1] >= window.decode[1] + cfg.vocoder_context_frames
+
+
+def test_a_playing_stream_about_to_run_dry_is_served_before_a_new_stream() -> None:
+    costs = CostModel(fixed_part=False)
+    costs.per_frame.update(encoder=1e-3, vocoder=1e-3, flow=1e-3)  # a slow machine
+    playing = make_stream(1, frames=600, buffered_s=0.01, windows_sent=4)
+    newcomer = make_stream(2, ids=200)  # due 50 ms after it arrived, now
+
+    plan = plan_step([newcomer, playing], WindowConfig(), costs, batching=True, now=NOW)
+
+    assert [w.stream.stream_id for w in plan.windows] == [1]
+    # The newcomer's encoder call would push the playing stream past its buffer: it waits.
+    assert plan.encodes == []
+
+
+def test_with_room_in_the_step_every_stream_is_planned() -> None:
+    costs = CostModel(fixed_part=False)
+    costs.per_frame.update(encoder=1e-7, vocoder=1e-7, flow=1e-7)  # a fast machine
+    streams = [make_stream(i, frames=600, buffered_s=2.0, windows_sent=4) for i in range(3)]
+    streams += [make_stream(10 + i, ids=30 + i) for i in range(2)]
+
+    plan = plan_step(streams, WindowConfig(), costs, batching=True, now=NOW)
+
+    assert sorted(w.stream.stream_id for w in plan.windows) == [0, 1, 2]
+    assert sorted(s.stream_id for s in plan.encodes) == [10, 11]
+
+
+def test_encoder_calls_split_by_scales_and_not_without_batching() -> None:
+    costs = CostModel()
+    slow = SynthesisParams(length_scale=1.5)
+    streams = [make_stream(i, ids=40) for i in range(3)]
+    streams[2] = Stream(3, deque([Sentence("x", [1] * 40)]), slow, StreamSink(), NOW)
+
+    calls = [
+        (scales, [s.stream_id for s in batch])
+        for scales, batch in encoder_calls(streams, costs, batching=True)
+    ]
+    assert calls == [((0.667, 1.0, 0.8), [0, 1]), ((0.667, 1.5, 0.8), [3])]
+
+    unbatched = list(encoder_calls(streams[:2], costs, batching=False))
+    assert [len(batch) for _, batch in unbatched] == [1, 1]
+
+
+def test_a_stream_with_a_lead_takes_a_longer_window_on_exact_widths_only() -> None:
+    cfg = WindowConfig()
+    costs = CostModel(fixed_part=False)
+    costs.per_frame.update(encoder=1e-7, vocoder=1e-7, flow=1e-7)
+    cpu = WindowRules(True, lead_window_frames=256, lead_flow_frames=512)
+
+    ahead = make_stream(1, frames=1000, buffered_s=3.0, windows_sent=4)
+    (window,) = plan_step([ahead], cfg, costs, True, NOW, cpu).windows
+    assert window.decode == (0, 256)
+    assert window.flow == (0, 512)
+    assert window_calls(window, cfg, cpu) == [("vocoder", 256 + 16), ("flow", 512 + 48)]
+
+    # Fixed-shape engines keep the steady window and its size classes.
+    (window,) = plan_step([ahead], cfg, costs, True, NOW).windows
+    assert window.decode == (0, 128)
+    assert window_calls(window, cfg) == [("vocoder", 128 + 16), ("flow", 256 + 48)]
+
+    # Without a lead, the usual window.
+    behind = make_stream(2, frames=1000, buffered_s=0.2, windows_sent=4)
+    (window,) = plan_step([behind], cfg, costs, True, NOW, cpu).windows
+    assert window.decode == (0, 128)
+
+
+def test_a_lead_window_that_does_not_fit_the_step_falls_back_to_the_usual_one() -> None:
+    cfg = WindowConfig()
+    costs = CostModel(fixed_part=False)
+    # A usual window costs 25 ms here, a lead window 46 ms: only the first fits a 60 ms step.
+    costs.per_frame.update(encoder=1e-4, vocoder=1.5e-4, flow=1e-5)
+    cpu = WindowRules(True, lead_window_frames=256, lead_flow_frames=512)
+    due = make_stream(1, frames=1000, buffered_s=0.1, windows_sent=4)
+    ahead = make_stream(2, frames=1000, buffered_s=3.0, windows_sent=4)
+
+    plan = plan_step([due, ahead], cfg, costs, True, NOW, cpu)
+
+    assert [w.decode for w in plan.windows] == [(0, 128), (0, 128)]
+
+
+def test_exact_widths_decode_a_sentence_tail_without_padding() -> None:
+    cfg = WindowConfig()
+    stream = make_stream(1, frames=100, windows_sent=4)
+    stream.current.flowed = 100  # type: ignore[union-attr]
+    window = next_window(stream, cfg)
+    assert window.decode == (0, 100)
+    assert window_calls(window, cfg, WindowRules(exact_widths=True)) == [("vocoder", 116)]
+    assert window_calls(window, cfg) == [("vocoder", 128 + 16)]
+
+
+def test_every_playing_stream_about_to_run_dry_is_served_in_the_step() -> None:
+    cfg = WindowConfig()
+    costs = CostModel(fixed_part=False)
+    costs.per_frame.update(encoder=1e-4, vocoder=2e-4, flow=1e-5)  # a window: about 32 ms
+    late = [make_stream(i, frames=1000, buffered_s=0.01 * i, windows_sent=4) for i in (1, 2, 3)]
+    ahead = make_stream(9, frames=1000, buffered_s=3.0, windows_sent=4)
+
+    plan = plan_step([ahead, *late], cfg, costs, True, NOW)
+
+    # Each of them would run dry before the next step: all go in this one, late as it gets;
+    # the stream with seconds of audio left waits.
+    assert sorted(w.stream.stream_id for w in plan.windows) == [1, 2, 3]
