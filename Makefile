@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TOOLS_STAMP := .tools/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint e2e e2e-kind bench soak faults clean
+.PHONY: setup demo test lint e2e e2e-kind autoscale bench soak faults clean
 
 setup: $(STAMP) $(TOOLS_STAMP)
 
@@ -41,6 +41,11 @@ e2e: setup
 # The same suite on a kind cluster; needs Docker and kind, and stops at once without them.
 e2e-kind: setup
 	PATH="$(CURDIR)/.tools/bin:$$PATH" bash scripts/e2e-kind.sh
+
+# A load step on the local cluster and the autoscaling loop's response (docs/autoscaling.md).
+AUTOSCALE_ARGS ?=
+autoscale: setup
+	PATH="$(CURDIR)/.tools/bin:$$PATH" PYTHONPATH="$(CURDIR)/e2e:$(CURDIR)" $(VENV)/bin/python -m autoscale.step $(AUTOSCALE_ARGS)
 
 bench: setup
 	PATH="$(CURDIR)/.tools/bin:$$PATH" bash scripts/bench.sh

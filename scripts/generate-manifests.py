@@ -118,8 +118,9 @@ def adapter_values_text(configmap_yaml: str) -> str:
         "#   helm upgrade --install prometheus-adapter prometheus-community/prometheus-adapter \\\n"
         "#     -n monitoring -f prometheus-adapter-values.yaml \\\n"
         "#     --set prometheus.url=http://prometheus-operated.monitoring.svc\n"
-        "# They expose voxfleet_queue_seconds and voxfleet_first_audio_seconds per pod (mean over\n"
-        "# the rate window) to the HPAs the voxfleet operator creates for its Triton pools.\n"
+        "# They expose voxfleet_queue_seconds (mean) and voxfleet_first_audio_p95_seconds per pod\n"
+        "# to the HPAs the voxfleet operator creates for its Triton pools, and\n"
+        "# voxfleet_voice_first_audio_p95_seconds per TTSVoice to its per-voice HPAs.\n"
     )
     values = {"rules": {"custom": adapter_rules(configmap_yaml)}}
     return _header("charts/voxfleet (the voxfleet.adapterRules template)") + note + _dump([values])

@@ -39,6 +39,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
+# `kubectl scale ttsv` and HPAs: spec.replicas is the number of pool pods a voice is loaded on.
+SCALE_SUBRESOURCE = {
+    "specReplicasPath": ".spec.replicas",
+    "statusReplicasPath": ".status.replicas",
+    "labelSelectorPath": ".status.selector",
+}
+
 _DROPPED_KEYS = ("title", "additionalProperties", "$defs")
 
 # Checked at `kubectl apply`, as the operator checks it (names.voice_name_problem): a name
@@ -139,7 +146,7 @@ def build_crd() -> dict[str, Any]:
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, "scale": dict(SCALE_SUBRESOURCE)},
                     "additionalPrinterColumns": copy.deepcopy(PRINTER_COLUMNS),
                     "schema": {"openAPIV3Schema": schema},
                 }

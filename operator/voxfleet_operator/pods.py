@@ -8,6 +8,7 @@ from typing import Any
 
 from voxfleet_operator import loading
 from voxfleet_operator.names import pool_selector, serving_label
+from voxfleet_operator.placement import place_voice
 from voxfleet_operator.plan import Voice
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.runtime import PODS, Runtime
@@ -73,16 +74,25 @@ def pods_failing_voice(pods: Sequence[Mapping[str, Any]], voice: str) -> list[st
 async def sync_pods(
     rt: Runtime, voice: Voice, pool: Pool, key: str, engine_ready: bool
 ) -> tuple[int, int, list[str], list[str]]:
-    """Load the voice on ready pool pods that lack it; return (ready pods, serving, errors,
-    pods where the voice was loaded and cannot serve now)."""
+    """Load the voice on the ready pool pods it is placed on (all of them, or `spec.replicas`
+    of them) and leave the others; return (ready pods, serving, errors, pods where the voice
+    was loaded and cannot serve now)."""
     pods = await rt.pool_pods(voice.namespace, pool_selector(pool.name))
     failing = pods_failing_voice(pods, voice.name)
     body = loading.load_request(serving_plan(voice.name, voice.spec, pool, key))
     digest = loading.load_digest(body)
     ready = [p for p in pods if pod_ready(p)]
+    placement = place_voice(voice.name, ready, voice.spec.replicas)
     serving = 0
     errors: list[str] = []
     for pod in ready:
+        if pod["metadata"]["name"] in placement.release:
+            error = await unload_from_pod(rt, voice.name, voice.namespace, pod)
+            if error is not None:
+                errors.append(error)
+    for pod in ready:
+        if pod["metadata"]["name"] not in placement.serve:
+            continue
         meta = pod["metadata"]
         marker = pod_load_marker(digest, pod)
         labels = meta.get("labels") or {}
@@ -130,29 +140,39 @@ async def sync_pods(
 async def unload_from_pods(rt: Runtime, name: str, namespace: str, pool: Pool) -> list[str]:
     errors = []
     for pod in await rt.pool_pods(namespace, pool_selector(pool.name)):
-        meta = pod["metadata"]
-        labels = meta.get("labels") or {}
-        annotations = meta.get("annotations") or {}
-        if serving_label(name) not in labels and LOADED_PREFIX + name not in annotations:
-            continue
-        # Unlabel first so that the Service stops routing new streams before the unload.
-        patched = await rt.client.patch(
-            PODS,
-            namespace,
-            meta["name"],
-            {
-                "metadata": {
-                    "labels": {serving_label(name): None},
-                    "annotations": {LOADED_PREFIX + name: None},
-                }
-            },
-        )
-        rt.cache.seen(PODS.plural, patched)
-        if pod_ready(pod):
-            url = f"http://{pod['status']['podIP']}:{_http_port(pod)}"
-            try:
-                key = await rt.repository_key(namespace)
-                await loading.unload_voice(rt.http, url, name, key)
-            except (loading.LoadError, LookupError) as error:
-                errors.append(str(error))
+        error = await unload_from_pod(rt, name, namespace, pod)
+        if error is not None:
+            errors.append(error)
     return errors
+
+
+async def unload_from_pod(
+    rt: Runtime, name: str, namespace: str, pod: Mapping[str, Any]
+) -> str | None:
+    """Take the voice off one pod (if it is there); the error of the unload, if any."""
+    meta = pod["metadata"]
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    if serving_label(name) not in labels and LOADED_PREFIX + name not in annotations:
+        return None
+    # Unlabel first so that the Service stops routing new streams before the unload.
+    patched = await rt.client.patch(
+        PODS,
+        namespace,
+        meta["name"],
+        {
+            "metadata": {
+                "labels": {serving_label(name): None},
+                "annotations": {LOADED_PREFIX + name: None},
+            }
+        },
+    )
+    rt.cache.seen(PODS.plural, patched)
+    if pod_ready(pod):
+        url = f"http://{pod['status']['podIP']}:{_http_port(pod)}"
+        try:
+            key = await rt.repository_key(namespace)
+            await loading.unload_voice(rt.http, url, name, key)
+        except (loading.LoadError, LookupError) as error:
+            return str(error)
+    return None

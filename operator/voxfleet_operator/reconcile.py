@@ -12,10 +12,13 @@ from typing import Any
 
 from voxfleet_operator.children import ensure, with_owners
 from voxfleet_operator.engine_builds import sync_engine
-from voxfleet_operator.names import endpoint, pool_deployment_name
+from voxfleet_operator.names import MANAGED_BY, endpoint, pool_deployment_name
+from voxfleet_operator.placement import scale_status
 from voxfleet_operator.pods import sync_pods
 from voxfleet_operator.render import render_voice
+from voxfleet_operator.render.voice_scaling import voice_hpa_name
 from voxfleet_operator.runtime import (
+    HPAS,
     LAST_VALID_SPEC,
     TTSVOICES,
     Peers,
@@ -121,6 +124,8 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
     for child in render_voice(voice, rt.config.pools, rt.config.engine_cache_pvc):
         if child["kind"] != "Job":
             await ensure(rt.client, with_owners(child, [body]), rt.cache)
+    if not voice.spec.autoscaling.per_voice:
+        await drop_voice_hpa(rt, name, namespace)
 
     engine = await sync_engine(rt, body, voice, pool, key)
     ready_pods, serving, errors, failing = await sync_pods(
@@ -175,5 +180,16 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
         engine_key=key if engine.status is True else None,
         ready_pods=serving,
     )
+    status.update(scale_status(name, pool.name, serving))
     await write_status(rt, body, status)
     return status
+
+
+async def drop_voice_hpa(rt: Runtime, name: str, namespace: str) -> None:
+    """A voice that no longer scales on its own loses its HPA (only one we made)."""
+    live = await rt.client.get(HPAS, namespace, voice_hpa_name(name))
+    if live is None:
+        return
+    labels = (live.get("metadata") or {}).get("labels") or {}
+    if labels.get("app.kubernetes.io/managed-by") == MANAGED_BY:
+        await rt.client.delete(HPAS, namespace, voice_hpa_name(name))

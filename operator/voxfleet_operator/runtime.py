@@ -24,6 +24,7 @@ TTSVOICES = PLURALS[("voxfleet.io/v1alpha1", "TTSVoice")]
 JOBS = PLURALS[("batch/v1", "Job")]
 PODS = PLURALS[("v1", "Pod")]
 SECRETS = PLURALS[("v1", "Secret")]
+HPAS = PLURALS[("autoscaling/v2", "HorizontalPodAutoscaler")]
 PVCS = PLURALS[("v1", "PersistentVolumeClaim")]
 SERVICE_MONITOR_API = "/apis/monitoring.coreos.com/v1"
 SERVICE_MONITOR_RECHECK_SECONDS = 300.0

@@ -208,6 +208,12 @@ class Autoscaling(_Model):
         le=60000,
         description="Time a ready window may wait for the vocoder, in milliseconds.",
     )
+    per_voice: bool = Field(
+        default=False,
+        description="Scale this voice on its own: the operator renders a HorizontalPodAutoscaler "
+        "on the voice's scale subresource (spec.replicas, pool pods the voice is loaded on) "
+        "that follows the voice's own first-audio p95; needs spec.replicas.",
+    )
 
     @model_validator(mode="after")
     def _min_le_max(self) -> Autoscaling:
@@ -225,6 +231,12 @@ _WINDOW_RULE = (
 )
 
 
+_PER_VOICE_RULE = "!self.autoscaling.perVoice || has(self.replicas)"
+_PER_VOICE_MESSAGE = (
+    "autoscaling.perVoice needs spec.replicas, the number of pool pods the voice starts on"
+)
+
+
 class TTSVoiceSpec(_Model):
     """What a user asks for: a voice, where it runs, and how it streams and scales."""
 
@@ -239,6 +251,7 @@ class TTSVoiceSpec(_Model):
                 "self.batching.maxBatchSize <= self.limits.maxConcurrentStreams",
                 "batching.maxBatchSize must not exceed limits.maxConcurrentStreams",
             ),
+            (_PER_VOICE_RULE, _PER_VOICE_MESSAGE),
         )
     )
 
@@ -270,6 +283,14 @@ class TTSVoiceSpec(_Model):
     autoscaling: Autoscaling = Field(
         default_factory=Autoscaling, description="Replica bounds and latency targets."
     )
+    replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="Number of pool pods the voice is loaded on (the least-loaded ready ones); "
+        "empty means every pod of the pool. The scale subresource's spec.replicas: set by "
+        "`kubectl scale ttsv` or, with autoscaling.perVoice, by the voice's HPA.",
+    )
 
     @model_validator(mode="after")
     def _cross_field(self) -> TTSVoiceSpec:
@@ -290,6 +311,8 @@ class TTSVoiceSpec(_Model):
                 "batching.maxBatchSize must not exceed limits.maxConcurrentStreams "
                 f"({self.batching.max_batch_size} > {self.limits.max_concurrent_streams})"
             )
+        if self.autoscaling.per_voice and self.replicas is None:
+            raise ValueError(_PER_VOICE_MESSAGE)
         return self
 
 
@@ -329,6 +352,16 @@ class TTSVoiceStatus(_Model):
         default=None, description="Key of the engines built for the current spec."
     )
     ready_pods: int | None = Field(default=None, description="Pool pods serving the voice.")
+    replicas: int | None = Field(
+        default=None,
+        description="Ready pool pods the voice is loaded on (the scale subresource's "
+        "status.replicas).",
+    )
+    selector: str | None = Field(
+        default=None,
+        description="Label selector of the pods serving the voice (the scale subresource's "
+        "selector, which an HPA reads).",
+    )
     observed_generation: int | None = Field(
         default=None, description="The spec generation the status describes."
     )

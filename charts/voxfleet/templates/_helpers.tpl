@@ -111,14 +111,18 @@ shape voxfleet_operator.pools.PoolsConfig reads.
 {{- end }}
 
 {{/*
-Per-pod latency rules for prometheus-adapter. Each metric is the mean over the rate window:
-rate(sum) / rate(count), summed over the voices a pod serves. An idle pod reports 0 rather than
-NaN (0/0), so the HPA does not treat silence as missing data.
+Latency rules for prometheus-adapter.
+- voxfleet_queue_seconds (per pod): the mean wait over the rate window, rate(sum) / rate(count),
+  summed over the voices a pod serves.
+- voxfleet_first_audio_p95_seconds (per pod; the pool HPAs) and
+  voxfleet_voice_first_audio_p95_seconds (per TTSVoice, keyed by the `model` label; the per-voice
+  HPAs): the 95th percentile of time to first audio from the stream model's histogram.
+An idle pod or voice reports 0 rather than NaN (0/0, or a quantile of empty buckets), so the HPA
+can scale it down instead of treating silence as missing data.
 */}}
 {{- define "voxfleet.adapterRules" -}}
 {{- $window := .Values.prometheusAdapter.rules.rateWindow }}
-{{- range $metric := list "voxfleet_queue_seconds" "voxfleet_first_audio_seconds" }}
-- seriesQuery: '{{ $metric }}_count{namespace!="",pod!=""}'
+- seriesQuery: 'voxfleet_queue_seconds_count{namespace!="",pod!=""}'
   resources:
     overrides:
       namespace:
@@ -126,10 +130,29 @@ NaN (0/0), so the HPA does not treat silence as missing data.
       pod:
         resource: pod
   name:
-    matches: ^{{ $metric }}_count$
-    as: {{ $metric }}
+    matches: ^voxfleet_queue_seconds_count$
+    as: voxfleet_queue_seconds
   metricsQuery: >-
-    sum by (<<.GroupBy>>) (rate({{ $metric }}_sum{<<.LabelMatchers>>}[{{ $window }}]))
-    / clamp_min(sum by (<<.GroupBy>>) (rate({{ $metric }}_count{<<.LabelMatchers>>}[{{ $window }}])), 1e-9)
+    sum by (<<.GroupBy>>) (rate(voxfleet_queue_seconds_sum{<<.LabelMatchers>>}[{{ $window }}]))
+    / clamp_min(sum by (<<.GroupBy>>) (rate(voxfleet_queue_seconds_count{<<.LabelMatchers>>}[{{ $window }}])), 1e-9)
+{{- range $rule := list (dict "key" "pod" "as" "voxfleet_first_audio_p95_seconds" "group" "") (dict "key" "model" "as" "voxfleet_voice_first_audio_p95_seconds" "group" "voxfleet.io") }}
+- seriesQuery: 'voxfleet_first_audio_seconds_bucket{namespace!="",{{ $rule.key }}!=""}'
+  resources:
+    overrides:
+      namespace:
+        resource: namespace
+      {{ $rule.key }}:
+        {{- if $rule.group }}
+        group: {{ $rule.group }}
+        resource: ttsvoices
+        {{- else }}
+        resource: pod
+        {{- end }}
+  name:
+    matches: ^voxfleet_first_audio_seconds_bucket$
+    as: {{ $rule.as }}
+  metricsQuery: >-
+    (histogram_quantile(0.95, sum by (le, <<.GroupBy>>) (rate(<<.Series>>{<<.LabelMatchers>>}[{{ $window }}]))) >= 0)
+    or on (<<.GroupBy>>) (0 * sum by (<<.GroupBy>>) (rate(voxfleet_first_audio_seconds_count{<<.LabelMatchers>>}[{{ $window }}])))
 {{- end }}
 {{- end }}

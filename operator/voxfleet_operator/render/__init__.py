@@ -20,6 +20,7 @@ from voxfleet_operator.render.pool import (
     build_pool_service_monitor,
 )
 from voxfleet_operator.render.voice import build_repository_key_secret, build_voice_service
+from voxfleet_operator.render.voice_scaling import build_voice_hpa
 from voxfleet_operator.serving import voice_engine_key
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "build_pool_pdb",
     "build_pool_service_monitor",
     "build_repository_key_secret",
+    "build_voice_hpa",
     "build_voice_service",
     "render_pool",
     "render_voice",
@@ -53,13 +55,17 @@ def render_pool(
 
 
 def render_voice(voice: Voice, pools: PoolsConfig, engine_cache_pvc: str) -> list[dict[str, Any]]:
-    """The children of one voice alone: its engine-build Job and its Service."""
+    """The children of one voice alone: its engine-build Job, its Service, and its HPA when
+    it scales on its own (`autoscaling.perVoice`)."""
     pool = pools.get(voice.spec.pool)
     key = voice_engine_key(voice.spec, pool)
-    return [
+    objects = [
         build_engine_job(voice.name, voice.namespace, voice.spec, pool, key, engine_cache_pvc),
         build_voice_service(voice.name, voice.namespace, pool),
     ]
+    if voice.spec.autoscaling.per_voice:
+        objects.append(build_voice_hpa(voice, pool))
+    return objects
 
 
 def render_voices(

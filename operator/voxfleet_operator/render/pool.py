@@ -39,9 +39,12 @@ MODEL_REPOSITORY = "/models"
 TRITON_EXIT_TIMEOUT_SECONDS = 30
 PRESTOP_SECONDS = 5
 TERMINATION_GRACE_SECONDS = PRESTOP_SECONDS + TRITON_EXIT_TIMEOUT_SECONDS + 15
-# Adapter metrics (per pod, mean over 1 m) the HPA scales on; see docs/operator.md.
-FIRST_AUDIO_METRIC = "voxfleet_first_audio_seconds"
+# Adapter metrics the HPAs scale on (the chart's voxfleet.adapterRules; docs/autoscaling.md):
+# per pod, the first-audio p95 from the stream model's histogram and the mean queue time; per
+# TTSVoice (the stream model's `model` label), the voice's own first-audio p95.
+FIRST_AUDIO_METRIC = "voxfleet_first_audio_p95_seconds"
 QUEUE_METRIC = "voxfleet_queue_seconds"
+VOICE_FIRST_AUDIO_METRIC = "voxfleet_voice_first_audio_p95_seconds"
 KEY_ENV = "VOXFLEET_REPOSITORY_KEY"
 TRITON_COMMAND = ["voxfleet", "triton"]
 
@@ -179,7 +182,11 @@ def _seconds_quantity(milliseconds: int) -> str:
 
 
 def build_pool_hpa(plan: PoolPlan) -> dict[str, Any]:
+    """The pool's HPA: the first-audio p95 and queue time of its pods, and never fewer pods
+    than its most-replicated voice is scaled to (`kubectl scale ttsv` or a per-voice HPA)."""
     name = pool_deployment_name(plan.pool.name)
+    voice_pods = max((v.spec.replicas or 0 for v in plan.voices), default=0)
+    min_replicas = min(max(plan.min_replicas, voice_pods), plan.max_replicas)
 
     def pods_metric(metric: str, milliseconds: int) -> dict[str, Any]:
         return {
@@ -196,16 +203,17 @@ def build_pool_hpa(plan: PoolPlan) -> dict[str, Any]:
         "metadata": metadata(name, plan.namespace, "autoscaler", pool_selector(plan.pool.name)),
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
-            "minReplicas": plan.min_replicas,
+            "minReplicas": min_replicas,
             "maxReplicas": plan.max_replicas,
             "metrics": [
                 pods_metric(FIRST_AUDIO_METRIC, plan.target_first_audio_ms),
                 pods_metric(QUEUE_METRIC, plan.target_queue_ms),
             ],
-            # A new GPU pod takes a while to load its voices; do not flap pods away.
+            # Scale up on a p95 that stayed high for one 15 s sync, at most 2 pods a minute; a
+            # new GPU pod takes a while to load its voices, so do not flap pods away.
             "behavior": {
                 "scaleUp": {
-                    "stabilizationWindowSeconds": 30,
+                    "stabilizationWindowSeconds": 15,
                     "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}],
                 },
                 "scaleDown": {

@@ -1,6 +1,7 @@
 """The prometheus-adapter rules, evaluated by the real Prometheus engine (promtool) on series
-shaped like the stream model's counters: per pod, the mean queue / first-audio time over the
-rate window, summed across the voices the pod serves, and 0 (not NaN) for an idle pod."""
+shaped like the stream model's metrics: per pod, the mean queue time over the rate window
+summed across the voices the pod serves; the first-audio p95 from the histogram per pod and
+per voice (`model` label); and 0 (not NaN) for an idle pod or voice."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from chart_support import ROOT, by_kind, helm_template, run, tool
 
@@ -35,8 +35,28 @@ def series(
     return {"series": f"{metric}{{{labels}}}", "values": f"0+{per_step}x40"}
 
 
-@pytest.mark.parametrize("metric", ["voxfleet_queue_seconds", "voxfleet_first_audio_seconds"])
-def test_adapter_rule_gives_the_per_pod_mean(metric: str, tmp_path: Path) -> None:
+def promtool_test(
+    tmp_path: Path, inputs: list[dict[str, str]], expr: str, samples: list[dict[str, Any]]
+) -> None:
+    test_file = {
+        "rule_files": [],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": inputs,
+                "promql_expr_test": [{"expr": expr, "eval_time": "5m", "exp_samples": samples}],
+            }
+        ],
+    }
+    path = tmp_path / "adapter-rule-test.yaml"
+    path.write_text(yaml.safe_dump(test_file, sort_keys=False))
+    result = run([tool("promtool"), "test", "rules", str(path)])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_queue_rule_gives_the_per_pod_mean(tmp_path: Path) -> None:
+    metric = "voxfleet_queue_seconds"
     (rule,) = [r for r in adapter_rules() if r["name"]["as"] == metric]
     # The series the rule discovers by are the `_count` counters of the contract.
     assert rule["seriesQuery"].startswith(f"{metric}_count{{")
@@ -60,37 +80,106 @@ def test_adapter_rule_gives_the_per_pod_mean(metric: str, tmp_path: Path) -> Non
         series(f"{metric}_sum", "triton-a", "joe", 99, namespace="other"),
         series(f"{metric}_count", "triton-a", "joe", 1, namespace="other"),
     ]
-    test_file = {
-        "rule_files": [],
-        "evaluation_interval": "15s",
-        "tests": [
-            {
-                "interval": "15s",
-                "input_series": inputs,
-                "promql_expr_test": [
-                    {
-                        # In microseconds, rounded: float rates are not exact in the last bit.
-                        "expr": f"round(1e6 * ({expand(rule['metricsQuery'])}))",
-                        "eval_time": "5m",
-                        "exp_samples": [
-                            {"labels": '{pod="triton-a"}', "value": 30000},
-                            {"labels": '{pod="triton-b"}', "value": 100000},
-                            {"labels": '{pod="triton-idle"}', "value": 0},
-                        ],
-                    }
-                ],
-            }
+    # In microseconds, rounded: float rates are not exact in the last bit.
+    promtool_test(
+        tmp_path,
+        inputs,
+        f"round(1e6 * ({expand(rule['metricsQuery'])}))",
+        [
+            {"labels": '{pod="triton-a"}', "value": 30000},
+            {"labels": '{pod="triton-b"}', "value": 100000},
+            {"labels": '{pod="triton-idle"}', "value": 0},
         ],
+    )
+
+
+BUCKETS = ("0.1", "0.25", "0.5", "1", "+Inf")
+# Observations per 15 s step in each bucket (not cumulative): FAST has its p95 at
+# 0.25 + 0.25 x (9.5 - 9) / 1 = 0.375 s, SLOW at 0.5 + 0.5 x 9.5 / 10 = 0.975 s.
+FAST = (5, 4, 1, 0, 0)
+SLOW = (0, 0, 0, 10, 0)
+IDLE = (0, 0, 0, 0, 0)
+
+
+def histogram(pod: str, model: str, per_bucket: tuple[int, ...]) -> list[dict[str, str]]:
+    metric = "voxfleet_first_audio_seconds"
+    labels = f'namespace="speech",pod="{pod}",model="{model}"'
+    out = []
+    cumulative = 0
+    for le, count in zip(BUCKETS, per_bucket, strict=True):
+        cumulative += count
+        out.append(
+            {"series": f'{metric}_bucket{{{labels},le="{le}"}}', "values": f"0+{cumulative}x40"}
+        )
+    out.append(series(f"{metric}_count", pod, model, cumulative))
+    out.append(series(f"{metric}_sum", pod, model, 0.3 * cumulative))
+    return out
+
+
+P95_INPUTS = [
+    *histogram("triton-a", "joe", FAST),
+    # triton-b serves joe and amy: together 20 per step, rank 19 is in the (0.5, 1] bucket
+    # with 10 below it: 0.5 + 0.5 x 9 / 10 = 0.95 s.
+    *histogram("triton-b", "joe", FAST),
+    *histogram("triton-b", "amy", SLOW),
+    *histogram("triton-idle", "silent", IDLE),
+]
+
+
+def p95_rule(metric: str) -> dict[str, Any]:
+    (rule,) = [r for r in adapter_rules() if r["name"]["as"] == metric]
+    assert rule["seriesQuery"].startswith("voxfleet_first_audio_seconds_bucket{")
+    assert "histogram_quantile(0.95," in rule["metricsQuery"]
+    return rule
+
+
+def test_pool_rule_gives_the_first_audio_p95_of_each_pod(tmp_path: Path) -> None:
+    rule = p95_rule("voxfleet_first_audio_p95_seconds")
+    assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
+    query = expand(rule["metricsQuery"]).replace(
+        "<<.Series>>", "voxfleet_first_audio_seconds_bucket"
+    )
+    promtool_test(
+        tmp_path,
+        P95_INPUTS,
+        f"round(1e6 * ({query}))",
+        [
+            {"labels": '{pod="triton-a"}', "value": 375000},
+            {"labels": '{pod="triton-b"}', "value": 950000},
+            {"labels": '{pod="triton-idle"}', "value": 0},
+        ],
+    )
+
+
+def test_voice_rule_gives_each_voices_p95_over_its_pods(tmp_path: Path) -> None:
+    rule = p95_rule("voxfleet_voice_first_audio_p95_seconds")
+    assert rule["resources"]["overrides"]["model"] == {
+        "group": "voxfleet.io",
+        "resource": "ttsvoices",
     }
-    path = tmp_path / "adapter-rule-test.yaml"
-    path.write_text(yaml.safe_dump(test_file, sort_keys=False))
-    result = run([tool("promtool"), "test", "rules", str(path)])
-    assert result.returncode == 0, result.stdout + result.stderr
+    # As prometheus-adapter expands a request for the ttsvoices joe, amy and silent.
+    query = (
+        rule["metricsQuery"]
+        .replace("<<.Series>>", "voxfleet_first_audio_seconds_bucket")
+        .replace("<<.LabelMatchers>>", 'namespace="speech",model=~"joe|amy|silent"')
+        .replace("<<.GroupBy>>", "model")
+    )
+    promtool_test(
+        tmp_path,
+        P95_INPUTS,
+        f"round(1e6 * ({query}))",
+        [
+            {"labels": '{model="joe"}', "value": 375000},
+            {"labels": '{model="amy"}', "value": 975000},
+            {"labels": '{model="silent"}', "value": 0},
+        ],
+    )
 
 
 def test_rate_window_is_configurable() -> None:
     for rule in adapter_rules("--set", "prometheusAdapter.rules.rateWindow=3m"):
         assert rule["metricsQuery"].count("[3m]") == 2
+        assert "[1m]" not in rule["metricsQuery"]
 
 
 def test_rules_read_the_counters_the_stream_model_exports() -> None:
@@ -111,4 +200,11 @@ def test_rules_read_the_counters_the_stream_model_exports() -> None:
     assert "names.FIRST_AUDIO_SECONDS" in model and "HISTOGRAM" in model
     for rule in adapter_rules():
         used = set(re.findall(r"voxfleet_[a-z_]+", rule["seriesQuery"] + rule["metricsQuery"]))
-        assert used <= exported, f"not exported by the stream model: {used - exported}"
+        # A histogram family `x` is exported as x_bucket, x_sum and x_count; the queue time
+        # as x_sum and x_count counters.
+        missing = {
+            u
+            for u in used
+            if u not in exported and re.sub(r"_(bucket|sum|count)$", "", u) not in exported
+        }
+        assert not missing, f"not exported by the stream model: {missing}"

@@ -66,7 +66,9 @@ INVALID = [
      "maxBatchSize must not exceed limits.maxConcurrentStreams"),
     ("digest-not-hex", {"source": {"url": "https://e.com/a.onnx", "sha256": "XYZ"}}, "sha256"),
     ("rate-too-fast", {"speakingRate": 9.0}, "speakingRate"),
-    ("unknown-field", {"replicas": 3}, "unknown field"),
+    ("unknown-field", {"instances": 3}, "unknown field"),
+    ("per-voice-without-replicas", {"autoscaling": {"perVoice": True}},
+     "autoscaling.perVoice needs spec.replicas"),
 ]  # fmt: skip
 
 

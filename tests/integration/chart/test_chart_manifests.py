@@ -85,7 +85,16 @@ def test_crd_names_and_columns_match_the_api_contract() -> None:
     assert names["shortNames"] == ["ttsv"]
     assert crd["spec"]["scope"] == "Namespaced"
     (version,) = crd["spec"]["versions"]
-    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    assert version["name"] == "v1alpha1"
+    # `kubectl scale ttsv` and per-voice HPAs set the pool pods a voice is loaded on.
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns == ["Phase", "Pool", "Endpoint", "Ready", "Age"]
 

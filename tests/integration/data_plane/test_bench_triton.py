@@ -44,15 +44,19 @@ def voxfleet_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Triton
 def test_naive_baseline_batches_and_cuts_each_output_to_its_own_length(
     naive_server: TritonServer,
 ) -> None:
-    short, long = "Call me Ishmael.", (
-        "It is a truth universally acknowledged, that a single man in possession of a good "
-        "fortune, must be in want of a wife."
+    short, long = (
+        "Call me Ishmael.",
+        (
+            "It is a truth universally acknowledged, that a single man in possession of a good "
+            "fortune, must be in want of a wife."
+        ),
     )
 
     async def concurrent() -> tuple[list[tuple[int, int]], dict[str, dict[int, int]]]:
         system = TritonSystem("triton-naive", naive_server.grpc_url, "joe-naive", False)
         await system.connect()
         try:
+
             async def one(text: str) -> tuple[int, int]:
                 chunks = [chunk async for chunk in system.open_stream(text)]
                 assert len(chunks) == 1, "triton-naive answers in one piece"
@@ -82,14 +86,31 @@ def test_bench_sweep_writes_json_plot_and_page(
     page = docs / "benchmarks.md"
     page.parent.mkdir()
     page.write_text("old\n<!-- gpu:begin -->\nH100: kept as is\n<!-- gpu:end -->\n")
-    status = main([
-        "bench", "--url", voxfleet_server.grpc_url, "--naive-url", naive_server.grpc_url,
-        "--metrics-url", voxfleet_server.metrics_url,
-        "--systems", "piper,triton-naive,voxfleet", "--concurrency", "1,3",
-        "--duration", "2", "--limit-sentences", "3",
-        "--json", str(docs / "bench.json"), "--plot", str(docs / "bench.png"),
-        "--markdown", str(page),
-    ])
+    status = main(
+        [
+            "bench",
+            "--url",
+            voxfleet_server.grpc_url,
+            "--naive-url",
+            naive_server.grpc_url,
+            "--metrics-url",
+            voxfleet_server.metrics_url,
+            "--systems",
+            "piper,triton-naive,voxfleet",
+            "--concurrency",
+            "1,3",
+            "--duration",
+            "2",
+            "--limit-sentences",
+            "3",
+            "--json",
+            str(docs / "bench.json"),
+            "--plot",
+            str(docs / "bench.png"),
+            "--markdown",
+            str(page),
+        ]
+    )
     assert status == 0
     result = json.loads((docs / "bench.json").read_text())
     assert result["machine"]["cores"] >= 1 and result["machine"]["limit_streams"] > 0

@@ -46,23 +46,42 @@ def test_triton_systems_without_a_server_address_fail_before_any_load(
 
 def test_json_plot_and_page_are_written(tmp_path: Path) -> None:
     result = {
-        "machine": {"cpu": "Test CPU", "cores": 2, "date_utc": "2026-01-01 00:00 UTC",
-                    "limit_streams": 12.0, "one_shot_rtf": 1 / 12},
+        "machine": {
+            "cpu": "Test CPU",
+            "cores": 2,
+            "date_utc": "2026-01-01 00:00 UTC",
+            "limit_streams": 12.0,
+            "one_shot_rtf": 1 / 12,
+        },
         "settings": {"concurrencies": [1, 4]},
         "runs": [
-            {"system": system, "concurrency": c,
-             "first_audio_ms": {"p50": 50.0 * c, "p95": 80.0 * c, "p99": 90.0 * c},
-             "underruns": u, "streams": 10, "rtf": 0.2, "audio_seconds_per_second": 5.0,
-             "underrun_rate": u / 10}
-            for system, u in (("voxfleet", 0), ("piper", 0)) for c in (1, 4)
+            {
+                "system": system,
+                "concurrency": c,
+                "first_audio_ms": {"p50": 50.0 * c, "p95": 80.0 * c, "p99": 90.0 * c},
+                "underruns": u,
+                "streams": 10,
+                "rtf": 0.2,
+                "audio_seconds_per_second": 5.0,
+                "underrun_rate": u / 10,
+            }
+            for system, u in (("voxfleet", 0), ("piper", 0))
+            for c in (1, 4)
         ],
         "goals": [],
     }
     docs = tmp_path / "docs"
-    args = build_parser().parse_args([
-        "bench", "--json", str(docs / "b.json"), "--plot", str(docs / "b.png"),
-        "--markdown", str(docs / "benchmarks.md"),
-    ])
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "--json",
+            str(docs / "b.json"),
+            "--plot",
+            str(docs / "b.png"),
+            "--markdown",
+            str(docs / "benchmarks.md"),
+        ]
+    )
     _write_outputs(args, result)
     assert json.loads((docs / "b.json").read_text())["runs"][0]["system"] == "voxfleet"
     assert (docs / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -71,5 +90,7 @@ def test_json_plot_and_page_are_written(tmp_path: Path) -> None:
 
 
 def test_json_has_no_nan() -> None:
-    assert _json_safe({"a": [float("nan"), 1.0], "b": float("inf")}) == {"a": [None, 1.0],
-                                                                        "b": None}
+    assert _json_safe({"a": [float("nan"), 1.0], "b": float("inf")}) == {
+        "a": [None, 1.0],
+        "b": None,
+    }

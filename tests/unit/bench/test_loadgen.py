@@ -37,8 +37,9 @@ class FakeServer:
 
 async def test_holds_exactly_n_streams_open_and_sends_the_corpus_in_order() -> None:
     server = FakeServer()
-    result = await run_closed_loop(server.stream, cycle_sentences(["a", "b", "c"]),
-                                   concurrency=4, duration_s=0.3, ramp_s=0.0)
+    result = await run_closed_loop(
+        server.stream, cycle_sentences(["a", "b", "c"]), concurrency=4, duration_s=0.3, ramp_s=0.0
+    )
     assert server.most_open == 4
     assert len(result.records) >= 4 * 5  # 30 ms a stream, 300 ms: about 10 rounds each
     assert server.texts[:6] == ["a", "b", "c", "a", "b", "c"]
@@ -48,14 +49,16 @@ async def test_holds_exactly_n_streams_open_and_sends_the_corpus_in_order() -> N
     last_start = max(r.sent_s for r in result.records)
     first_start = min(r.sent_s for r in result.records)
     assert last_start - first_start < 0.3
-    assert result.wall_s == pytest.approx(max(r.ended_s or 0 for r in result.records)
-                                          - first_start, abs=0.02)
+    assert result.wall_s == pytest.approx(
+        max(r.ended_s or 0 for r in result.records) - first_start, abs=0.02
+    )
 
 
 async def test_a_failed_request_is_recorded_and_the_worker_goes_on() -> None:
     server = FakeServer(fail_on="bad")
-    result = await run_closed_loop(server.stream, cycle_sentences(["good", "bad"]),
-                                   concurrency=1, duration_s=0.15, ramp_s=0.0)
+    result = await run_closed_loop(
+        server.stream, cycle_sentences(["good", "bad"]), concurrency=1, duration_s=0.15, ramp_s=0.0
+    )
     failed = [r for r in result.records if r.error]
     assert failed and all(r.text == "bad" and "stream reset" in r.error for r in failed)
     assert any(r.text == "good" and r.error is None for r in result.records)
@@ -63,8 +66,14 @@ async def test_a_failed_request_is_recorded_and_the_worker_goes_on() -> None:
 
 async def test_streams_still_open_after_the_drain_are_cut_off_as_errors() -> None:
     server = FakeServer(chunk_delay_s=1.0)
-    result = await run_closed_loop(server.stream, cycle_sentences(["slow"]), concurrency=2,
-                                   duration_s=0.05, drain_s=0.1, ramp_s=0.0)
+    result = await run_closed_loop(
+        server.stream,
+        cycle_sentences(["slow"]),
+        concurrency=2,
+        duration_s=0.05,
+        drain_s=0.1,
+        ramp_s=0.0,
+    )
     assert len(result.records) == 2
     assert all(r.error and "cut off" in r.error for r in result.records)
     assert server.open == 0  # the cut-off streams were closed, not leaked

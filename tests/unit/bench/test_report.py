@@ -9,23 +9,47 @@ from engines.bench.report import GPU_BEGIN, GPU_END, build_page, gpu_section
 
 def _result() -> dict[str, Any]:
     run = {
-        "system": "voxfleet", "concurrency": 4,
+        "system": "voxfleet",
+        "concurrency": 4,
         "first_audio_ms": {"p50": 101.0, "p95": 180.4, "p99": 210.0},
-        "underruns": 0, "streams": 40, "rtf": 0.31, "audio_seconds_per_second": 12.5,
-        "underrun_rate": 0.0, "errors": 0,
+        "underruns": 0,
+        "streams": 40,
+        "rtf": 0.31,
+        "audio_seconds_per_second": 12.5,
+        "underrun_rate": 0.0,
+        "errors": 0,
         "server": {"cpu_percent": 150.0, "peak_rss_mib": 900.0},
         "batching": {"joe (vocoder)": {"mean_batch_size": 3.2, "max_batch_size": 4}},
     }
-    skipped = {"system": "piper", "concurrency": 16, "first_audio_ms": {},
-               "underruns": 0, "streams": 0, "rtf": None, "audio_seconds_per_second": None,
-               "skipped": "saturated at concurrency 8 (first-audio p95 over 5000 ms)"}
+    skipped = {
+        "system": "piper",
+        "concurrency": 16,
+        "first_audio_ms": {},
+        "underruns": 0,
+        "streams": 0,
+        "rtf": None,
+        "audio_seconds_per_second": None,
+        "skipped": "saturated at concurrency 8 (first-audio p95 over 5000 ms)",
+    }
     return {
-        "machine": {"cpu": "Test CPU", "cores": 2, "date_utc": "2026-01-01 00:00 UTC",
-                    "one_shot_rtf": 0.05, "limit_streams": 20.0},
+        "machine": {
+            "cpu": "Test CPU",
+            "cores": 2,
+            "date_utc": "2026-01-01 00:00 UTC",
+            "one_shot_rtf": 0.05,
+            "limit_streams": 20.0,
+        },
         "settings": {"concurrencies": [4, 16], "duration_s": 10, "p95_bound_ms": 300},
         "runs": [run, skipped],
-        "goals": [{"name": "real-time streams vs machine limit", "measured": "4 of 20",
-                   "target": "ratio ≥ 0.80", "ratio": 0.2, "met": False}],
+        "goals": [
+            {
+                "name": "real-time streams vs machine limit",
+                "measured": "4 of 20",
+                "target": "ratio ≥ 0.80",
+                "ratio": 0.2,
+                "met": False,
+            }
+        ],
     }
 
 
@@ -52,8 +76,9 @@ def test_gpu_section_of_the_previous_page_is_kept_verbatim() -> None:
 
 def test_analysis_written_by_people_survives_a_rerun() -> None:
     analysis = "<!-- analysis:begin -->\nThe vocoder is 56 % of samples.\n<!-- analysis:end -->"
-    page = build_page(_result(), "p.png", "r.json", "voxfleet bench",
-                      previous=f"# Old\n{analysis}\n")
+    page = build_page(
+        _result(), "p.png", "r.json", "voxfleet bench", previous=f"# Old\n{analysis}\n"
+    )
     assert analysis in page
 
 
@@ -73,7 +98,16 @@ def test_markers_are_created_when_the_page_has_none() -> None:
 def test_stage_costs_table() -> None:
     from engines.bench.report import stage_costs_section
 
-    table = stage_costs_section([{"stage": "vocoder, window", "frames": 144, "batch": 4,
-                                  "ms": 228.4, "ms_per_audio_second": 34.2}])
+    table = stage_costs_section(
+        [
+            {
+                "stage": "vocoder, window",
+                "frames": 144,
+                "batch": 4,
+                "ms": 228.4,
+                "ms_per_audio_second": 34.2,
+            }
+        ]
+    )
     assert "| vocoder, window | 144 | 4 | 228 | 34 |" in table
     assert stage_costs_section([]) == ""

@@ -52,7 +52,8 @@ async def test_saturated_system_is_skipped_at_higher_levels_and_text_order_resta
     assert fast.prepared == [1, 2, 4]
     assert slow.prepared == [1, 2]  # p95 at 2 streams ≈ 60 ms > 50 ms: saturated
     assert by_key[("piper", 4)].skipped and "saturated at concurrency 2" in str(
-        by_key[("piper", 4)].skipped)
+        by_key[("piper", 4)].skipped
+    )
     assert by_key[("voxfleet", 4)].skipped is None and by_key[("voxfleet", 4)].streams > 0
     # After the warm-up sentence, each run begins at the top of the same order.
     for system in (slow, fast):

@@ -29,8 +29,15 @@ def test_percentile_of_nothing_is_nan_and_bad_q_is_refused() -> None:
         percentile([1.0], 101)
 
 
-def _stream(sent: float, first: float, chunks: int, samples: int, gap: float,
-            rate: int = 1000, error: str | None = None) -> StreamRecord:
+def _stream(
+    sent: float,
+    first: float,
+    chunks: int,
+    samples: int,
+    gap: float,
+    rate: int = 1000,
+    error: str | None = None,
+) -> StreamRecord:
     arrivals = [Chunk(sent + first + i * gap, samples) for i in range(chunks)]
     return StreamRecord("t", sent, rate, arrivals, arrivals[-1].arrival_s, error)
 
@@ -56,17 +63,30 @@ def test_summary_reports_first_audio_underruns_rtf_and_throughput() -> None:
     assert run.gap_ms["max"] == pytest.approx(300.0)
 
 
-def _run(system: str, concurrency: int, p95: float, underruns: int = 0, errors: int = 0
-         ) -> RunSummary:
-    return RunSummary(system, concurrency, {"p50": p95 / 2, "p95": p95, "p99": p95}, underruns,
-                      streams=10, rtf=0.1, audio_seconds_per_second=1.0, errors=errors)
+def _run(
+    system: str, concurrency: int, p95: float, underruns: int = 0, errors: int = 0
+) -> RunSummary:
+    return RunSummary(
+        system,
+        concurrency,
+        {"p50": p95 / 2, "p95": p95, "p99": p95},
+        underruns,
+        streams=10,
+        rtf=0.1,
+        audio_seconds_per_second=1.0,
+        errors=errors,
+    )
 
 
 def test_capacity_is_the_highest_concurrency_without_underruns_within_the_bound() -> None:
     runs = [
-        _run("voxfleet", 1, 120), _run("voxfleet", 8, 250), _run("voxfleet", 16, 280),
-        _run("voxfleet", 24, 350), _run("voxfleet", 32, 290, underruns=3),
-        _run("triton-naive", 1, 200), _run("triton-naive", 4, 900),
+        _run("voxfleet", 1, 120),
+        _run("voxfleet", 8, 250),
+        _run("voxfleet", 16, 280),
+        _run("voxfleet", 24, 350),
+        _run("voxfleet", 32, 290, underruns=3),
+        _run("triton-naive", 1, 200),
+        _run("triton-naive", 4, 900),
     ]
     assert real_time_capacity(runs, "voxfleet", 300) == 16
     assert real_time_capacity(runs, "triton-naive", 300) == 1
@@ -79,16 +99,24 @@ def test_a_run_with_failed_requests_does_not_hold_real_time() -> None:
 
 def test_goals_report_ratios_and_verdicts() -> None:
     runs = [
-        _run("piper", 1, 900), _run("voxfleet", 1, 150), _run("voxfleet", 16, 280),
-        _run("triton-naive", 1, 280), _run("triton-naive", 8, 290), _run("triton-naive", 16, 800),
+        _run("piper", 1, 900),
+        _run("voxfleet", 1, 150),
+        _run("voxfleet", 16, 280),
+        _run("triton-naive", 1, 280),
+        _run("triton-naive", 8, 290),
+        _run("triton-naive", 16, 800),
     ]
     first, limit, versus = evaluate_goals(runs, machine_limit_streams=18.0)
     assert first.ratio == pytest.approx(150 / 900) and first.met
     assert limit.ratio == pytest.approx(16 / 18.0) and limit.met
     assert versus.ratio == pytest.approx(2.0) and versus.met
 
-    slower = [_run("piper", 1, 400), _run("voxfleet", 1, 200), _run("voxfleet", 4, 250),
-              _run("triton-naive", 4, 280)]
+    slower = [
+        _run("piper", 1, 400),
+        _run("voxfleet", 1, 200),
+        _run("voxfleet", 4, 250),
+        _run("triton-naive", 4, 280),
+    ]
     first, limit, versus = evaluate_goals(slower, machine_limit_streams=18.0)
     assert first.met is False and limit.met is False and versus.met is False
     assert "voxfleet holds 4 streams" in limit.measured

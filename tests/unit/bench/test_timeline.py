@@ -9,13 +9,20 @@ from engines.bench.timeline import Chunk, StreamRecord, analyse_stream
 RATE = 1000  # 1 sample = 1 ms keeps the arithmetic readable
 
 
-def record(sent: float, chunks: list[tuple[float, int]], ended: float | None = None,
-           error: str | None = None) -> StreamRecord:
+def record(
+    sent: float,
+    chunks: list[tuple[float, int]],
+    ended: float | None = None,
+    error: str | None = None,
+) -> StreamRecord:
     last = chunks[-1][0] if chunks else sent
     return StreamRecord(
-        text="x", sent_s=sent, sample_rate=RATE,
+        text="x",
+        sent_s=sent,
+        sample_rate=RATE,
         chunks=[Chunk(at, samples) for at, samples in chunks],
-        ended_s=last if ended is None and error is None else ended, error=error,
+        ended_s=last if ended is None and error is None else ended,
+        error=error,
     )
 
 

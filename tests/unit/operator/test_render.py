@@ -221,7 +221,7 @@ def test_hpa_follows_the_strictest_voice_within_the_pool_limit() -> None:
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)  # maxPods 6
     metrics = {m["pods"]["metric"]["name"]: m["pods"]["target"] for m in hpa["spec"]["metrics"]}
     assert metrics == {
-        "voxfleet_first_audio_seconds": {"type": "AverageValue", "averageValue": "250m"},
+        "voxfleet_first_audio_p95_seconds": {"type": "AverageValue", "averageValue": "250m"},
         "voxfleet_queue_seconds": {"type": "AverageValue", "averageValue": "30m"},
     }
 

@@ -72,6 +72,11 @@ def test_minimal_voice_gets_the_documented_defaults() -> None:
             },
             "maxBatchSize must not exceed limits.maxConcurrentStreams (16 > 4)",
         ),
+        (
+            {"source": URL_SOURCE, "autoscaling": {"perVoice": True}},
+            "autoscaling.perVoice needs spec.replicas",
+        ),
+        ({"source": URL_SOURCE, "replicas": 0}, "spec.replicas: Input should be greater"),
         ({"source": URL_SOURCE, "speakingRate": 9}, "speakingRate: Input should be less"),
         ({"source": URL_SOURCE, "precision": "int4"}, "spec.precision: Input should be"),
         ({"source": URL_SOURCE, "colour": "blue"}, "spec.colour: Extra inputs"),
@@ -94,7 +99,15 @@ def test_crd_identity_printer_columns_and_status() -> None:
     )
     assert crd["spec"]["scope"] == "Namespaced"
     (version,) = crd["spec"]["versions"]
-    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    assert version["name"] == "v1alpha1"
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns == ["Phase", "Pool", "Endpoint", "Ready", "Age"]
     # The CRD itself is a valid object for the API server's own schema.
@@ -167,6 +180,9 @@ CROSS_FIELD_CASES = [
     },
     {"source": URL_SOURCE, "batching": {"maxBatchSize": 65}},
     {"source": URL_SOURCE, "batching": {"maxBatchSize": 8}, "limits": {"maxConcurrentStreams": 7}},
+    {"source": URL_SOURCE, "autoscaling": {"perVoice": True}},
+    {"source": URL_SOURCE, "autoscaling": {"perVoice": True}, "replicas": 1},
+    {"source": URL_SOURCE, "replicas": 2},
 ]
 
 
