@@ -39,6 +39,8 @@ class ObjectCache:
         self._objects: dict[Key, tuple[float, dict[str, Any]]] = {}
         # namespace -> when its pods were last listed; the pods themselves are in _objects.
         self._pods_listed: dict[str, float] = {}
+        # Objects a read found missing: asked again only after an event or a write names them.
+        self._absent: set[Key] = set()
 
     def lookup(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         """The cached object, or None when it must be read from the API."""
@@ -61,7 +63,16 @@ class ObjectCache:
             if old is not None and new is not None and new <= old:
                 return False
         self._objects[key] = (self._clock(), dict(obj))
+        self._absent.discard(key)
         return True
+
+    def mark_absent(self, plural: str, namespace: str, name: str) -> None:
+        """The API said there is no such object (a read found none, or we deleted it)."""
+        self._objects.pop((plural, namespace, name), None)
+        self._absent.add((plural, namespace, name))
+
+    def known_absent(self, plural: str, namespace: str, name: str) -> bool:
+        return (plural, namespace, name) in self._absent
 
     def forget(self, plural: str, namespace: str, name: str) -> None:
         self._objects.pop((plural, namespace, name), None)

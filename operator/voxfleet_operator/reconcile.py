@@ -186,10 +186,21 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
 
 
 async def drop_voice_hpa(rt: Runtime, name: str, namespace: str) -> None:
-    """A voice that no longer scales on its own loses its HPA (only one we made)."""
-    live = await rt.client.get(HPAS, namespace, voice_hpa_name(name))
+    """A voice that no longer scales on its own loses its HPA (only one we made).
+
+    The HPA is read once; an HPA the API said is missing is not asked for again until a
+    watch event or the operator's own write names it, so a converged pass reads nothing.
+    """
+    hpa = voice_hpa_name(name)
+    live = rt.cache.lookup(HPAS.plural, namespace, hpa)
     if live is None:
+        if rt.cache.known_absent(HPAS.plural, namespace, hpa):
+            return
+        live = await rt.client.get(HPAS, namespace, hpa)
+    if live is None:
+        rt.cache.mark_absent(HPAS.plural, namespace, hpa)
         return
     labels = (live.get("metadata") or {}).get("labels") or {}
     if labels.get("app.kubernetes.io/managed-by") == MANAGED_BY:
-        await rt.client.delete(HPAS, namespace, voice_hpa_name(name))
+        await rt.client.delete(HPAS, namespace, hpa)
+        rt.cache.mark_absent(HPAS.plural, namespace, hpa)

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from e2e.cluster.apiserver import ScriptedKubernetes
+from e2e.cluster.waiting import eventually as poll_until
 
 REAL_CLUSTER = bool(os.environ.get("VOXFLEET_E2E_KUBECONFIG"))
 NAMESPACE = "voxfleet-e2e" if REAL_CLUSTER else "default"
@@ -141,18 +142,7 @@ async def eventually(
     check: Callable[[], Awaitable[Any]], timeout: float = 10.0, interval: float = 0.05
 ) -> Any:
     """Poll `check` until it returns something truthy; fail with its last value."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = await check()
-        except AssertionError as error:
-            last = error
-        if last and not isinstance(last, AssertionError):
-            return last
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not true within {timeout} s; last: {last!r}")
-        await asyncio.sleep(interval)
+    return await poll_until(check, timeout=timeout, interval=interval)
 
 
 @pytest.fixture()
