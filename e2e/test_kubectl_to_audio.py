@@ -262,27 +262,25 @@ def test_rolling_update_with_streams_in_flight_loses_none(
 def test_killed_tritonserver_restarts_and_voices_come_back(
     installation: Installation, joe: dict[str, Any]
 ) -> None:
+    """A pool pod's tritonserver killed: its supervisor (`voxfleet triton`, the container's
+    main process) starts it again and loads the pod's voices again through the repository
+    API; should the supervisor itself give up, the kubelet restarts the container and the
+    operator reloads the voices. Either way, streams succeed again through the Service."""
     kubectl = installation.kubectl
     pod = pool_pods(installation)[0]
     name = pod["metadata"]["name"]
-    restarts = pod["status"]["containerStatuses"][0]["restartCount"]
     killed_at = time.monotonic()
     assert installation.kill_process(name, "tritonserver") >= 1
 
-    def restarted() -> int:
-        status = kubectl.get("pod", name)["status"]["containerStatuses"][0]
-        return int(status["restartCount"]) if status["restartCount"] > restarts else 0
-
-    count = eventually(restarted, timeout=120, what=f"{name}'s container restarted")
-
-    def reloaded() -> bool:
-        annotations = kubectl.get("pod", name)["metadata"].get("annotations") or {}
-        return all(
-            str(annotations.get(f"loaded.voxfleet.io/{voice_name}", "")).endswith(f".r{count}")
-            for voice_name in ("joe", "joe-fast")
+    def pod_ready_again() -> bool:
+        status = kubectl.get("pod", name)["status"]
+        return any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
         )
 
-    eventually(reloaded, timeout=180, what=f"the operator reloaded both voices on {name}")
+    # The pod leaves its Services while it heals, then comes back.
+    eventually(pod_ready_again, timeout=180, what=f"{name} ready again after the kill")
     endpoint = joe["voice"]["status"]["endpoint"]
     # Streams through the Service succeed again, on every pod (one client per connection).
     deadline = time.monotonic() + 120
@@ -291,7 +289,8 @@ def test_killed_tritonserver_restarts_and_voices_come_back(
             speeches = say_many_through(installation, endpoint, "joe", 4)
             break
         except SayError:
-            assert time.monotonic() < deadline, "streams still fail 120 s after the reload"
+            assert time.monotonic() < deadline, "streams still fail 120 s after the pod healed"
+            time.sleep(1)
     installation.timings["kill_to_recovery_s"] = time.monotonic() - killed_at
     assert all(abs(s.audio_seconds - piper_seconds(TEXT)) <= 0.1 * piper_seconds(TEXT)
                for s in speeches)
