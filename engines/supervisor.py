@@ -281,15 +281,18 @@ class Supervisor:
         else:
             missing = [model for model in self._configs if not self._model_ready(model)]
             if missing:
-                # A voice the operator is unloading stays out of readiness: its last streams
-                # end while the pod's other voices keep serving.
-                unloading = self._models_in_state("UNLOADING")
-                missing = [model for model in missing if model not in unloading]
+                # A voice the operator is unloading, or has unloaded, is not missing: its last
+                # streams end while the pod's other voices keep serving.
+                for model in self._unloaded_on_purpose():
+                    if model in missing:
+                        missing.remove(model)
+                        if not self._model_ready(model):
+                            self._configs.pop(model, None)
             state.ready = not missing
             state.reason = f"not ready: {', '.join(missing)}" if missing else "ready"
 
-    def _models_in_state(self, wanted: str) -> set[str]:
-        """Models the repository index lists in `wanted` state (empty if it cannot be read)."""
+    def _unloaded_on_purpose(self) -> set[str]:
+        """Models the repository index lists as unloading or unloaded (empty if unreadable)."""
         status, body = self._http_read("POST", "/v2/repository/index", b"{}")
         if status != 200:
             return set()
@@ -300,7 +303,11 @@ class Supervisor:
         return {
             str(entry.get("name"))
             for entry in entries
-            if isinstance(entry, dict) and entry.get("state") == wanted
+            if isinstance(entry, dict)
+            and (
+                entry.get("state") == "UNLOADING"
+                or (entry.get("state") == "UNAVAILABLE" and entry.get("reason") == "unloaded")
+            )
         }
 
     # -- healing ----------------------------------------------------------------------------
