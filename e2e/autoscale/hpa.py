@@ -233,6 +233,23 @@ def _changes_within(period_seconds: float, events: Sequence[_ScaleEvent], now: f
     return sum(e.change for e in events if e.timestamp > cutoff)
 
 
+def _policy_starts(
+    current: int,
+    up_events: Sequence[_ScaleEvent],
+    down_events: Sequence[_ScaleEvent],
+    rules: Mapping[str, Any],
+    now: float,
+) -> list[tuple[Mapping[str, Any], int]]:
+    """Each policy with the replica count it starts from: the count before the changes
+    made within its period (as both limit functions of the controller compute it)."""
+    starts = []
+    for policy in rules.get("policies") or []:
+        added = _changes_within(policy["periodSeconds"], up_events, now)
+        deleted = _changes_within(policy["periodSeconds"], down_events, now)
+        starts.append((policy, current - added + deleted))
+    return starts
+
+
 def scale_up_limit(
     current: int,
     up_events: Sequence[_ScaleEvent],
@@ -245,10 +262,7 @@ def scale_up_limit(
     if select == "Disabled":
         return current
     proposals = []
-    for policy in rules.get("policies") or []:
-        added = _changes_within(policy["periodSeconds"], up_events, now)
-        deleted = _changes_within(policy["periodSeconds"], down_events, now)
-        start = current - added + deleted
+    for policy, start in _policy_starts(current, up_events, down_events, rules, now):
         if policy["type"] == "Pods":
             proposals.append(start + int(policy["value"]))
         else:  # Percent: rounded up, or a small target could never grow
@@ -270,10 +284,7 @@ def scale_down_limit(
     if select == "Disabled":
         return current
     proposals = []
-    for policy in rules.get("policies") or []:
-        added = _changes_within(policy["periodSeconds"], up_events, now)
-        deleted = _changes_within(policy["periodSeconds"], down_events, now)
-        start = current - added + deleted
+    for policy, start in _policy_starts(current, up_events, down_events, rules, now):
         if policy["type"] == "Pods":
             proposals.append(start - int(policy["value"]))
         else:  # Percent: truncated toward zero, as int32(float64) does
