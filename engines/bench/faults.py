@@ -92,22 +92,30 @@ def start(work: Path, extra: list[str] | None = None) -> Server:
     return server
 
 
-def stop(server: Server) -> None:
-    process = server.process
+def stop_process_tree(process: subprocess.Popen[Any], grace_s: float) -> None:
+    """SIGTERM, up to `grace_s` to exit, then kill whatever of its tree is left."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:
-            process.wait(timeout=60)
+            process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
     try:
-        for child in psutil.Process(process.pid).children(recursive=True):
-            child.kill()
+        tree = psutil.Process(process.pid).children(recursive=True)
     except psutil.NoSuchProcess:
-        pass
+        tree = []
+    for child in tree:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
     if process.poll() is None:
         process.kill()
-    process.wait()
+    process.wait(timeout=10)
+
+
+def stop(server: Server) -> None:
+    stop_process_tree(server.process, grace_s=60)
 
 
 def listeners(url: str, count: int, text: str = LONG) -> tuple[list[threading.Thread], list]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from engines import names
+from engines.bench.faults import stop_process_tree
 from engines.client import StreamResult, synthesize
 from engines.triton_server import free_port
 
@@ -76,24 +77,7 @@ class Served:
 
 def _stop(process: subprocess.Popen[str]) -> None:
     """Whatever happened, nothing of the server outlives the test."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        tree = psutil.Process(process.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        tree = []
-    for child in tree:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-    if process.poll() is None:
-        process.kill()
-    process.wait(timeout=10)
+    stop_process_tree(process, grace_s=20)
 
 
 @contextmanager
