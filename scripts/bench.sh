@@ -33,8 +33,9 @@ stop_servers() {
 trap 'stop_servers; rm -rf "$WORK"' EXIT
 trap 'exit 130' INT TERM
 
-# Three consecutive free ports (gRPC, HTTP, metrics) per server: metrics = gRPC + 1 keeps
-# `voxfleet bench`'s default metrics address right.
+# Four consecutive free ports (gRPC, metrics, HTTP, health) per server: metrics = gRPC + 1
+# keeps `voxfleet bench`'s default metrics address right; each `voxfleet serve` needs its own
+# health port (the default, 8003, would be taken by the first).
 free_ports() {
   "$PY" - <<'PYEOF'
 import socket
@@ -48,7 +49,7 @@ def free(port):
 base = 18000
 found = []
 while len(found) < 3:
-    if all(free(base + i) for i in range(3)):
+    if all(free(base + i) for i in range(4)):
         found.append(base)
     base += 10
 print(" ".join(str(b) for b in found))
@@ -80,8 +81,8 @@ wait_ready() {  # name, grpc port
 # Build the voice's engines once, before two servers race to do it.
 "$PY" -c 'from engines.serving import plan_local_voices; plan_local_voices(["joe"])'
 
-start voxfleet "$VOX" "$VOXFLEET" serve --voice joe
-start voxfleet-nobatch "$NOBATCH" "$VOXFLEET" serve --voice joe --no-batching
+start voxfleet "$VOX" "$VOXFLEET" serve --voice joe --health-port $((VOX + 3))
+start voxfleet-nobatch "$NOBATCH" "$VOXFLEET" serve --voice joe --no-batching --health-port $((NOBATCH + 3))
 start triton-naive "$NAIVE" "$PY" -m engines.bench.naive
 wait_ready voxfleet "$VOX"
 wait_ready voxfleet-nobatch "$NOBATCH"

@@ -59,7 +59,7 @@ for port in 18000 18001 18002 18010 18011 18012; do
         exit 1
     fi
 done
-python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch 32 --voice joe --grpc-port 18000 --metrics-port 18001 --http-port 18002 >"$OUT/triton-batched.log" 2>&1 &
+python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch 32 --voice joe --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 >"$OUT/triton-batched.log" 2>&1 &
 P1=$!
 trap 'kill -TERM $P1 ${P2:-} 2>/dev/null; wait 2>/dev/null; keep_logs' EXIT
 # One server warms up at a time: cuDNN's autotuning of two at once can take the whole GPU.
@@ -69,7 +69,7 @@ for _ in $(seq 1 300); do
     sleep 1
 done
 if [[ "${NOBATCH:-1}" == 1 ]]; then
-    python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch 32 --voice joe --grpc-port 18010 --metrics-port 18011 --http-port 18012 --no-batching \
+    python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch 32 --voice joe --grpc-port 18010 --metrics-port 18011 --http-port 18012 --health-port 18013 --no-batching \
         >"$OUT/triton-nobatch.log" 2>&1 &
     P2=$!
     PORTS="18002 18012"

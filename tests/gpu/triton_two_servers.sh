@@ -22,7 +22,7 @@ done
 for base in 18000 18010; do
     python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 \
         --max-encoder-batch 32 --voice joe --grpc-port $base --metrics-port $((base + 1)) \
-        --http-port $((base + 2)) >"$OUT/triton-$base.log" 2>&1 &
+        --http-port $((base + 2)) --health-port $((base + 3)) >"$OUT/triton-$base.log" 2>&1 &
     PIDS+=($!)
     # One server warms up at a time: cuDNN's autotuning of two at once can take the whole GPU.
     for _ in $(seq 1 300); do
