@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -195,11 +194,9 @@ class AutoscalingControllers:
         decision = controller.sync(scale, pods, adapter, time.time())
         if decision.rescale:
             replicas = decision.desired_replicas
-            if target["kind"] == "Deployment":
-                self.kubectl.run("scale", "deployment", target["name"], f"--replicas={replicas}")
-            else:
-                patch = json.dumps({"spec": {"replicas": replicas}})
-                self.kubectl.run("patch", "ttsv", target["name"], "--type=merge", "-p", patch)
+            # Through the target's scale subresource, as the HPA controller writes it.
+            resource = "deployment" if target["kind"] == "Deployment" else "ttsv"
+            self.kubectl.run("scale", resource, target["name"], f"--replicas={replicas}")
             self.events.append(
                 ScaleEvent(
                     time.monotonic(),
