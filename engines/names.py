@@ -66,3 +66,6 @@ LIVE_PATH = "/live"
 # Environment the supervisor gives tritonserver (and so the stream model).
 DRAIN_FILE_ENV = "VOXFLEET_DRAIN_FILE"  # exists once the server drains: new streams refused
 RESTARTS_ENV = "VOXFLEET_MODEL_RESTARTS"  # JSON {model: restarts so far}
+# Threads per onnxruntime call (a pool pod sets it to its CPU request); unset or 0: the CPUs
+# the process may run on (engines.runtime.cpu_threads).
+THREADS_ENV = "VOXFLEET_THREADS"

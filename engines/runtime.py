@@ -14,10 +14,21 @@ from pathlib import Path
 
 import numpy as np
 
+from engines import names
 from engines.plan import WindowConfig, runtime_info
 from engines.stages import StageRuntime
 
 __all__ = ["OnnxStages", "StageRuntime", "load_onnx", "load_stages"]
+
+
+def cpu_threads() -> int:
+    """Threads for each onnxruntime call: `VOXFLEET_THREADS` when set (a pool pod passes its
+    CPU request), else as many as the CPUs this process may run on. Never onnxruntime's own
+    default (0): that is one thread per physical core of the machine, each pinned to its core,
+    which escapes a CPU set (taskset, a cpuset container) and oversubscribes a pod limited by
+    CPU quota."""
+    configured = int(os.environ.get(names.THREADS_ENV) or 0)
+    return configured if configured > 0 else len(os.sched_getaffinity(0))
 
 
 class OnnxStages:
@@ -29,7 +40,7 @@ class OnnxStages:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or int(os.environ.get("VOXFLEET_THREADS", "0"))
+        options.intra_op_num_threads = threads or cpu_threads()
         options.inter_op_num_threads = 1
         # Spinning workers of one stage's pool steal the cores the next stage needs: measured
         # on 2 cores, the three stages run 18-25% slower with spinning on (docs/streaming.md).

@@ -18,6 +18,7 @@ from voxfleet_operator.names import (
     REPOSITORY_KEY_SECRET_KEY,
     SUPERVISOR_LIVE_PATH,
     SUPERVISOR_READY_PATH,
+    THREADS_ENV,
     pool_deployment_name,
     pool_metrics_service_name,
     pool_selector,
@@ -91,6 +92,18 @@ def build_pool_deployment(pool: Pool, namespace: str, engine_cache_pvc: str) -> 
                 },
             },
             {"name": "HOME", "value": "/tmp"},
+            # onnxruntime's threads per call: the pod's CPU request in whole cores, rounded up
+            # (without it a CPU pod would run one thread per core of the node).
+            {
+                "name": THREADS_ENV,
+                "valueFrom": {
+                    "resourceFieldRef": {
+                        "containerName": "triton",
+                        "resource": "requests.cpu",
+                        "divisor": "1",
+                    }
+                },
+            },
         ],
         "ports": [
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},

@@ -135,6 +135,13 @@ def test_triton_deployment_serves_safely_and_drains() -> None:
         in args
     )
     assert "--http-restricted-api=model-repository:voxfleet-key=$(VOXFLEET_REPOSITORY_KEY)" in args
+    # onnxruntime runs as many threads as the pod requests CPUs, not one per node core
+    threads = next(e for e in main["env"] if e["name"] == "VOXFLEET_THREADS")
+    assert threads["valueFrom"]["resourceFieldRef"] == {
+        "containerName": "triton",
+        "resource": "requests.cpu",
+        "divisor": "1",
+    }
     key_env = next(e for e in main["env"] if e["name"] == "VOXFLEET_REPOSITORY_KEY")
     assert key_env["valueFrom"]["secretKeyRef"] == {
         "name": "voxfleet-repository-key",
