@@ -6,6 +6,11 @@ Each request speaks the first 3 to 8 words of a corpus sentence (whole sentences
 fifth of the streams are hung up at a random point (before or after the first audio), one
 in twenty carries a bad input that the server must refuse. Writes docs/reliability.json.
 
+Memory is the resident set of the whole server tree, taken after a warm-up of `--warmup`
+requests at the soak's own concurrency (so the start already holds that many streams' working
+set), then every `--rss-every-s` seconds by process (`rss_timeline`): growth that levels off
+is a working set, growth that keeps its slope is a leak.
+
     python -m engines.bench.soak --requests 10000 --out docs/reliability.json
 """
 
@@ -158,15 +163,35 @@ class SoakClient:
             finished.set()
 
 
-def process_tree_rss_mb(pid: int) -> float:
+def process_rss_mb(pid: int) -> dict[str, float]:
+    """Resident memory of each process of the server tree (supervisor, tritonserver, the
+    voice's backend stub), by process name."""
     root = psutil.Process(pid)
-    total = 0
+    sizes: dict[str, float] = {}
     for process in [root, *root.children(recursive=True)]:
         try:
-            total += process.memory_info().rss
+            name = "supervisor" if process.pid == pid else process.name()
+            sizes[name] = sizes.get(name, 0.0) + process.memory_info().rss / 2**20
         except psutil.NoSuchProcess:
             pass
-    return total / 2**20
+    return {name: round(mb, 1) for name, mb in sorted(sizes.items())}
+
+
+async def sample_rss(
+    pid: int, tally: Tally, started: float, every_s: float, samples: list[dict[str, Any]]
+) -> None:
+    """Append the server tree's memory by process every `every_s` seconds until cancelled."""
+    while True:
+        await asyncio.sleep(every_s)
+        by_process = process_rss_mb(pid)
+        samples.append(
+            {
+                "t_s": round(time.monotonic() - started, 1),
+                "requests": tally.requests,
+                "rss_mb": round(sum(by_process.values()), 1),
+                "by_process": by_process,
+            }
+        )
 
 
 def live_streams(metrics_url: str) -> float:
@@ -261,7 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-minutes", type=float, default=20.0)
-    parser.add_argument("--warmup", type=int, default=50, help="requests before rss_start_mb")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=500,
+        help="requests at the soak's concurrency before rss_start_mb, so the start is a server "
+        "that already holds --concurrency streams, not one that has served a handful",
+    )
+    parser.add_argument("--rss-every-s", type=float, default=60.0, help="memory timeline step")
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--out", type=Path, default=Path("docs/reliability.json"))
     args = parser.parse_args(argv)
@@ -269,17 +301,30 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="voxfleet-soak-"))
     process, url, metrics_url = start_server(work)
     try:
-        asyncio.run(soak(url, args.warmup, 4, 300, args.seed + 1, Tally()))
-        rss_start = process_tree_rss_mb(process.pid)
+        asyncio.run(soak(url, args.warmup, args.concurrency, 600, args.seed + 1, Tally()))
+        rss_start_by_process = process_rss_mb(process.pid)
+        rss_start = sum(rss_start_by_process.values())
         tally = Tally()
+        timeline: list[dict[str, Any]] = []
         started = time.monotonic()
-        asyncio.run(
-            soak(url, args.requests, args.concurrency, args.max_minutes * 60, args.seed, tally)
-        )
+
+        async def run() -> None:
+            sampler = asyncio.create_task(
+                sample_rss(process.pid, tally, started, args.rss_every_s, timeline)
+            )
+            try:
+                await soak(
+                    url, args.requests, args.concurrency, args.max_minutes * 60, args.seed, tally
+                )
+            finally:
+                sampler.cancel()
+
+        asyncio.run(run())
         duration = time.monotonic() - started
         time.sleep(LIVE_STREAMS_DELAY_S)
         live_after = live_streams(metrics_url)
-        rss_end = process_tree_rss_mb(process.pid)
+        rss_end_by_process = process_rss_mb(process.pid)
+        rss_end = sum(rss_end_by_process.values())
     finally:
         stop_server(process)
     result = {
@@ -291,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         "rss_start_mb": round(rss_start, 1),
         "rss_end_mb": round(rss_end, 1),
         "live_streams_after": live_after,
+        "rss_start_by_process_mb": rss_start_by_process,
+        "rss_end_by_process_mb": rss_end_by_process,
+        "rss_timeline": timeline,
+        "warmup_requests": args.warmup,
         "duration_s": round(duration, 1),
         "concurrency": args.concurrency,
         "unexpected_examples": tally.examples,
