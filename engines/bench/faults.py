@@ -3,9 +3,11 @@
 - stop:     SIGTERM-to-exit with 0 and with 8 streams in flight (each run a fresh server).
 - heal:     kill -9 of the voice's backend stub with 4 streams in flight: how long until those
             streams end (and with what), until readiness fails, and until the voice serves.
-- overload: `--max-streams M` and 2M real-time listeners: refusals, their latency, and the
-            admitted streams' underruns (a chunk that arrives after the audio before it has
-            played out, playback starting at first audio).
+- overload: `--max-streams M` and 2M closed-loop listeners (`voxfleet bench`'s streams, over
+            one gRPC channel): refusals, their latency, and the admitted streams' underruns,
+            counted as the benchmark counts them (a chunk that arrives after the audio before
+            it has played out, playback starting at first audio); then the control, M
+            listeners and nothing refused, for the server's own underruns at that load.
 
     python -m engines.bench.faults stop heal overload --runs 3 --out docs/reliability-faults.json
 """
@@ -13,6 +15,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import itertools
 import json
 import platform
 import signal
@@ -24,6 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,10 +36,14 @@ from typing import Any
 import psutil
 
 from engines import names
-from engines.client import SynthesisError, stream_tts, synthesize
+from engines.bench.loadgen import run_closed_loop
+from engines.bench.systems import BenchSystemError, TritonSystem
+from engines.bench.timeline import analyse_stream
+from engines.client import SynthesisError, synthesize
 from engines.corpus import load_corpus, sentence_order
 from engines.triton_server import free_port
 
+REFUSED = "RESOURCE_EXHAUSTED"
 LONG = "This is a sentence that takes a few seconds to say out loud. " * 3
 
 
@@ -197,64 +206,68 @@ def measure_overload(
     work: Path, limit: int, seconds: float, retry_after_s: float, listeners: int
 ) -> dict[str, Any]:
     server = start(work, ["--max-streams", str(limit)])
-    sentences = sentence_order(load_corpus())
-    lock = threading.Lock()
-    refusals: list[float] = []
-    admitted: list[dict[str, Any]] = []
-    deadline = time.monotonic() + seconds
-    other_errors: list[str] = []
-
-    def listener(n: int) -> None:
-        turn = n
-        while time.monotonic() < deadline:
-            text = sentences[turn % len(sentences)]
-            turn += listeners
-            sent = [time.monotonic()]
-
-            def mark(sent: list[float] = sent) -> None:
-                sent[0] = time.monotonic()
-
-            arrivals: list[tuple[float, float]] = []  # (time, audio seconds before it)
-            audio_s = 0.0
-            try:
-                for rate, chunk in stream_tts(server.grpc, text, on_sent=mark):
-                    arrivals.append((time.monotonic(), audio_s))
-                    audio_s += len(chunk) / rate
-            except SynthesisError as error:
-                with lock:
-                    if error.code == "RESOURCE_EXHAUSTED":
-                        refusals.append(time.monotonic() - sent[0])
-                    else:
-                        other_errors.append(f"{error.code}: {error}")
-                time.sleep(retry_after_s)  # a client backing off before it retries
-                continue
-            start_play = arrivals[0][0]
-            underruns = sum(1 for at, before in arrivals[1:] if at > start_play + before)
-            with lock:
-                admitted.append({"underruns": underruns, "audio_s": audio_s})
-
-    threads = [threading.Thread(target=listener, args=(n,)) for n in range(listeners)]
     try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        result = asyncio.run(_overload(server.grpc, listeners, seconds, retry_after_s))
     finally:
         stop(server)
-    refusals_ms = sorted(r * 1000 for r in refusals)
+    refusals_ms = sorted(r * 1000 for r in result["refusals_s"])
+    admitted = result["admitted"]
     return {
         "max_streams": limit,
         "listeners": listeners,
         "seconds": seconds,
         "retry_after_s": retry_after_s,
         "admitted_streams": len(admitted),
-        "admitted_streams_with_underruns": sum(1 for a in admitted if a["underruns"]),
-        "underruns": sum(a["underruns"] for a in admitted),
-        "refusals": len(refusals),
+        "admitted_streams_with_underruns": sum(1 for a in admitted if a.underruns),
+        "underruns": sum(a.underruns for a in admitted),
+        "admitted_first_audio_ms_p95": _p95_ms([a.first_audio_s for a in admitted]),
+        "refusals": len(refusals_ms),
         "refusal_ms_median": round(statistics.median(refusals_ms), 1) if refusals_ms else None,
+        "refusal_ms_p99": round(refusals_ms[int(0.99 * (len(refusals_ms) - 1))], 1)
+        if refusals_ms
+        else None,
         "refusal_ms_max": round(refusals_ms[-1], 1) if refusals_ms else None,
-        "other_errors": other_errors[:5],
+        "other_errors": result["other_errors"][:5],
     }
+
+
+async def _overload(
+    url: str, listeners: int, seconds: float, retry_after_s: float
+) -> dict[str, Any]:
+    """`listeners` closed-loop listeners through one gRPC channel, as `voxfleet bench` drives a
+    server (a client service keeps its channel; a new connection per request would time the
+    client's handshake, not the server's refusal). A refused listener backs off, then asks
+    again with its next sentence."""
+    system = TritonSystem("voxfleet", url, "joe", streaming=True)
+    await system.connect()
+    refusals: list[float] = []
+
+    async def open_stream(text: str) -> AsyncIterator[tuple[int, int]]:
+        sent = time.perf_counter()
+        try:
+            async for chunk in system.open_stream(text):
+                yield chunk
+        except BenchSystemError as error:
+            if str(error).startswith(f"[{REFUSED}]"):
+                refusals.append(time.perf_counter() - sent)
+                await asyncio.sleep(retry_after_s)  # a client backing off before it retries
+            raise
+
+    try:
+        sentences = itertools.cycle(sentence_order(load_corpus()))
+        load = await run_closed_loop(open_stream, sentences, listeners, seconds, drain_s=60)
+    finally:
+        await system.close()
+    admitted = [analyse_stream(r) for r in load.records if r.error is None]
+    other_errors = [
+        r.error for r in load.records if r.error is not None and f"[{REFUSED}]" not in r.error
+    ]
+    return {"refusals_s": refusals, "admitted": admitted, "other_errors": other_errors}
+
+
+def _p95_ms(values: list[float | None]) -> float | None:
+    present = sorted(v for v in values if v is not None)
+    return round(1000 * present[int(0.95 * (len(present) - 1))], 1) if present else None
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -315,6 +328,19 @@ def main(argv: list[str] | None = None) -> int:
             "runs": runs,
         }
         print(json.dumps(report[label]), flush=True)
+        # The control: as many listeners as the limit, so nothing is refused. Underruns here
+        # are the server's own at that load, not the overload's.
+        control = [
+            measure_overload(
+                work, args.max_streams, args.overload_seconds, args.retry_after_s, args.max_streams
+            )
+            for _ in range(args.runs)
+        ]
+        report[f"overload_{args.max_streams}_control"] = {
+            "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+            "runs": control,
+        }
+        print(json.dumps(report[f"overload_{args.max_streams}_control"]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     return 0
