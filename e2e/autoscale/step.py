@@ -1,6 +1,6 @@
 """`make autoscale`: a load step on the local cluster, and the autoscaling loop's response.
 
-    python -m autoscale.step [--sync-period 15] [--scrape-interval 5s] [--capacity 2] ...
+    python -m autoscale.step [--sync-period 15] [--scrape-interval 5s] [--capacity 4] ...
 
 One installation (e2e/installation.py: the API emulator, the local cluster of real processes
 with each pool pod on its own CPU, the chart applied with kubectl, the operator running) and,
@@ -15,7 +15,8 @@ beside it, the real Prometheus, the chart's adapter rules and the HPA algorithm
   joe's own HPA scales joe to 2 pods, joe-fast stays on 1.
 
 Writes docs/autoscaling.json and docs/autoscaling.png; docs/autoscaling.md explains them.
-`--calibrate` measures one pod's first audio and underruns at 1..4 streams instead.
+`--calibrate` measures one pod's first audio and underruns at 1..4 streams (`--calibrate-levels`)
+instead.
 """
 
 from __future__ import annotations
@@ -397,13 +398,13 @@ def event_json(event: ScaleEvent, started: float) -> dict[str, Any]:
 
 
 def calibrate(
-    installation: Installation, adapter: PrometheusAdapter, slo_ms: int
+    installation: Installation, adapter: PrometheusAdapter, slo_ms: int, levels_to_run: list[int]
 ) -> dict[str, Any]:
     kubectl = installation.kubectl
     kubectl.apply(voice_manifest("joe", slo_ms, autoscaling={"maxReplicas": 1}))
     endpoint = ready_voice(kubectl, "joe")["status"]["endpoint"]
     levels = {}
-    for streams in (1, 2, 3, 4):
+    for streams in levels_to_run:
         records: list[TimedRecord] = []
         run_load(
             installation,
@@ -477,13 +478,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--rate-window", default="1m", help="the chart's prometheusAdapter.rules.rateWindow"
     )
-    parser.add_argument("--capacity", type=int, default=2, help="streams one pod holds")
+    parser.add_argument("--capacity", type=int, default=4, help="streams one pod holds")
     parser.add_argument("--slo-ms", type=int, default=800, help="targetFirstAudioP95Ms")
     parser.add_argument("--steady", type=float, default=60.0)
     parser.add_argument("--step", type=float, default=150.0)
     parser.add_argument("--down-max", type=float, default=540.0)
     parser.add_argument("--scenarios", default="pool,per_voice")
     parser.add_argument("--calibrate", action="store_true")
+    parser.add_argument(
+        "--calibrate-levels",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1, 2, 3, 4],
+        help="streams per calibration level, e.g. 1,2,4,6,8",
+    )
     parser.add_argument(
         "--report-only", action="store_true", help="redraw the plot and doc from --out's JSON"
     )
@@ -521,7 +528,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 adapter = PrometheusAdapter(controllers.prometheus.url, controllers.rules, no_pods)
                 try:
                     if scenario == "calibrate":
-                        results.update(calibrate(installation, adapter, args.slo_ms))
+                        results.update(
+                            calibrate(installation, adapter, args.slo_ms, args.calibrate_levels)
+                        )
                         print(json.dumps(results, indent=1))
                         return 0
                     if scenario == "pool":
