@@ -105,8 +105,9 @@ def markdown(results: dict[str, Any]) -> str:
         f"Command: `{results['command']}` on {results['date']} ({results['machine']}); "
         f"HPA sync period {results['sync_period_s']:g} s, Prometheus scrape interval "
         f"{results['scrape_interval']}, adapter rate window {results.get('rate_window', '1m')}, "
-        "SLO (targetFirstAudioP95Ms) "
-        f"{results['slo_ms']} ms, one pod's capacity taken as {results['pod_capacity_streams']} "
+        f"SLO (targetFirstAudioP95Ms) {results['slo_ms']} ms, targetQueueMs "
+        f"{results.get('queue_target_ms', results['slo_ms'])} ms, "
+        f"one pod's capacity taken as {results['pod_capacity_streams']} "
         "streams. Raw data: [autoscaling.json](autoscaling.json).",
         "",
         "| measure | value | goal | met |",

@@ -58,6 +58,10 @@ POOL_PODS = f"app.kubernetes.io/name=voxfleet-triton,voxfleet.io/pool={POOL}"
 JOE_PATH = "joe/en_US-joe-medium.onnx"
 
 
+# targetQueueMs of the scenarios' voices (--queue-target-ms); None: the SLO.
+QUEUE_TARGET_MS: int | None = None
+
+
 def voice_manifest(name: str, slo_ms: int, **spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": "voxfleet.io/v1alpha1",
@@ -71,7 +75,7 @@ def voice_manifest(name: str, slo_ms: int, **spec: Any) -> dict[str, Any]:
                 "minReplicas": 1,
                 "maxReplicas": 2,
                 "targetFirstAudioP95Ms": slo_ms,
-                "targetQueueMs": slo_ms,
+                "targetQueueMs": QUEUE_TARGET_MS or slo_ms,
                 **spec.get("autoscaling", {}),
             },
         },
@@ -479,7 +483,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rate-window", default="1m", help="the chart's prometheusAdapter.rules.rateWindow"
     )
     parser.add_argument("--capacity", type=int, default=4, help="streams one pod holds")
-    parser.add_argument("--slo-ms", type=int, default=800, help="targetFirstAudioP95Ms")
+    parser.add_argument("--slo-ms", type=int, default=400, help="targetFirstAudioP95Ms")
+    parser.add_argument(
+        "--queue-target-ms", type=int, default=200, help="targetQueueMs (0: the same as --slo-ms)"
+    )
     parser.add_argument("--steady", type=float, default=60.0)
     parser.add_argument("--step", type=float, default=150.0)
     parser.add_argument("--down-max", type=float, default=540.0)
@@ -496,6 +503,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "autoscaling.json")
     args = parser.parse_args(argv)
+    global QUEUE_TARGET_MS
+    QUEUE_TARGET_MS = args.queue_target_ms or None
     if args.report_only:
         write(json.loads(args.out.read_text()), args.out)
         return 0
@@ -515,6 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "scrape_interval": args.scrape_interval,
         "rate_window": args.rate_window,
         "slo_ms": args.slo_ms,
+        "queue_target_ms": args.queue_target_ms or args.slo_ms,
         "pod_capacity_streams": args.capacity,
     }
     # Each scenario on a fresh installation: a pool still scaled out, or a p95 window still
