@@ -483,7 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rate-window", default="1m", help="the chart's prometheusAdapter.rules.rateWindow"
     )
     parser.add_argument("--capacity", type=int, default=4, help="streams one pod holds")
-    parser.add_argument("--slo-ms", type=int, default=400, help="targetFirstAudioP95Ms")
+    parser.add_argument("--slo-ms", type=int, default=800, help="targetFirstAudioP95Ms")
     parser.add_argument(
         "--queue-target-ms", type=int, default=200, help="targetQueueMs (0: the same as --slo-ms)"
     )
