@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import platform
 import signal
 import statistics
@@ -286,9 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="voxfleet-faults-"))
     report: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     report["machine"] = (
-        f"{platform.machine()}, {psutil.cpu_count()} CPUs shared with other work, "
-        f"{psutil.virtual_memory().total / 2**30:.0f} GiB"
+        f"{platform.machine()}, {psutil.cpu_count()} CPUs, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB; load average {load} at the start"
     )
     if "stop" in args.what:
         for streams in (0, 8):

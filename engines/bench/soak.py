@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         and live_after == 0
         and tally.requests >= args.requests,
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "machine": f"{platform.machine()}, {psutil.cpu_count()} CPUs (shared), "
+        "machine": f"{platform.machine()}, {psutil.cpu_count()} CPUs, "
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
         "command": "make soak",
         "server_log": str(work / "serve.log"),
