@@ -319,6 +319,10 @@ class Supervisor:
         LOGGER.error("voxfleet: %s; restarting tritonserver", cause)
         print(f"voxfleet: {cause}; restarting tritonserver", flush=True)
         started = time.monotonic()
+        # A voice loaded since the last readiness check has no configuration here yet; the
+        # old server still holds it (a model whose stub died stays READY), so read it now or
+        # the new server would come up without that voice.
+        self._read_configs()
         self._kill_triton()
         self._start_triton()
         if not self.wait_ready(HEAL_TIMEOUT_S):

@@ -237,7 +237,7 @@ async def test_each_namespace_gets_its_own_random_key(api: Api, operator: None) 
     assert await key_of(NAMESPACE) == here and await key_of(other) == there
     deployment = await api.call("GET", Api.path("apps/v1", "deployments", "voxfleet-triton-t4"))
     env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
-    (key_env,) = [e for e in env if "valueFrom" in e]
+    (key_env,) = [e for e in env if "secretKeyRef" in e.get("valueFrom", {})]
     assert key_env["valueFrom"]["secretKeyRef"]["name"] == "voxfleet-repository-key"
 
 
