@@ -38,6 +38,7 @@ import psutil
 
 from engines import names
 from engines.bench.loadgen import run_closed_loop
+from engines.bench.stats import percentile
 from engines.bench.systems import BenchSystemError, TritonSystem
 from engines.bench.timeline import analyse_stream
 from engines.client import SynthesisError, synthesize
@@ -221,12 +222,12 @@ def measure_overload(
         "admitted_streams": len(admitted),
         "admitted_streams_with_underruns": sum(1 for a in admitted if a.underruns),
         "underruns": sum(a.underruns for a in admitted),
-        "admitted_first_audio_ms_p95": _p95_ms([a.first_audio_s for a in admitted]),
+        "admitted_first_audio_ms_p95": _percentile_ms(
+            [a.first_audio_s * 1000 for a in admitted if a.first_audio_s is not None], 95
+        ),
         "refusals": len(refusals_ms),
         "refusal_ms_median": round(statistics.median(refusals_ms), 1) if refusals_ms else None,
-        "refusal_ms_p99": round(refusals_ms[int(0.99 * (len(refusals_ms) - 1))], 1)
-        if refusals_ms
-        else None,
+        "refusal_ms_p99": _percentile_ms(refusals_ms, 99),
         "refusal_ms_max": round(refusals_ms[-1], 1) if refusals_ms else None,
         "other_errors": result["other_errors"][:5],
     }
@@ -266,9 +267,8 @@ async def _overload(
     return {"refusals_s": refusals, "admitted": admitted, "other_errors": other_errors}
 
 
-def _p95_ms(values: list[float | None]) -> float | None:
-    present = sorted(v for v in values if v is not None)
-    return round(1000 * present[int(0.95 * (len(present) - 1))], 1) if present else None
+def _percentile_ms(values_ms: list[float], q: float) -> float | None:
+    return round(percentile(values_ms, q), 1) if values_ms else None
 
 
 def summary(values: list[float]) -> dict[str, float]:
