@@ -4,8 +4,9 @@ Each worker holds one stream at a time and sends its next sentence when the prev
 ends, as `voxfleet bench` does; worker `i` is active while the current phase's concurrency is
 above `i`. Every stream opens its own gRPC connection through the voice's Service, as separate
 listeners would, so that a pod added by a scale-up receives new streams (one long-lived
-connection would stay on the pod it first reached). Timelines are the benchmark's
-`StreamRecord`s, so first audio and underruns are counted as in the benchmark.
+connection would stay on the pod it first reached). A failed stream ends when its error
+arrives, and its worker backs off `RETRY_AFTER_S` before the next one. Timelines are the
+benchmark's `StreamRecord`s, so first audio and underruns are counted as in the benchmark.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from engines.bench.systems import TritonSystem
 from engines.bench.timeline import Chunk, StreamRecord
 
 Clock = Callable[[], float]
+# How long a worker waits after a failed stream before its next one.
+RETRY_AFTER_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,10 @@ async def run_phases(
             except asyncio.CancelledError:
                 record.error = "cut off: still streaming when the run ended"
                 raise
-            except Exception as error:  # a failed stream is a result
+            except Exception as error:  # a failed stream is a result, ended when it failed
                 record.error = f"{type(error).__name__}: {error}"
+                record.ended_s = clock()
+                await asyncio.sleep(RETRY_AFTER_S)  # a listener backing off before it retries
 
     workers = [asyncio.ensure_future(worker(i)) for i in range(most)]
     try:

@@ -44,7 +44,7 @@ from e2e_support import NAMESPACE, POOL, ROOT, Kubectl, eventually
 
 from autoscale.adapter import PrometheusAdapter, rules_from_chart
 from autoscale.controllers import AutoscalingControllers, ScaleEvent
-from autoscale.load import Phase, TimedRecord, run_phases
+from autoscale.load import Phase, TimedRecord, open_stream_through, run_phases
 from autoscale.prometheus import PrometheusServer
 from autoscale.report import SAMPLE_SECONDS, write
 from engines.bench.timeline import analyse_stream
@@ -199,6 +199,28 @@ def sentences() -> Iterator[str]:
     return cycle_sentences(sentence_order(load_corpus()))
 
 
+async def reachable(address: str, voice: str, timeout_s: float = 60.0) -> None:
+    """Wait until one stream succeeds through the voice's Service.
+
+    A voice is Ready once its model is loaded and its pod labelled; the Service routes to the
+    pod a moment later (the endpoints and the proxy follow the label, as kube-proxy does).
+    The load starts after that moment, so its first streams measure the voice, not the
+    Service's catching up.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            async for _ in open_stream_through(address, voice, "Ready."):
+                pass
+            return
+        except Exception as error:
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"no stream reached {voice} through {address}: {error}"
+                ) from error
+            await asyncio.sleep(0.5)
+
+
 def run_load(
     installation: Installation,
     endpoint: str,
@@ -212,6 +234,7 @@ def run_load(
     starts: dict[str, float] = {}
 
     async def tracked() -> None:
+        await reachable(address, voice)
         # Phase starts are read back from run_phases' progress through `current`.
         task = asyncio.ensure_future(
             run_phases(address, voice, sentences(), phases, records, until=until)
@@ -233,7 +256,11 @@ def run_load(
 
 
 def streams_cut(records: Sequence[TimedRecord], since: float, until: float) -> list[dict[str, Any]]:
-    """Streams in flight between `since` and `until` that ended early or with an error."""
+    """Streams in flight between `since` and `until` that ended early or with an error.
+
+    A failed stream ended when its error arrived; one with no end was still streaming when the
+    load stopped. A stream that failed before `since` was not cut by what happened after it.
+    """
     cut = []
     for item in records:
         record = item.record
