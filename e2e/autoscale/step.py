@@ -1,6 +1,6 @@
 """`make autoscale`: a load step on the local cluster, and the autoscaling loop's response.
 
-    python -m autoscale.step [--sync-period 15] [--scrape-interval 5s] [--capacity 4] ...
+    python -m autoscale.step [--sync-period 15] [--scrape-interval 5s] [--rate-window 30s] ...
 
 One installation (e2e/installation.py: the API emulator, the local cluster of real processes
 with each pool pod on its own CPU, the chart applied with kubectl, the operator running) and,
@@ -507,7 +507,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sync-period", type=float, default=15.0, help="HPA sync period, s")
     parser.add_argument("--scrape-interval", default="5s", help="Prometheus scrape interval")
     parser.add_argument(
-        "--rate-window", default="1m", help="the chart's prometheusAdapter.rules.rateWindow"
+        "--rate-window",
+        default="30s",
+        help="the chart's prometheusAdapter.rules.rateWindow (the chart's default, 1m, suits "
+        "15 to 30 s scrapes; with a 5 s scrape 30 s still holds 6 samples and reacts sooner)",
     )
     parser.add_argument("--capacity", type=int, default=4, help="streams one pod holds")
     parser.add_argument("--slo-ms", type=int, default=800, help="targetFirstAudioP95Ms")
