@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from engines.triton_model.requests import (
     decode_request,
     stream_limit_error,
 )
-from engines.triton_model.responses import SENDER_THREADS, ResponseSink, Senders
+from engines.triton_model.responses import SENDER_THREADS, CancelWatcher, ResponseSink, Senders
 from engines.voice import VoiceConfig
 
 LOGGER = logging.getLogger("voxfleet.model")
@@ -80,6 +81,9 @@ class TritonPythonModel:
         if gpu:
             sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         self.senders = Senders(SENDER_THREADS if gpu else 0)
+        # The GPU scheduler thread makes no round trip to the server: cancellation is asked
+        # from a watcher thread and metrics are published from a thread of their own.
+        self.watcher = CancelWatcher() if gpu else None
         default_workers = str(FRONTEND_WORKERS) if gpu else "0"
         workers = int(os.environ.get("VOXFLEET_FRONTEND_WORKERS", default_workers))
         self.frontend = FrontendPool(self.plan.voice_config_path, workers)
@@ -91,7 +95,7 @@ class TritonPythonModel:
             hop_length=self.voice.hop_length,
             windows=self.plan.windows,
             cross_stream_batching=self.plan.cross_stream_batching,
-            on_step=self.metrics.publish,
+            on_step=None if gpu else self.metrics.publish,
         )
         if os.environ.get("VOXFLEET_WARMUP", "1") != "0":
             # GPU runtimes capture their CUDA graphs for every shape here: the model reports
@@ -101,10 +105,17 @@ class TritonPythonModel:
                 LOGGER.info("voice %s: %d call shapes prepared", self.name, shapes)
         self.scheduler.start()
         self.metrics.publish(self.scheduler.stats, force=True)
+        if gpu:
+            self.metrics.publish_from_thread(lambda: self.scheduler.stats)
+        report_s = float(os.environ.get("VOXFLEET_COSTS_LOG_S", "0") or 0)
+        if report_s > 0:
+            threading.Thread(
+                target=self._report_costs, args=(report_s,), name="voxfleet-costs", daemon=True
+            ).start()
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            sink = ResponseSink(request, self.voice.sample_rate, self.senders)
+            sink = ResponseSink(request, self.voice.sample_rate, self.senders, self.watcher)
             try:
                 if self.drain_file is not None and os.path.exists(self.drain_file):
                     raise RequestError(
@@ -146,7 +157,29 @@ class TritonPythonModel:
 
         self.frontend.submit(text, done)
 
+    def _report_costs(self, interval_s: float) -> None:
+        """A line per interval on stderr (the server's log) with the scheduler's call totals and
+        cost model per stage, for profiling runs (VOXFLEET_COSTS_LOG_S)."""
+        while True:
+            time.sleep(interval_s)
+            costs = self.scheduler.costs
+            line = {
+                stage: {
+                    "calls": calls,
+                    "seconds": round(seconds, 3),
+                    "rows": rows,
+                    "frames": frames,
+                    "per_call_ms": round(costs.per_call[stage] * 1000, 3),
+                    "per_frame_us": round(costs.per_frame[stage] * 1e6, 4),
+                }
+                for stage, (calls, seconds, rows, frames) in costs.totals.items()
+            }
+            print(f"voxfleet-costs {self.name} {json.dumps(line)}", file=sys.stderr, flush=True)
+
     def finalize(self) -> None:
         self.frontend.close()
         self.scheduler.stop()
+        self.metrics.stop()
+        if self.watcher is not None:
+            self.watcher.stop()
         self.senders.stop()
