@@ -65,6 +65,10 @@ CANCEL_CHECK_S = 0.5
 # scheduler plans and launches a step while the one before it still runs on the device, never
 # further ahead than this many steps.
 STEPS_IN_FLIGHT = 1
+# With asynchronous calls the stats are read by a metrics thread (every 0.25 s in the Triton
+# model): the streams at risk of an underrun, a pass over all of them, are counted no more
+# often than this rather than every step.
+RISK_COUNT_INTERVAL_S = 0.1
 
 
 @dataclass
@@ -131,8 +135,12 @@ class StreamScheduler:
         self._deliveries: queue.SimpleQueue[_Delivery | _Finish | None] = queue.SimpleQueue()
         self._delivery_thread: threading.Thread | None = None
         self._observed: deque[tuple[str, float, int, int]] = deque()
+        self._timings: deque[tuple[str, Any, int, int]] = (
+            deque()
+        )  # stage, DeviceTiming, rows, width
         self._in_flight: deque[Any] = deque()
         self._last_launched: Any = None
+        self._risk_counted_at = 0.0
 
     @property
     def _async(self) -> bool:
@@ -229,8 +237,7 @@ class StreamScheduler:
 
     def step(self) -> bool:
         """Plan and run one step; False when there was nothing to run yet."""
-        while self._observed:
-            self.costs.observe(*self._observed.popleft())
+        self._observe_timings()
         self._drop_cancelled()
         plan = self._plan()
         if not plan:
@@ -252,6 +259,14 @@ class StreamScheduler:
             while len(self._in_flight) > STEPS_IN_FLIGHT:
                 self._in_flight.popleft().wait()
         return True
+
+    def _observe_timings(self) -> None:
+        """Device times of asynchronous calls that have finished, into the cost model."""
+        while self._observed:
+            self.costs.observe(*self._observed.popleft())
+        while self._timings and self._timings[0][1].done():
+            stage, timing, rows, width = self._timings.popleft()
+            self.costs.observe(stage, timing.seconds(), rows, width)
 
     def _plan(self) -> StepPlan:
         for stream in [s for s in self._streams.values() if s.current is None and not s.sentences]:
@@ -352,7 +367,7 @@ class StreamScheduler:
         started = time.perf_counter()
         # With asynchronous calls the device may still be decoding an earlier call: time the
         # encoder's own device work, not the wait for that one.
-        stop_timer = self.backend.timer() if self._async else None  # type: ignore[attr-defined]
+        timing = self.backend.timer() if self._async else None  # type: ignore[attr-defined]
         prior, frames = self.backend.encode(
             ids, lengths, np.array(scales, dtype=np.float32), speakers
         )
@@ -362,12 +377,13 @@ class StreamScheduler:
         # backend.py); the windows then need the vocoder only.
         flow_sentences = getattr(self.backend, "flow_sentences", None)
         flowed = bool(flow_sentences and flow_sentences(prior, tables, frames, speakers))
-        if stop_timer is not None:
-            seconds = stop_timer()
+        if timing is not None:
+            # No wait here: the cost is read once the device is done (`_observe_timings`),
+            # and the next windows and step are planned while the flow runs.
+            self._timings.append(("encoder", timing.stop(), len(streams), longest))
         else:
             self.backend.sync()
-            seconds = time.perf_counter() - started
-        self.costs.observe("encoder", seconds, len(streams), longest)
+            self.costs.observe("encoder", time.perf_counter() - started, len(streams), longest)
         now = time.monotonic()
         for row, stream in enumerate(streams):
             count = int(frames[row])
@@ -471,7 +487,7 @@ class StreamScheduler:
         ends = np.array([w.flow[1] for w in windows], dtype=np.int64)
         limits = np.minimum(np.array([s.frames for s in states], dtype=np.int64), ends + context)
         started = time.perf_counter()
-        stop_timer = self.backend.timer() if self._async else None  # type: ignore[attr-defined]
+        timing = self.backend.timer() if self._async else None  # type: ignore[attr-defined]
         self.backend.flow(
             [s.pages for s in states],
             np.array([w.flow[0] - context for w in windows], dtype=np.int64),
@@ -481,12 +497,11 @@ class StreamScheduler:
             ends,
             self._speakers(windows),
         )
-        if stop_timer is not None:
-            seconds = stop_timer()
+        if timing is not None:
+            self._timings.append(("flow", timing.stop(), len(windows), width))
         else:
             self.backend.sync()
-            seconds = time.perf_counter() - started
-        self.costs.observe("flow", seconds, len(windows), width)
+            self.costs.observe("flow", time.perf_counter() - started, len(windows), width)
         for window, state in zip(windows, states, strict=True):
             state.flowed = window.flow[1]
 
@@ -519,10 +534,12 @@ class StreamScheduler:
         now = time.monotonic()
         window_seconds = self.windows.window_frames * self.hop / self.sample_rate
         self.stats.live_streams = len(self._streams) + len(self._incoming)
-        self.stats.underrun_risk_streams = sum(
-            1
-            for s in self._streams.values()
-            if s.first_audio_at is not None and s.buffered_seconds(now) < window_seconds
-        )
+        if not self._async or now - self._risk_counted_at >= RISK_COUNT_INTERVAL_S:
+            self._risk_counted_at = now
+            self.stats.underrun_risk_streams = sum(
+                1
+                for s in self._streams.values()
+                if s.first_audio_at is not None and s.buffered_seconds(now) < window_seconds
+            )
         if self._on_step is not None:
             self._on_step(self.stats)

@@ -12,7 +12,7 @@ The runtime must offer the device tensor API of `TorchCudaStages`: ``device``, `
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -58,6 +58,38 @@ class PendingAudio:
             self._seconds = start.elapsed_time(end) / 1000.0
             self._events = None
         return self._host.numpy(), float(self._seconds or 0.0)
+
+
+class DeviceTiming:
+    """The device time of the work queued between its start and `stop()`, read without
+    waiting for it once `done()` (CUDA events); on the CPU, the wall time between the two."""
+
+    def __init__(self, cuda: bool) -> None:
+        self._events: tuple[Any, Any] | None = None
+        self._started = time.perf_counter()
+        self._seconds: float | None = None
+        if cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._events = (start, torch.cuda.Event(enable_timing=True))
+
+    def stop(self) -> DeviceTiming:
+        if self._events is None:
+            self._seconds = time.perf_counter() - self._started
+        else:
+            self._events[1].record()
+        return self
+
+    def done(self) -> bool:
+        return self._events is None or bool(self._events[1].query())
+
+    def seconds(self) -> float:
+        if self._seconds is None:
+            assert self._events is not None, "stop() first"
+            start, end = self._events
+            end.synchronize()
+            self._seconds = start.elapsed_time(end) / 1000.0
+        return self._seconds
 
 
 class DeviceBackend:
@@ -172,22 +204,10 @@ class DeviceBackend:
         end.record()
         return PendingAudio(host, events=(start, end))
 
-    def timer(self) -> Callable[[], float]:
-        """Starts timing the device work queued from now on; the returned function waits for
-        that work and gives its seconds on the device (work queued before is not counted)."""
-        if self.device.type != "cuda":
-            started = time.perf_counter()
-            return lambda: time.perf_counter() - started
-        start = torch.cuda.Event(enable_timing=True)
-        start.record()
-
-        def stop() -> float:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            end.synchronize()
-            return float(start.elapsed_time(end)) / 1000.0
-
-        return stop
+    def timer(self) -> DeviceTiming:
+        """Starts timing the device work queued from now on (work queued before is not
+        counted); `DeviceTiming.stop()` after the last call to count."""
+        return DeviceTiming(self.device.type == "cuda")
 
     def sync(self) -> None:
         if self.device.type == "cuda":
