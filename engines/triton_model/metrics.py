@@ -18,8 +18,10 @@ METRICS_INTERVAL_S = 0.25
 class ModelMetrics:
     """The voice's own metrics on Triton's metrics port, published from scheduler stats."""
 
-    def __init__(self, model: str, restarts: int = 0) -> None:
+    def __init__(self, model: str, restarts: int = 0, instance: str | None = None) -> None:
         labels = {names.MODEL_LABEL: model}
+        if instance is not None:  # one of several instances of the voice: a series each
+            labels[names.MODEL_INSTANCE_LABEL] = instance
         # A Metric is only valid while its MetricFamily lives: keep the families.
         self._families: list[Any] = []
 

@@ -69,7 +69,17 @@ class TritonPythonModel:
             noise_w=self.voice.noise_w,
         )
         runtime = load_stages(self.plan.runtime, Path(self.plan.engine_dir), self.plan.windows)
-        self.metrics = ModelMetrics(self.name, restarts_so_far(self.name))
+        # A voice may run as several instances (processes), each with its own scheduler
+        # (`voxfleet serve --instances`): each takes its share of the pod's stream limit and
+        # labels its metrics; the first counts the restarts.
+        self.instances = sum(int(g.get("count", 1)) for g in config.get("instance_group") or [{}])
+        instance_name = str(args.get("model_instance_name", ""))
+        first = instance_name.endswith("_0") or self.instances == 1
+        self.metrics = ModelMetrics(
+            self.name,
+            restarts_so_far(self.name) if first else 0,
+            instance_name if self.instances > 1 else None,
+        )
         # Where the supervisor marks a draining server (absent when run without one).
         self.drain_file = os.environ.get(names.DRAIN_FILE_ENV) or None
         # A GPU scheduler thread spends its time waiting on the device and needs the GIL the
@@ -123,7 +133,8 @@ class TritonPythonModel:
                         UNAVAILABLE,
                     )
                 limit = self.plan.max_streams_per_pod
-                if limit and self.scheduler.live_streams() + self._preparing >= limit:
+                share = -(-limit // self.instances)  # this instance's part of the limit
+                if limit and self.scheduler.live_streams() + self._preparing >= share:
                     raise stream_limit_error(self.name, limit)
                 inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
                 text, params = decode_request(inputs, self.plan, self.defaults)

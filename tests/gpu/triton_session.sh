@@ -59,7 +59,11 @@ for port in 18000 18001 18002 18010 18011 18012; do
         exit 1
     fi
 done
-python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch 32 --voice joe --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 >"$OUT/triton-batched.log" 2>&1 &
+# INSTANCES=N serves the batched voice as N stream-model instances (processes, one scheduler
+# each) on the GPU.
+INSTANCE_ARGS=()
+[[ "${INSTANCES:-1}" != 1 ]] && INSTANCE_ARGS=(--instances "$INSTANCES")
+python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch 32 --voice joe --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 "${INSTANCE_ARGS[@]}" >"$OUT/triton-batched.log" 2>&1 &
 P1=$!
 trap 'kill -TERM $P1 ${P2:-} 2>/dev/null; wait 2>/dev/null; keep_logs' EXIT
 # One server warms up at a time: cuDNN's autotuning of two at once can take the whole GPU.
