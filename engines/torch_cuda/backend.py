@@ -11,6 +11,7 @@ The runtime must offer the device tensor API of `TorchCudaStages`: ``device``, `
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -27,6 +28,7 @@ INITIAL_PAGES = 4096
 # the first of these sizes (one CUDA graph per size and batch bucket); longer ones (slow
 # speech) take the windowed flow of the stream model. 2,048 frames = 23.8 s of audio.
 SENTENCE_FLOW_FRAMES = (256, 512, 1024, 2048)
+ASYNC_ENV = "VOXFLEET_ASYNC_CALLS"
 
 
 class PendingAudio:
@@ -104,7 +106,10 @@ class DeviceBackend:
         # Vocoder calls return before their audio is on the host (`vocode_async`): the
         # scheduler plans its next step while the GPU decodes this one. On by default on a
         # CUDA device; the scheduler keeps its synchronous path where this is False.
-        self.async_calls = self.device.type == "cuda" if async_calls is None else async_calls
+        # VOXFLEET_ASYNC_CALLS=0 keeps the synchronous path (for A/B measurements).
+        if async_calls is None:
+            async_calls = self.device.type == "cuda" and os.environ.get(ASYNC_ENV, "1") != "0"
+        self.async_calls = async_calls
         self.pool = FramePool(initial_pages)
         frames = self.pool.capacity_frames
         self._prior = torch.zeros(
