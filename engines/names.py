@@ -31,6 +31,8 @@ PLAN_PARAMETER = "voxfleet_plan"
 
 # -- metrics (labelled `model`) -----------------------------------------------------------
 MODEL_LABEL = "model"
+# Only where a voice runs more than one stream-model instance: which one (queries sum by model).
+MODEL_INSTANCE_LABEL = "model_instance"
 LIVE_STREAMS = "voxfleet_live_streams"
 UNDERRUN_RISK_STREAMS = "voxfleet_underrun_risk_streams"
 STREAMS_TOTAL = "voxfleet_streams_total"

@@ -28,8 +28,14 @@ def check_unique_names(plans: Iterable[ServingPlan]) -> None:
         raise ValueError(f"voice name(s) used twice: {', '.join(duplicates)}")
 
 
-def stream_model_config(plan: ServingPlan) -> dict[str, Any]:
-    """One voice's decoupled stream model, in the fields of Triton's ModelConfig."""
+def stream_model_config(plan: ServingPlan, instances: int = 1) -> dict[str, Any]:
+    """One voice's decoupled stream model, in the fields of Triton's ModelConfig.
+
+    `instances`: stream-model processes for the voice (one scheduler each, on the same GPU);
+    Triton spreads the voice's requests over them.
+    """
+    if instances < 1:
+        raise ValueError(f"a voice needs at least 1 model instance, got {instances}")
     return {
         "name": plan.name,
         "backend": "python",
@@ -43,8 +49,9 @@ def stream_model_config(plan: ServingPlan) -> dict[str, Any]:
             {"name": name, "data_type": dtype, "dims": list(dims)}
             for name, dtype, dims in names.OUTPUTS
         ],
-        # One instance per pod: the scheduler batches every stream of the voice itself.
-        "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
+        # One instance per pod by default: the scheduler batches every stream of the voice
+        # itself. More instances are more scheduler processes sharing the GPU.
+        "instance_group": [{"count": instances, "kind": "KIND_CPU"}],
         "parameters": {names.PLAN_PARAMETER: {"string_value": plan.to_json()}},
     }
 
@@ -97,13 +104,15 @@ def stream_model_source() -> bytes:
     return resources.files("engines.triton_model").joinpath("model.py").read_bytes()
 
 
-def build_model_repository(plans: Sequence[ServingPlan]) -> dict[str, bytes]:
-    """Relative path → file content for every voice's model."""
+def build_model_repository(plans: Sequence[ServingPlan], instances: int = 1) -> dict[str, bytes]:
+    """Relative path → file content for every voice's model (`instances` each)."""
     check_unique_names(plans)
     source = stream_model_source()
     files: dict[str, bytes] = {}
     for plan in plans:
-        files[f"{plan.name}/config.pbtxt"] = config_pbtxt(stream_model_config(plan)).encode()
+        files[f"{plan.name}/config.pbtxt"] = config_pbtxt(
+            stream_model_config(plan, instances)
+        ).encode()
         files[f"{plan.name}/{MODEL_SOURCE}"] = source
     return files
 

@@ -55,10 +55,12 @@ def local_server(
     metrics_port: int | None = None,
     work_dir: Path | None = None,
     extra_args: list[str] | None = None,
+    instances: int = 1,
 ) -> TritonServer:
-    """A not-yet-started TritonServer on a fresh repository for `plans`."""
+    """A not-yet-started TritonServer on a fresh repository for `plans` (`instances` stream
+    models per voice)."""
     work = work_dir or Path(tempfile.mkdtemp(prefix="voxfleet-serve-"))
-    repository = write_model_repository(build_model_repository(plans), work / "models")
+    repository = write_model_repository(build_model_repository(plans, instances), work / "models")
     return TritonServer(
         repository,
         grpc_port=grpc_port,

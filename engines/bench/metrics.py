@@ -34,7 +34,9 @@ def parse_batch_counts(text: str, metric: str = BATCH_METRIC) -> dict[str, dict[
             continue
         model = f"{labels.get('model', '?')} (vocoder)"
         value = float(match["value"])
-        counts.setdefault(model, {})[int(size)] = int(value)
+        # A voice served by several instances has a series per instance: they add up.
+        sizes = counts.setdefault(model, {})
+        sizes[int(size)] = sizes.get(int(size), 0) + int(value)
     return counts
 
 

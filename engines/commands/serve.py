@@ -94,7 +94,15 @@ def handle(args: argparse.Namespace) -> int:
         # A GPU model moves request data to the device itself: requests stay in host memory.
         gpu = any(plan.runtime_info.needs_gpu for plan in plans)
         extra = GPU_SERVER_ARGS if gpu else []
-        server = local_server(plans, args.grpc_port, args.http_port, args.metrics_port, None, extra)
+        server = local_server(
+            plans,
+            args.grpc_port,
+            args.http_port,
+            args.metrics_port,
+            None,
+            extra,
+            instances=args.instances,
+        )
         endpoints = TritonEndpoints(
             http_port=server.http_port,
             metrics_port=server.metrics_port,
@@ -137,6 +145,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument(
+        "--instances",
+        type=int,
+        default=1,
+        help="stream-model instances per voice, each a process with its own scheduler on the "
+        "same GPU (default 1)",
+    )
     parser.add_argument(
         "--health-port",
         type=int,

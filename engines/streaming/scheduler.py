@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -58,6 +61,30 @@ MAX_FIRST_AUDIO_SAMPLES = 10_000
 # How often each stream's sink is asked whether its client went away: for a Triton stream
 # the question is a round trip to the server process, too dear to ask every step.
 CANCEL_CHECK_S = 0.5
+# With a backend whose vocoder calls return before their audio is on the host (a GPU), the
+# scheduler plans and launches a step while the one before it still runs on the device, never
+# further ahead than this many steps.
+STEPS_IN_FLIGHT = 1
+# With asynchronous calls the stats are read by a metrics thread (every 0.25 s in the Triton
+# model): the streams at risk of an underrun, a pass over all of them, are counted no more
+# often than this rather than every step.
+RISK_COUNT_INTERVAL_S = 0.1
+
+
+@dataclass
+class _Delivery:
+    """A launched vocoder call's audio, for the delivery thread: (stream, row, samples, first
+    audio) per window, in the order the windows were planned."""
+
+    pending: Any
+    windows: list[tuple[Stream, int, int, bool]]
+    width: int
+
+
+@dataclass
+class _Finish:
+    stream: Stream
+    error: Exception | None
 
 
 class StreamScheduler:
@@ -102,10 +129,32 @@ class StreamScheduler:
         self._wake = threading.Condition()
         self._running = False
         self._thread: threading.Thread | None = None
+        # Asynchronous vocoder calls (DeviceBackend on a GPU): their audio and the streams'
+        # final responses leave from a delivery thread, in the order the scheduler queued them,
+        # and their device times come back to the cost model through `_observed`.
+        self._deliveries: queue.SimpleQueue[_Delivery | _Finish | None] = queue.SimpleQueue()
+        self._delivery_thread: threading.Thread | None = None
+        self._observed: deque[tuple[str, float, int, int]] = deque()
+        self._timings: deque[tuple[str, Any, int, int]] = (
+            deque()
+        )  # stage, DeviceTiming, rows, width
+        self._in_flight: deque[Any] = deque()
+        self._last_launched: Any = None
+        self._risk_counted_at = 0.0
+
+    @property
+    def _async(self) -> bool:
+        # Read from the backend in use (a benchmark may swap in host frame stores).
+        return bool(getattr(self.backend, "async_calls", False))
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         self._running = True
+        if self._async:
+            self._delivery_thread = threading.Thread(
+                target=self._deliver, name="voxfleet-delivery", daemon=True
+            )
+            self._delivery_thread.start()
         self._thread = threading.Thread(target=self._loop, name="voxfleet-scheduler", daemon=True)
         self._thread.start()
 
@@ -116,9 +165,12 @@ class StreamScheduler:
         if self._thread is not None:
             self._thread.join(timeout=10)
         for stream in [*self._incoming, *self._streams.values()]:
-            stream.sink.finish(RuntimeError("the server is shutting down"))
+            self._finish(stream, RuntimeError("the server is shutting down"))
         self._incoming.clear()
         self._streams.clear()
+        if self._delivery_thread is not None:
+            self._deliveries.put(None)  # after everything queued
+            self._delivery_thread.join(timeout=10)
 
     def warmup(self, max_phonemes: int = 640) -> int:
         """Prepare the backend for every call shape this scheduler sends (GPU runtimes capture
@@ -185,6 +237,7 @@ class StreamScheduler:
 
     def step(self) -> bool:
         """Plan and run one step; False when there was nothing to run yet."""
+        self._observe_timings()
         self._drop_cancelled()
         plan = self._plan()
         if not plan:
@@ -197,7 +250,23 @@ class StreamScheduler:
             self._encode(streams, scales)
         self._run([next_window(stream, self.windows) for stream in plan.encodes if stream.current])
         self._publish_stats()
+        if self._async:
+            # The next step is planned while this one runs on the device; wait for the one
+            # before it, so the device's queue stays short and new streams' calls come soon.
+            if self._last_launched is not None:
+                self._in_flight.append(self._last_launched)
+                self._last_launched = None
+            while len(self._in_flight) > STEPS_IN_FLIGHT:
+                self._in_flight.popleft().wait()
         return True
+
+    def _observe_timings(self) -> None:
+        """Device times of asynchronous calls that have finished, into the cost model."""
+        while self._observed:
+            self.costs.observe(*self._observed.popleft())
+        while self._timings and self._timings[0][1].done():
+            stage, timing, rows, width = self._timings.popleft()
+            self.costs.observe(stage, timing.seconds(), rows, width)
 
     def _plan(self) -> StepPlan:
         for stream in [s for s in self._streams.values() if s.current is None and not s.sentences]:
@@ -225,10 +294,51 @@ class StreamScheduler:
     def _close(self, stream: Stream, error: Exception | None = None) -> None:
         self._streams.pop(stream.stream_id, None)
         self._end_sentence(stream)
+        self._finish(stream, error)
+
+    def _finish(self, stream: Stream, error: Exception | None) -> None:
+        if self._delivery_thread is not None:
+            self._deliveries.put(_Finish(stream, error))  # after the stream's queued audio
+            return
         try:
             stream.sink.finish(error)
         except Exception:  # the client may be gone already
             LOGGER.debug("finishing stream %s failed", stream.stream_id, exc_info=True)
+
+    def _deliver(self) -> None:
+        """The delivery thread: each launched call's audio once it is on the host, and the
+        streams' final responses, in the order the scheduler queued them."""
+        while True:
+            item = self._deliveries.get()
+            if item is None:
+                return
+            if isinstance(item, _Finish):
+                try:
+                    item.stream.sink.finish(item.error)
+                except Exception:  # the client may be gone already
+                    LOGGER.debug("finishing stream %s failed", item.stream.stream_id)
+                continue
+            try:
+                pcm, seconds = item.pending.result()
+            except Exception as error:  # a failed call: its streams end with the error
+                LOGGER.exception("a vocoder call failed")
+                for stream, _, _, _ in item.windows:
+                    stream.sink.finish(RuntimeError(f"synthesis failed: {error}"))
+                continue
+            self._observed.append(("vocoder", seconds, len(item.windows), item.width))
+            now = time.monotonic()
+            stats = self.stats
+            for stream, row, samples, first in item.windows:
+                if first:
+                    stats.first_audio_seconds_sum += now - stream.arrived
+                    stats.first_audio_count += 1
+                    if len(stats.first_audio_samples) < MAX_FIRST_AUDIO_SAMPLES:
+                        stats.first_audio_samples.append(now - stream.arrived)
+                try:
+                    stream.sink.audio(pcm[row, :samples])
+                except Exception:  # the scheduler notices a cancelled stream on its own
+                    LOGGER.debug("sending to stream %s failed", stream.stream_id)
+            item = None  # hold no pinned block while waiting for the next
 
     def _end_sentence(self, stream: Stream) -> None:
         if stream.current is not None:
@@ -255,6 +365,9 @@ class StreamScheduler:
         lengths = np.array([len(s.ids) for s in sentences], dtype=np.int64)
         speakers = np.array([s.params.speaker_id for s in streams], dtype=np.int64)
         started = time.perf_counter()
+        # With asynchronous calls the device may still be decoding an earlier call: time the
+        # encoder's own device work, not the wait for that one.
+        timing = self.backend.timer() if self._async else None  # type: ignore[attr-defined]
         prior, frames = self.backend.encode(
             ids, lengths, np.array(scales, dtype=np.float32), speakers
         )
@@ -264,8 +377,13 @@ class StreamScheduler:
         # backend.py); the windows then need the vocoder only.
         flow_sentences = getattr(self.backend, "flow_sentences", None)
         flowed = bool(flow_sentences and flow_sentences(prior, tables, frames, speakers))
-        self.backend.sync()
-        self.costs.observe("encoder", time.perf_counter() - started, len(streams), longest)
+        if timing is not None:
+            # No wait here: the cost is read once the device is done (`_observe_timings`),
+            # and the next windows and step are planned while the flow runs.
+            self._timings.append(("encoder", timing.stop(), len(streams), longest))
+        else:
+            self.backend.sync()
+            self.costs.observe("encoder", time.perf_counter() - started, len(streams), longest)
         now = time.monotonic()
         for row, stream in enumerate(streams):
             count = int(frames[row])
@@ -281,6 +399,9 @@ class StreamScheduler:
             if window.stream.window_ready_at is not None:
                 self.stats.queue_seconds_sum += started - window.stream.window_ready_at
                 self.stats.queue_count += 1
+        if self._async:
+            self._launch_windows(windows)
+            return
         audio = self._vocode(windows)
         now = time.monotonic()
         for window, pcm in zip(windows, audio, strict=True):
@@ -307,6 +428,54 @@ class StreamScheduler:
                 if not stream.sentences:
                     self._close(stream)
 
+    def _launch_windows(self, windows: list[Window]) -> None:
+        """`_run_windows` with an asynchronous vocoder call: the streams' state moves on now
+        (the next step plans from it), their audio leaves from the delivery thread."""
+        pending, sizes, width = self._vocode_launch(windows)
+        now = time.monotonic()
+        delivery = _Delivery(pending, [], width)
+        ended: list[Stream] = []
+        for row, (window, size) in enumerate(zip(windows, sizes, strict=True)):
+            stream, state = window.stream, window.stream.current
+            assert state is not None
+            state.vocoded = window.decode[1]
+            first = stream.first_audio_at is None
+            if first:
+                # Playback is taken to start at the launch, a little before the audio arrives:
+                # the planner then thinks a stream's buffer a little shorter than it is.
+                stream.first_audio_at = now
+            delivery.windows.append((stream, row, size * self.hop, first))
+            stream.audio_seconds_sent += size * self.hop / self.sample_rate
+            stream.windows_sent += 1
+            stream.window_ready_at = now
+            if state.vocoded >= state.frames:
+                self._end_sentence(stream)
+                if not stream.sentences:
+                    ended.append(stream)
+        self._deliveries.put(delivery)
+        self._last_launched = pending
+        for stream in ended:
+            self._close(stream)  # its final response follows its audio
+
+    def _vocode_launch(self, windows: list[Window]) -> tuple[Any, list[int], int]:
+        context = self.windows.vocoder_context_frames
+        sizes = [w.decode[1] - w.decode[0] for w in windows]
+        width = max(call_frames(size, self.windows, self.rules) for size in sizes) + 2 * context
+        states = [w.state for w in windows]
+        ends = np.array([w.decode[1] for w in windows], dtype=np.int64)
+        limits = np.minimum(np.array([s.frames for s in states], dtype=np.int64), ends + context)
+        pending = self.backend.vocode_async(  # type: ignore[attr-defined]
+            [s.pages for s in states],
+            np.array([w.decode[0] - context for w in windows], dtype=np.int64),
+            limits,
+            width,
+            self._speakers(windows),
+            (context * self.hop, (context + max(sizes)) * self.hop),
+        )
+        batches = self.stats.vocoder_batches
+        batches[len(windows)] = batches.get(len(windows), 0) + 1
+        return pending, sizes, width
+
     def _flow(self, windows: list[Window]) -> None:
         if not windows:
             return
@@ -318,6 +487,7 @@ class StreamScheduler:
         ends = np.array([w.flow[1] for w in windows], dtype=np.int64)
         limits = np.minimum(np.array([s.frames for s in states], dtype=np.int64), ends + context)
         started = time.perf_counter()
+        timing = self.backend.timer() if self._async else None  # type: ignore[attr-defined]
         self.backend.flow(
             [s.pages for s in states],
             np.array([w.flow[0] - context for w in windows], dtype=np.int64),
@@ -327,8 +497,11 @@ class StreamScheduler:
             ends,
             self._speakers(windows),
         )
-        self.backend.sync()
-        self.costs.observe("flow", time.perf_counter() - started, len(windows), width)
+        if timing is not None:
+            self._timings.append(("flow", timing.stop(), len(windows), width))
+        else:
+            self.backend.sync()
+            self.costs.observe("flow", time.perf_counter() - started, len(windows), width)
         for window, state in zip(windows, states, strict=True):
             state.flowed = window.flow[1]
 
@@ -361,10 +534,12 @@ class StreamScheduler:
         now = time.monotonic()
         window_seconds = self.windows.window_frames * self.hop / self.sample_rate
         self.stats.live_streams = len(self._streams) + len(self._incoming)
-        self.stats.underrun_risk_streams = sum(
-            1
-            for s in self._streams.values()
-            if s.first_audio_at is not None and s.buffered_seconds(now) < window_seconds
-        )
+        if not self._async or now - self._risk_counted_at >= RISK_COUNT_INTERVAL_S:
+            self._risk_counted_at = now
+            self.stats.underrun_risk_streams = sum(
+                1
+                for s in self._streams.values()
+                if s.first_audio_at is not None and s.buffered_seconds(now) < window_seconds
+            )
         if self._on_step is not None:
             self._on_step(self.stats)

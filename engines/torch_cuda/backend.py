@@ -11,6 +11,8 @@ The runtime must offer the device tensor API of `TorchCudaStages`: ``device``, `
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -26,15 +28,88 @@ INITIAL_PAGES = 4096
 # the first of these sizes (one CUDA graph per size and batch bucket); longer ones (slow
 # speech) take the windowed flow of the stream model. 2,048 frames = 23.8 s of audio.
 SENTENCE_FLOW_FRAMES = (256, 512, 1024, 2048)
+ASYNC_ENV = "VOXFLEET_ASYNC_CALLS"
+
+
+class PendingAudio:
+    """A vocoder call's int16 PCM on its way to the host, and the call's GPU time.
+
+    On a CUDA device the copy goes into pinned host memory without waiting; `result()` waits
+    for it (releasing the GIL). Elsewhere the PCM is there already.
+    """
+
+    def __init__(
+        self,
+        host: torch.Tensor,
+        seconds: float | None = None,
+        events: tuple[Any, Any] | None = None,
+    ) -> None:
+        self._host = host
+        self._seconds = seconds
+        self._events = events
+
+    def wait(self) -> None:
+        if self._events is not None:
+            self._events[1].synchronize()
+
+    def result(self) -> tuple[np.ndarray, float]:
+        """(PCM [windows, samples], seconds the call took on the device)."""
+        if self._events is not None:
+            start, end = self._events
+            end.synchronize()
+            self._seconds = start.elapsed_time(end) / 1000.0
+            self._events = None
+        return self._host.numpy(), float(self._seconds or 0.0)
+
+
+class DeviceTiming:
+    """The device time of the work queued between its start and `stop()`, read without
+    waiting for it once `done()` (CUDA events); on the CPU, the wall time between the two."""
+
+    def __init__(self, cuda: bool) -> None:
+        self._events: tuple[Any, Any] | None = None
+        self._started = time.perf_counter()
+        self._seconds: float | None = None
+        if cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._events = (start, torch.cuda.Event(enable_timing=True))
+
+    def stop(self) -> DeviceTiming:
+        if self._events is None:
+            self._seconds = time.perf_counter() - self._started
+        else:
+            self._events[1].record()
+        return self
+
+    def done(self) -> bool:
+        return self._events is None or bool(self._events[1].query())
+
+    def seconds(self) -> float:
+        if self._seconds is None:
+            assert self._events is not None, "stop() first"
+            start, end = self._events
+            end.synchronize()
+            self._seconds = start.elapsed_time(end) / 1000.0
+        return self._seconds
 
 
 class DeviceBackend:
     # A GPU call costs about the same for 1 window as for 16: the scheduler plans with that.
     fixed_call_costs = True
 
-    def __init__(self, runtime: Any, initial_pages: int = INITIAL_PAGES) -> None:
+    def __init__(
+        self, runtime: Any, initial_pages: int = INITIAL_PAGES, async_calls: bool | None = None
+    ) -> None:
         self.runtime = runtime
         self.device = torch.device(runtime.device)
+        # Vocoder calls return before their audio is on the host (`vocode_async`): the
+        # scheduler plans its next step while the GPU decodes this one. On by default on a
+        # CUDA device; the scheduler keeps its synchronous path where this is False.
+        # VOXFLEET_ASYNC_CALLS=0 keeps the synchronous path (for A/B measurements).
+        if async_calls is None:
+            async_calls = self.device.type == "cuda" and os.environ.get(ASYNC_ENV, "1") != "0"
+        self.async_calls = async_calls
         self.pool = FramePool(initial_pages)
         frames = self.pool.capacity_frames
         self._prior = torch.zeros(
@@ -112,6 +187,32 @@ class DeviceBackend:
         audio = self.runtime.vocode_tensor(latent, speakers)[:, cut[0] : cut[1]]
         pcm = (audio.float().clamp(-1.0, 1.0) * 32767.0).to(torch.int16)
         return pcm.cpu().numpy()
+
+    def vocode_async(self, tables, starts, limits, width, speakers, cut) -> PendingAudio:
+        """`vocode` without waiting: the PCM comes back through the returned `PendingAudio`,
+        after everything queued on the device before it."""
+        if self.device.type != "cuda":
+            started = time.perf_counter()
+            pcm = self.vocode(tables, starts, limits, width, speakers, cut)
+            return PendingAudio(torch.from_numpy(pcm), time.perf_counter() - started)
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        index, _ = FramePool.window_index(tables, starts, limits, width)
+        latent = self._latent[self._upload(index)].permute(0, 2, 1)
+        audio = self.runtime.vocode_tensor(latent, speakers)[:, cut[0] : cut[1]]
+        pcm = (audio.float().clamp(-1.0, 1.0) * 32767.0).to(torch.int16)
+        # The caching host allocator hands the pinned block back once the copy is done and
+        # nothing refers to it (the numpy rows sent as responses keep it alive until then).
+        host = torch.empty(pcm.shape, dtype=torch.int16, pin_memory=True)
+        host.copy_(pcm, non_blocking=True)
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        return PendingAudio(host, events=(start, end))
+
+    def timer(self) -> DeviceTiming:
+        """Starts timing the device work queued from now on (work queued before is not
+        counted); `DeviceTiming.stop()` after the last call to count."""
+        return DeviceTiming(self.device.type == "cuda")
 
     def sync(self) -> None:
         if self.device.type == "cuda":

@@ -272,6 +272,16 @@ class TorchCudaStages:
         )
         return {"sid": sid.to(self.device)}
 
+    def _upload(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host tensor onto the device without waiting for the work queued there (a plain
+        copy from pageable memory waits for the stream: the encoder then started only after
+        the vocoder calls queued before it had finished and the host had woken up)."""
+        if tensor.device == self.device:
+            return tensor
+        if self.device.type == "cuda":
+            tensor = tensor.pin_memory()
+        return tensor.to(self.device, non_blocking=True)
+
     def encode_tensor(
         self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, speaker_ids=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -288,8 +298,8 @@ class TorchCudaStages:
                 # Durations are ceil()ed: TF32 convolutions could move frame boundaries.
                 m_p, logs_p, x_mask, logw = self.encoder_stage.run(
                     {
-                        "ids": ids.to(self.device, torch.int64),
-                        "lengths": lengths.to(self.device, torch.int64),
+                        "ids": self._upload(ids.to(torch.int64)),
+                        "lengths": self._upload(lengths.to(torch.int64)),
                         "noise": noise,
                     }
                 )

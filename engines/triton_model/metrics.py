@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
@@ -17,8 +18,10 @@ METRICS_INTERVAL_S = 0.25
 class ModelMetrics:
     """The voice's own metrics on Triton's metrics port, published from scheduler stats."""
 
-    def __init__(self, model: str, restarts: int = 0) -> None:
+    def __init__(self, model: str, restarts: int = 0, instance: str | None = None) -> None:
         labels = {names.MODEL_LABEL: model}
+        if instance is not None:  # one of several instances of the voice: a series each
+            labels[names.MODEL_INSTANCE_LABEL] = instance
         # A Metric is only valid while its MetricFamily lives: keep the families.
         self._families: list[Any] = []
 
@@ -66,6 +69,28 @@ class ModelMetrics:
         self._last = SchedulerStats()
         self._published_at = 0.0
         self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def publish_from_thread(self, stats: Callable[[], SchedulerStats]) -> None:
+        """Publish `stats()` every METRICS_INTERVAL_S from a thread of its own rather than from
+        the scheduler's steps: every metric update is a round trip to the tritonserver process
+        (one per first-audio sample), which a GPU scheduler thread must not wait on."""
+
+        def run() -> None:
+            while not self._stopped.wait(METRICS_INTERVAL_S):
+                try:
+                    self.publish(stats(), force=True)
+                except Exception:  # metrics must never take the model down
+                    pass
+
+        self._thread = threading.Thread(target=run, name="voxfleet-metrics", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
 
     def publish(self, stats: SchedulerStats, force: bool = False) -> None:
         now = time.monotonic()
@@ -83,7 +108,9 @@ class ModelMetrics:
             ):
                 if new > old:
                     metric.increment(new - old)
-            samples, stats.first_audio_samples = stats.first_audio_samples, []
+            # Taken in place: the scheduler thread may append while another thread publishes.
+            samples = stats.first_audio_samples[:]
+            del stats.first_audio_samples[: len(samples)]
             for seconds in samples:
                 self.first_audio.observe(seconds)
             for size, calls in list(stats.vocoder_batches.items()):

@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from engines.triton_model.requests import (
     decode_request,
     stream_limit_error,
 )
-from engines.triton_model.responses import SENDER_THREADS, ResponseSink, Senders
+from engines.triton_model.responses import SENDER_THREADS, CancelWatcher, ResponseSink, Senders
 from engines.voice import VoiceConfig
 
 LOGGER = logging.getLogger("voxfleet.model")
@@ -68,7 +69,17 @@ class TritonPythonModel:
             noise_w=self.voice.noise_w,
         )
         runtime = load_stages(self.plan.runtime, Path(self.plan.engine_dir), self.plan.windows)
-        self.metrics = ModelMetrics(self.name, restarts_so_far(self.name))
+        # A voice may run as several instances (processes), each with its own scheduler
+        # (`voxfleet serve --instances`): each takes its share of the pod's stream limit and
+        # labels its metrics; the first counts the restarts.
+        self.instances = sum(int(g.get("count", 1)) for g in config.get("instance_group") or [{}])
+        instance_name = str(args.get("model_instance_name", ""))
+        first = instance_name.endswith("_0") or self.instances == 1
+        self.metrics = ModelMetrics(
+            self.name,
+            restarts_so_far(self.name) if first else 0,
+            instance_name if self.instances > 1 else None,
+        )
         # Where the supervisor marks a draining server (absent when run without one).
         self.drain_file = os.environ.get(names.DRAIN_FILE_ENV) or None
         # A GPU scheduler thread spends its time waiting on the device and needs the GIL the
@@ -80,6 +91,9 @@ class TritonPythonModel:
         if gpu:
             sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         self.senders = Senders(SENDER_THREADS if gpu else 0)
+        # The GPU scheduler thread makes no round trip to the server: cancellation is asked
+        # from a watcher thread and metrics are published from a thread of their own.
+        self.watcher = CancelWatcher() if gpu else None
         default_workers = str(FRONTEND_WORKERS) if gpu else "0"
         workers = int(os.environ.get("VOXFLEET_FRONTEND_WORKERS", default_workers))
         self.frontend = FrontendPool(self.plan.voice_config_path, workers)
@@ -91,7 +105,7 @@ class TritonPythonModel:
             hop_length=self.voice.hop_length,
             windows=self.plan.windows,
             cross_stream_batching=self.plan.cross_stream_batching,
-            on_step=self.metrics.publish,
+            on_step=None if gpu else self.metrics.publish,
         )
         if os.environ.get("VOXFLEET_WARMUP", "1") != "0":
             # GPU runtimes capture their CUDA graphs for every shape here: the model reports
@@ -101,10 +115,17 @@ class TritonPythonModel:
                 LOGGER.info("voice %s: %d call shapes prepared", self.name, shapes)
         self.scheduler.start()
         self.metrics.publish(self.scheduler.stats, force=True)
+        if gpu:
+            self.metrics.publish_from_thread(lambda: self.scheduler.stats)
+        report_s = float(os.environ.get("VOXFLEET_COSTS_LOG_S", "0") or 0)
+        if report_s > 0:
+            threading.Thread(
+                target=self._report_costs, args=(report_s,), name="voxfleet-costs", daemon=True
+            ).start()
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            sink = ResponseSink(request, self.voice.sample_rate, self.senders)
+            sink = ResponseSink(request, self.voice.sample_rate, self.senders, self.watcher)
             try:
                 if self.drain_file is not None and os.path.exists(self.drain_file):
                     raise RequestError(
@@ -112,7 +133,8 @@ class TritonPythonModel:
                         UNAVAILABLE,
                     )
                 limit = self.plan.max_streams_per_pod
-                if limit and self.scheduler.live_streams() + self._preparing >= limit:
+                share = -(-limit // self.instances)  # this instance's part of the limit
+                if limit and self.scheduler.live_streams() + self._preparing >= share:
                     raise stream_limit_error(self.name, limit)
                 inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
                 text, params = decode_request(inputs, self.plan, self.defaults)
@@ -146,7 +168,29 @@ class TritonPythonModel:
 
         self.frontend.submit(text, done)
 
+    def _report_costs(self, interval_s: float) -> None:
+        """A line per interval on stderr (the server's log) with the scheduler's call totals and
+        cost model per stage, for profiling runs (VOXFLEET_COSTS_LOG_S)."""
+        while True:
+            time.sleep(interval_s)
+            costs = self.scheduler.costs
+            line = {
+                stage: {
+                    "calls": calls,
+                    "seconds": round(seconds, 3),
+                    "rows": rows,
+                    "frames": frames,
+                    "per_call_ms": round(costs.per_call[stage] * 1000, 3),
+                    "per_frame_us": round(costs.per_frame[stage] * 1e6, 4),
+                }
+                for stage, (calls, seconds, rows, frames) in costs.totals.items()
+            }
+            print(f"voxfleet-costs {self.name} {json.dumps(line)}", file=sys.stderr, flush=True)
+
     def finalize(self) -> None:
         self.frontend.close()
         self.scheduler.stop()
+        self.metrics.stop()
+        if self.watcher is not None:
+            self.watcher.stop()
         self.senders.stop()

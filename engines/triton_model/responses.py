@@ -19,6 +19,10 @@ from engines.triton_model.requests import INTERNAL, RequestError
 LOGGER = logging.getLogger("voxfleet.model")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 SENDER_THREADS = 2
+# How often the cancel watcher asks about each live stream (engines.streaming.scheduler reads
+# the answer at most every CANCEL_CHECK_S as well).
+CANCEL_WATCH_S = 0.5
+
 
 def triton_error_code(status: str) -> Any:
     """The Triton error code closest to a gRPC status name. (pb_utils has its TritonError
@@ -83,16 +87,69 @@ class Senders:
             thread.join(timeout=10)
 
 
+class CancelWatcher:
+    """Asks Triton, from a thread of its own, whether each live stream's client went away.
+
+    Each question is a round trip to the tritonserver process; asked from the scheduler thread
+    (every live stream every 0.5 s: 2,000 a second at 1,000 streams), the GPU waited on them.
+    The sinks it watches answer `cancelled()` from the last answer instead.
+    """
+
+    def __init__(self, interval_s: float = CANCEL_WATCH_S) -> None:
+        self._interval_s = interval_s
+        self._sinks: set[ResponseSink] = set()
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="voxfleet-cancel", daemon=True)
+        self._thread.start()
+
+    def watch(self, sink: ResponseSink) -> None:
+        with self._lock:
+            self._sinks.add(sink)
+
+    def forget(self, sink: ResponseSink) -> None:
+        with self._lock:
+            self._sinks.discard(sink)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval_s):
+            with self._lock:
+                sinks = list(self._sinks)
+            for sink in sinks:
+                sink.ask_cancelled()
+            sinks = []  # hold no response sender while waiting
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=10)
+        with self._lock:
+            self._sinks.clear()
+
+
 class ResponseSink(StreamSink):
-    """One stream's decoupled responses: audio chunks, then one final-flagged response."""
+    """One stream's decoupled responses: audio chunks, then one final-flagged response.
+
+    With a `CancelWatcher`, `cancelled()` reads the watcher's last answer; without one (the CPU
+    data plane), it asks Triton itself.
+    """
 
     _keys = itertools.count()
 
-    def __init__(self, request: Any, sample_rate: int, senders: Senders) -> None:
+    def __init__(
+        self,
+        request: Any,
+        sample_rate: int,
+        senders: Senders,
+        watcher: CancelWatcher | None = None,
+    ) -> None:
         self._sender: Any = request.get_response_sender()
         self._rate = np.array([sample_rate], dtype=np.int32)
         self._senders = senders
         self._key = next(self._keys)
+        self._watcher = watcher
+        self._cancelled = False
+        if watcher is not None:
+            watcher.watch(self)
 
     def _send(self, response: Any = None, flags: int = 0) -> None:
         sender = self._sender
@@ -103,6 +160,8 @@ class ResponseSink(StreamSink):
             # objects of its response sender are gone: drop ours with the final response,
             # whatever else still refers to this sink.
             self._sender = None
+            if self._watcher is not None:
+                self._watcher.forget(self)
         self._senders.submit(self._key, lambda: sender.send(response, flags=flags))
 
     def audio(self, pcm: np.ndarray) -> None:
@@ -126,4 +185,19 @@ class ResponseSink(StreamSink):
 
     def cancelled(self) -> bool:
         sender = self._sender
-        return sender is None or bool(sender.is_cancelled())
+        if sender is None:
+            return True
+        if self._watcher is not None:
+            return self._cancelled
+        return bool(sender.is_cancelled())
+
+    def ask_cancelled(self) -> None:
+        """The watcher's question (a round trip to the server), answered for `cancelled()`."""
+        sender = self._sender
+        if sender is None:
+            return
+        try:
+            self._cancelled = bool(sender.is_cancelled())
+        except Exception:  # the request is gone: as good as cancelled
+            LOGGER.debug("asking whether a stream was cancelled failed", exc_info=True)
+            self._cancelled = True

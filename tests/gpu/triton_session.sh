@@ -59,7 +59,11 @@ for port in 18000 18001 18002 18010 18011 18012; do
         exit 1
     fi
 done
-python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch 32 --voice joe --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 >"$OUT/triton-batched.log" 2>&1 &
+# INSTANCES=N serves the batched voice as N stream-model instances (processes, one scheduler
+# each) on the GPU.
+INSTANCE_ARGS=()
+[[ "${INSTANCES:-1}" != 1 ]] && INSTANCE_ARGS=(--instances "$INSTANCES")
+python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch 32 --voice joe --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 "${INSTANCE_ARGS[@]}" >"$OUT/triton-batched.log" 2>&1 &
 P1=$!
 trap 'kill -TERM $P1 ${P2:-} 2>/dev/null; wait 2>/dev/null; keep_logs' EXIT
 # One server warms up at a time: cuDNN's autotuning of two at once can take the whole GPU.
@@ -105,24 +109,35 @@ children_of() {  # from /proc: the GPU machine's image has no pgrep
     done
 }
 if [[ -n "${PROFILE_DELAY:-}" ]]; then
-    # Where the batched server's processes spend their CPU under load: per-process CPU (the
-    # tritonserver and its Python stub), per-thread CPU of the stub, and py-spy on the stub's
-    # busy threads, summarised by engines.bench.profile.
+    # Where the batched server's processes spend their CPU under load, all sampled at the same
+    # time: per-process CPU (the tritonserver and its Python stub), per-thread CPU of the
+    # stub, GPU utilisation, py-spy on the stub (every busy thread, then only the thread
+    # holding the GIL, then every thread, idle or not), each summarised by
+    # engines.bench.profile.
     (
         sleep "$PROFILE_DELAY"
         server=$(children_of "$P1" | head -n 1)  # the serve command's child: the batched tritonserver
         stub=$(children_of "$server" | head -n 1)
         echo "server $server stub $stub" >"$OUT/profile-processes.txt"
-        top -b -n 2 -d 5 -p "$server,$stub" | tail -n 4 >>"$OUT/profile-processes.txt"
-        top -H -b -n 2 -d 5 -p "$stub" | tail -n 25 >"$OUT/profile-stub-threads.txt"
-        py-spy record --pid "$stub" --duration 10 --rate 100 --format raw --nonblocking \
+        top -b -n 2 -d 5 -p "$server,$stub" | tail -n 4 >>"$OUT/profile-processes.txt" &
+        top -H -b -n 2 -d 5 -p "$stub" | awk '/^top -/{n++} n==2' | head -n 30 >"$OUT/profile-stub-threads.txt" &
+        py-spy record --pid "$stub" --duration 5 --rate 100 --format raw --nonblocking \
             --output "$OUT/stub.txt" >"$OUT/py-spy.log" 2>&1
-        python3 -c 'import json, sys; from engines.bench.profile import summarise_raw; print(json.dumps(summarise_raw(open(sys.argv[1]).read(), top=30), indent=1))' \
-            "$OUT/stub.txt" >"$OUT/stub-summary.json"
+        timeout 10 nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader -lms 200 \
+            >"$OUT/gpu-utilization.txt" 2>&1 &
+        py-spy record --pid "$stub" --duration 5 --rate 100 --format raw --nonblocking --gil \
+            --output "$OUT/stub-gil.txt" >>"$OUT/py-spy.log" 2>&1
+        py-spy record --pid "$stub" --duration 5 --rate 100 --format raw --nonblocking --idle \
+            --output "$OUT/stub-idle.txt" >>"$OUT/py-spy.log" 2>&1
+        wait
+        for name in stub stub-gil stub-idle; do
+            python3 -c 'import json, sys; from engines.bench.profile import summarise_raw; print(json.dumps(summarise_raw(open(sys.argv[1]).read(), top=30), indent=1))' \
+                "$OUT/$name.txt" >"$OUT/$name-summary.json"
+        done
     ) &
 fi
-timeout 380 python3 -m engines.cli bench --url 127.0.0.1:18000 "${NOBATCH_URL[@]}" \
-    --systems "$SYSTEMS" --concurrency "$CONCURRENCY" --duration 10 --drain 15 \
+timeout "${BENCH_TIMEOUT:-380}" python3 -m engines.cli bench --url 127.0.0.1:18000 "${NOBATCH_URL[@]}" \
+    --systems "$SYSTEMS" --concurrency "$CONCURRENCY" --duration "${DURATION:-10}" --drain 15 \
     --p95-bound-ms 150 --json "$OUT/bench-gpu.json" \
     --note "torch-cuda runtime, FP16 flow+vocoder, CUDA graphs; scheduler 128 windows / 32 sentences per step" \
     2>&1 | tee "$OUT/bench.log"

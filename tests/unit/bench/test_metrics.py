@@ -21,6 +21,14 @@ def test_batch_counts_per_model_and_size() -> None:
     assert parse_batch_counts("nv_inference_count 3\n") == {}
 
 
+def test_batch_counts_of_a_voices_instances_add_up() -> None:
+    page = (
+        'voxfleet_vocoder_batches_total{batch_size="4",model="joe",model_instance="joe_0"} 3\n'
+        'voxfleet_vocoder_batches_total{batch_size="4",model="joe",model_instance="joe_1"} 2\n'
+    )
+    assert parse_batch_counts(page) == {"joe (vocoder)": {4: 5}}
+
+
 def test_batching_delta_counts_only_the_run() -> None:
     before = {"joe (vocoder)": {1: 7, 4: 3}, "idle": {1: 4}}
     after = {"joe (vocoder)": {1: 9, 4: 5, 8: 1}, "idle": {1: 4}}

@@ -49,6 +49,14 @@ def test_one_decoupled_python_model_per_voice(tmp_path: Path) -> None:
     assert (root / "joe" / "1" / "model.py").read_bytes() == files["joe/1/model.py"]
 
 
+def test_a_voice_may_run_as_several_instances_and_never_none() -> None:
+    files = build_model_repository([plan("joe")], instances=2)
+    config = parsed(files["joe/config.pbtxt"].decode())
+    assert [g.count for g in config.instance_group] == [2]
+    with pytest.raises(ValueError, match="at least 1 model instance, got 0"):
+        stream_model_config(plan("joe"), instances=0)
+
+
 def test_the_plan_round_trips_through_the_config_unchanged() -> None:
     original = plan(
         windows=WindowConfig(first_window_frames=8, window_frames=32, max_encoder_wait_ms=3),
