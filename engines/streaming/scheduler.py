@@ -457,14 +457,16 @@ class StreamScheduler:
         for stream in ended:
             self._close(stream)  # its final response follows its audio
 
-    def _vocode_launch(self, windows: list[Window]) -> tuple[Any, list[int], int]:
+    def _vocoder_call(self, windows: list[Window]) -> tuple[list[int], int, tuple[Any, ...]]:
+        """The windows' sizes, the call's width, and the backend's vocode arguments (the
+        synchronous and the asynchronous call take the same ones)."""
         context = self.windows.vocoder_context_frames
         sizes = [w.decode[1] - w.decode[0] for w in windows]
         width = max(call_frames(size, self.windows, self.rules) for size in sizes) + 2 * context
         states = [w.state for w in windows]
         ends = np.array([w.decode[1] for w in windows], dtype=np.int64)
         limits = np.minimum(np.array([s.frames for s in states], dtype=np.int64), ends + context)
-        pending = self.backend.vocode_async(  # type: ignore[attr-defined]
+        args = (
             [s.pages for s in states],
             np.array([w.decode[0] - context for w in windows], dtype=np.int64),
             limits,
@@ -472,8 +474,16 @@ class StreamScheduler:
             self._speakers(windows),
             (context * self.hop, (context + max(sizes)) * self.hop),
         )
+        return sizes, width, args
+
+    def _count_vocoder_batch(self, windows: list[Window]) -> None:
         batches = self.stats.vocoder_batches
         batches[len(windows)] = batches.get(len(windows), 0) + 1
+
+    def _vocode_launch(self, windows: list[Window]) -> tuple[Any, list[int], int]:
+        sizes, width, args = self._vocoder_call(windows)
+        pending = self.backend.vocode_async(*args)  # type: ignore[attr-defined]
+        self._count_vocoder_batch(windows)
         return pending, sizes, width
 
     def _flow(self, windows: list[Window]) -> None:
@@ -506,24 +516,11 @@ class StreamScheduler:
             state.flowed = window.flow[1]
 
     def _vocode(self, windows: list[Window]) -> list[np.ndarray]:
-        context = self.windows.vocoder_context_frames
-        sizes = [w.decode[1] - w.decode[0] for w in windows]
-        width = max(call_frames(size, self.windows, self.rules) for size in sizes) + 2 * context
-        states = [w.state for w in windows]
-        ends = np.array([w.decode[1] for w in windows], dtype=np.int64)
-        limits = np.minimum(np.array([s.frames for s in states], dtype=np.int64), ends + context)
+        sizes, width, args = self._vocoder_call(windows)
         started = time.perf_counter()
-        pcm = self.backend.vocode(
-            [s.pages for s in states],
-            np.array([w.decode[0] - context for w in windows], dtype=np.int64),
-            limits,
-            width,
-            self._speakers(windows),
-            (context * self.hop, (context + max(sizes)) * self.hop),
-        )
+        pcm = self.backend.vocode(*args)
         self.costs.observe("vocoder", time.perf_counter() - started, len(windows), width)
-        batches = self.stats.vocoder_batches
-        batches[len(windows)] = batches.get(len(windows), 0) + 1
+        self._count_vocoder_batch(windows)
         return [pcm[row, : size * self.hop] for row, size in enumerate(sizes)]
 
     @staticmethod

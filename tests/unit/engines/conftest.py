@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from engines.engine_build import build_engines
+from engines.runtime import OnnxStages
 from engines.voice import Voice, load_voice
 
 
@@ -18,3 +19,9 @@ def engine_dir(joe: Voice, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The joe voice split into stages once per test session."""
     cache = tmp_path_factory.mktemp("engines")
     return build_engines(joe.model_path, "onnxruntime", None, cache).path
+
+
+@pytest.fixture(scope="session")
+def stages(engine_dir: Path) -> OnnxStages:
+    """The split joe voice on onnxruntime, loaded once per test session."""
+    return OnnxStages(engine_dir)

@@ -4,7 +4,6 @@ order of its responses, are those of the synchronous path."""
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,11 +61,6 @@ class CpuTensorStages:
 
     def vocode_tensor(self, latent, speaker_ids=None):
         return torch.from_numpy(self.stages.vocode(latent.numpy()))
-
-
-@pytest.fixture(scope="module")
-def stages(engine_dir: Path) -> OnnxStages:
-    return OnnxStages(engine_dir)
 
 
 @pytest.fixture(scope="module")

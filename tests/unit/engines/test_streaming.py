@@ -2,14 +2,12 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from engines.frames import to_pcm16
 from engines.frontend import Sentence, text_to_sentences
-from engines.runtime import OnnxStages
 from engines.streaming import (
     StreamScheduler,
     StreamSink,
@@ -42,11 +40,6 @@ class CollectingSink(StreamSink):
 
     def cancelled(self) -> bool:
         return self._cancel_after is not None and len(self.chunks) >= self._cancel_after
-
-
-@pytest.fixture(scope="module")
-def stages(engine_dir: Path) -> OnnxStages:
-    return OnnxStages(engine_dir)
 
 
 @pytest.fixture(scope="module")
