@@ -63,6 +63,9 @@ def test_serve_stops_promptly_after_hung_up_streams_with_sigint_ignored(
         chunks.close()  # a hang-up mid-stream
         say = [sys.executable, "-m", "engines.cli", "say", "Bye.", "--url", served.grpc_url]
         subprocess.run([*say, "-o", str(tmp_path / "bye.wav")], check=True, timeout=60)
+        # The hang-up freed its stream: the two streams counted below are the talkers'.
+        idle = served.wait_for(lambda: served.metric(names.LIVE_STREAMS) == 0, 10)
+        assert idle is not None, "".join(served.output[-30:])
         talkers, results = talk_in_background(served.grpc_url, 2)
         assert served.wait_for(lambda: (served.metric(names.LIVE_STREAMS) or 0) >= 2, 30)
         signalled = time.monotonic()
@@ -76,7 +79,9 @@ def test_serve_stops_promptly_after_hung_up_streams_with_sigint_ignored(
         for talker in talkers:
             talker.join(timeout=5)
         # the streams in flight finished; then the server went at once
-        assert all(isinstance(outcome, StreamResult) for outcome, _ in results.values())
+        outcomes = [outcome for outcome, _ in results.values()]
+        assert len(outcomes) == 2, "".join(served.output[-30:])
+        assert all(isinstance(o, StreamResult) for o in outcomes), (outcomes, served.output[-30:])
         last_stream = max(ended for _, ended in results.values()) - signalled
         assert stopped_in < last_stream + 10, (stopped_in, last_stream)
         assert served.process.returncode == 0
