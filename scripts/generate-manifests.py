@@ -120,7 +120,8 @@ def adapter_values_text(configmap_yaml: str) -> str:
         "#     --set prometheus.url=http://prometheus-operated.monitoring.svc\n"
         "# They expose voxfleet_queue_seconds (mean) and voxfleet_first_audio_p95_seconds per pod\n"
         "# to the HPAs the voxfleet operator creates for its Triton pools, and\n"
-        "# voxfleet_voice_first_audio_p95_seconds per TTSVoice to its per-voice HPAs.\n"
+        "# voxfleet_voice_queue_seconds and voxfleet_voice_first_audio_p95_seconds per TTSVoice\n"
+        "# to its per-voice HPAs.\n"
     )
     values = {"rules": {"custom": adapter_rules(configmap_yaml)}}
     return _header("charts/voxfleet (the voxfleet.adapterRules template)") + note + _dump([values])

@@ -58,11 +58,15 @@ POOL_PODS = f"app.kubernetes.io/name=voxfleet-triton,voxfleet.io/pool={POOL}"
 JOE_PATH = "joe/en_US-joe-medium.onnx"
 
 
-# targetQueueMs of the scenarios' voices (--queue-target-ms); None: the SLO.
-QUEUE_TARGET_MS: int | None = None
+@dataclass(frozen=True)
+class Targets:
+    """The latency targets of the scenarios' voices (--slo-ms, --queue-target-ms)."""
+
+    first_audio_p95_ms: int
+    queue_ms: int
 
 
-def voice_manifest(name: str, slo_ms: int, **spec: Any) -> dict[str, Any]:
+def voice_manifest(name: str, targets: Targets, **spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": "voxfleet.io/v1alpha1",
         "kind": "TTSVoice",
@@ -74,8 +78,8 @@ def voice_manifest(name: str, slo_ms: int, **spec: Any) -> dict[str, Any]:
             "autoscaling": {
                 "minReplicas": 1,
                 "maxReplicas": 2,
-                "targetFirstAudioP95Ms": slo_ms,
-                "targetQueueMs": QUEUE_TARGET_MS or slo_ms,
+                "targetFirstAudioP95Ms": targets.first_audio_p95_ms,
+                "targetQueueMs": targets.queue_ms,
                 **spec.get("autoscaling", {}),
             },
         },
@@ -142,6 +146,18 @@ class Sampler:
             except Exception as error:  # a missed sample is not the end of the run
                 self.timeline.append({"t": time.monotonic() - self.started, "error": str(error)})
 
+    def voice_metric_ms(self, metric: str) -> dict[str, float | None]:
+        """Each voice's value of an adapter metric of TTSVoices, as its HPA reads it, in ms."""
+        values: dict[str, float | None] = {}
+        for v in self.voices:
+            described = {"apiVersion": "voxfleet.io/v1alpha1", "kind": "TTSVoice", "name": v}
+            try:
+                value = self.adapter.object_metric(NAMESPACE, metric, described, None)
+                values[v] = round(value * 1000, 1)
+            except Exception:
+                values[v] = None
+        return values
+
     def sample(self, counted: set[int]) -> dict[str, Any]:
         now = time.monotonic()
         deployment = self.kubectl.get("deployment", POOL_DEPLOYMENT) or {}
@@ -155,16 +171,8 @@ class Sampler:
             )
             for v in self.voices
         }
-        p95: dict[str, float | None] = {}
-        for v in self.voices:
-            described = {"apiVersion": "voxfleet.io/v1alpha1", "kind": "TTSVoice", "name": v}
-            try:
-                value = self.adapter.object_metric(
-                    NAMESPACE, "voxfleet_voice_first_audio_p95_seconds", described, None
-                )
-                p95[v] = round(value * 1000, 1)
-            except Exception:
-                p95[v] = None
+        p95 = self.voice_metric_ms("voxfleet_voice_first_audio_p95_seconds")
+        queue = self.voice_metric_ms("voxfleet_voice_queue_seconds")
         recent = [
             analyse_stream(r.record).first_audio_s
             for r in self.records
@@ -186,6 +194,7 @@ class Sampler:
             "serving_pods": serving,
             "voice_replicas": voices,
             "first_audio_p95_ms_prometheus": p95,
+            "queue_ms_prometheus": queue,
             "first_audio_p95_ms_client_30s": (
                 round(1000 * (percentile([x for x in recent if x is not None], 0.95) or 0), 1)
                 if recent
@@ -277,13 +286,13 @@ def pool_scenario(
     controllers: AutoscalingControllers,
     adapter: PrometheusAdapter,
     capacity: int,
-    slo_ms: int,
+    targets: Targets,
     steady_s: float,
     step_s: float,
     down_max_s: float,
 ) -> dict[str, Any]:
     kubectl = installation.kubectl
-    kubectl.apply(voice_manifest("joe", slo_ms))
+    kubectl.apply(voice_manifest("joe", targets))
     endpoint = ready_voice(kubectl, "joe")["status"]["endpoint"]
     low, high = max(1, round(capacity / 2)), max(2, round(capacity * 1.5))
     records: list[TimedRecord] = []
@@ -337,7 +346,7 @@ def pool_scenario(
         cut = streams_cut(records, downs[0].time_s, downs[-1].time_s + 60)
     stats = [analyse_stream(item.record) for item in records]
     return {
-        "voice_spec": voice_manifest("joe", slo_ms)["spec"],
+        "voice_spec": voice_manifest("joe", targets)["spec"],
         "load_streams": {"steady": low, "step": high, "down": low},
         "phase_start_s": {k: round(v - started, 1) for k, v in starts.items()},
         "scale_up_seconds": (
@@ -362,15 +371,15 @@ def per_voice_scenario(
     controllers: AutoscalingControllers,
     adapter: PrometheusAdapter,
     capacity: int,
-    slo_ms: int,
+    targets: Targets,
     steady_s: float,
     step_s: float,
 ) -> dict[str, Any]:
     kubectl = installation.kubectl
     first_event = len(controllers.events)
     per_voice = {"replicas": 1, "autoscaling": {"perVoice": True}}
-    kubectl.apply(voice_manifest("joe", slo_ms, **per_voice))
-    kubectl.apply(voice_manifest("joe-fast", slo_ms, speakingRate=1.25, **per_voice))
+    kubectl.apply(voice_manifest("joe", targets, **per_voice))
+    kubectl.apply(voice_manifest("joe-fast", targets, speakingRate=1.25, **per_voice))
     endpoint = ready_voice(kubectl, "joe")["status"]["endpoint"]
     ready_voice(kubectl, "joe-fast")
     records: list[TimedRecord] = []
@@ -429,10 +438,13 @@ def event_json(event: ScaleEvent, started: float) -> dict[str, Any]:
 
 
 def calibrate(
-    installation: Installation, adapter: PrometheusAdapter, slo_ms: int, levels_to_run: list[int]
+    installation: Installation,
+    adapter: PrometheusAdapter,
+    targets: Targets,
+    levels_to_run: list[int],
 ) -> dict[str, Any]:
     kubectl = installation.kubectl
-    kubectl.apply(voice_manifest("joe", slo_ms, autoscaling={"maxReplicas": 1}))
+    kubectl.apply(voice_manifest("joe", targets, autoscaling={"maxReplicas": 1}))
     endpoint = ready_voice(kubectl, "joe")["status"]["endpoint"]
     levels = {}
     for streams in levels_to_run:
@@ -515,7 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--capacity", type=int, default=4, help="streams one pod holds")
     parser.add_argument("--slo-ms", type=int, default=800, help="targetFirstAudioP95Ms")
     parser.add_argument(
-        "--queue-target-ms", type=int, default=200, help="targetQueueMs (0: the same as --slo-ms)"
+        "--queue-target-ms", type=int, default=120, help="targetQueueMs (0: the same as --slo-ms)"
     )
     parser.add_argument("--steady", type=float, default=60.0)
     parser.add_argument("--step", type=float, default=150.0)
@@ -533,8 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "autoscaling.json")
     args = parser.parse_args(argv)
-    global QUEUE_TARGET_MS
-    QUEUE_TARGET_MS = args.queue_target_ms or None
+    targets = Targets(args.slo_ms, args.queue_target_ms or args.slo_ms)
     if args.report_only:
         write(json.loads(args.out.read_text()), args.out)
         return 0
@@ -569,7 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 try:
                     if scenario == "calibrate":
                         results.update(
-                            calibrate(installation, adapter, args.slo_ms, args.calibrate_levels)
+                            calibrate(installation, adapter, targets, args.calibrate_levels)
                         )
                         print(json.dumps(results, indent=1))
                         return 0
@@ -579,7 +590,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             controllers,
                             adapter,
                             args.capacity,
-                            args.slo_ms,
+                            targets,
                             args.steady,
                             args.step,
                             args.down_max,
@@ -590,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             controllers,
                             adapter,
                             args.capacity,
-                            args.slo_ms,
+                            targets,
                             args.steady,
                             args.step,
                         )

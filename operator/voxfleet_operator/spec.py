@@ -212,7 +212,7 @@ class Autoscaling(_Model):
         default=False,
         description="Scale this voice on its own: the operator renders a HorizontalPodAutoscaler "
         "on the voice's scale subresource (spec.replicas, pool pods the voice is loaded on) "
-        "that follows the voice's own first-audio p95; needs spec.replicas.",
+        "that follows the voice's own first-audio p95 and queue time; needs spec.replicas.",
     )
 
     @model_validator(mode="after")

@@ -111,48 +111,54 @@ shape voxfleet_operator.pools.PoolsConfig reads.
 {{- end }}
 
 {{/*
-Latency rules for prometheus-adapter.
-- voxfleet_queue_seconds (per pod): the mean wait over the rate window, rate(sum) / rate(count),
-  summed over the voices a pod serves.
-- voxfleet_first_audio_p95_seconds (per pod; the pool HPAs) and
-  voxfleet_voice_first_audio_p95_seconds (per TTSVoice, keyed by the `model` label; the per-voice
-  HPAs): the 95th percentile of time to first audio from the stream model's histogram.
+Latency rules for prometheus-adapter, each per pod (the pool HPAs) and per TTSVoice (keyed by
+the stream model's `model` label; the per-voice HPAs):
+- voxfleet_queue_seconds and voxfleet_voice_queue_seconds: the mean time audio windows waited
+  for the vocoder over the rate window, rate(sum) / rate(count), over the voices a pod serves or
+  the pods a voice is on.
+- voxfleet_first_audio_p95_seconds and voxfleet_voice_first_audio_p95_seconds: the 95th
+  percentile of time to first audio from the stream model's histogram.
 An idle pod or voice reports 0 rather than NaN (0/0, or a quantile of empty buckets), so the HPA
 can scale it down instead of treating silence as missing data.
 */}}
 {{- define "voxfleet.adapterRules" -}}
 {{- $window := .Values.prometheusAdapter.rules.rateWindow }}
-- seriesQuery: 'voxfleet_queue_seconds_count{namespace!="",pod!=""}'
+{{- $keys := list (dict "key" "pod" "prefix" "voxfleet_") (dict "key" "model" "prefix" "voxfleet_voice_") }}
+{{- range $rule := $keys }}
+- seriesQuery: 'voxfleet_queue_seconds_count{namespace!="",{{ $rule.key }}!=""}'
   resources:
     overrides:
-      namespace:
-        resource: namespace
-      pod:
-        resource: pod
+      {{- include "voxfleet.adapterOverrides" $rule | nindent 6 }}
   name:
     matches: ^voxfleet_queue_seconds_count$
-    as: voxfleet_queue_seconds
+    as: {{ $rule.prefix }}queue_seconds
   metricsQuery: >-
     sum by (<<.GroupBy>>) (rate(voxfleet_queue_seconds_sum{<<.LabelMatchers>>}[{{ $window }}]))
     / clamp_min(sum by (<<.GroupBy>>) (rate(voxfleet_queue_seconds_count{<<.LabelMatchers>>}[{{ $window }}])), 1e-9)
-{{- range $rule := list (dict "key" "pod" "as" "voxfleet_first_audio_p95_seconds" "group" "") (dict "key" "model" "as" "voxfleet_voice_first_audio_p95_seconds" "group" "voxfleet.io") }}
+{{- end }}
+{{- range $rule := $keys }}
 - seriesQuery: 'voxfleet_first_audio_seconds_bucket{namespace!="",{{ $rule.key }}!=""}'
   resources:
     overrides:
-      namespace:
-        resource: namespace
-      {{ $rule.key }}:
-        {{- if $rule.group }}
-        group: {{ $rule.group }}
-        resource: ttsvoices
-        {{- else }}
-        resource: pod
-        {{- end }}
+      {{- include "voxfleet.adapterOverrides" $rule | nindent 6 }}
   name:
     matches: ^voxfleet_first_audio_seconds_bucket$
-    as: {{ $rule.as }}
+    as: {{ $rule.prefix }}first_audio_p95_seconds
   metricsQuery: >-
     (histogram_quantile(0.95, sum by (le, <<.GroupBy>>) (rate(<<.Series>>{<<.LabelMatchers>>}[{{ $window }}]))) >= 0)
     or on (<<.GroupBy>>) (0 * sum by (<<.GroupBy>>) (rate(voxfleet_first_audio_seconds_count{<<.LabelMatchers>>}[{{ $window }}])))
 {{- end }}
+{{- end }}
+
+{{/* The resources a rule's key label maps to: a pod, or (the `model` label) a TTSVoice. */}}
+{{- define "voxfleet.adapterOverrides" -}}
+namespace:
+  resource: namespace
+{{ .key }}:
+  {{- if eq .key "model" }}
+  group: voxfleet.io
+  resource: ttsvoices
+  {{- else }}
+  resource: pod
+  {{- end }}
 {{- end }}

@@ -42,10 +42,11 @@ PRESTOP_SECONDS = 5
 TERMINATION_GRACE_SECONDS = PRESTOP_SECONDS + TRITON_EXIT_TIMEOUT_SECONDS + 15
 # Adapter metrics the HPAs scale on (the chart's voxfleet.adapterRules; docs/autoscaling.md):
 # per pod, the first-audio p95 from the stream model's histogram and the mean queue time; per
-# TTSVoice (the stream model's `model` label), the voice's own first-audio p95.
+# TTSVoice (the stream model's `model` label), the voice's own first-audio p95 and queue time.
 FIRST_AUDIO_METRIC = "voxfleet_first_audio_p95_seconds"
 QUEUE_METRIC = "voxfleet_queue_seconds"
 VOICE_FIRST_AUDIO_METRIC = "voxfleet_voice_first_audio_p95_seconds"
+VOICE_QUEUE_METRIC = "voxfleet_voice_queue_seconds"
 KEY_ENV = "VOXFLEET_REPOSITORY_KEY"
 TRITON_COMMAND = ["voxfleet", "triton"]
 

@@ -1,7 +1,7 @@
 """The prometheus-adapter rules, evaluated by the real Prometheus engine (promtool) on series
-shaped like the stream model's metrics: per pod, the mean queue time over the rate window
-summed across the voices the pod serves; the first-audio p95 from the histogram per pod and
-per voice (`model` label); and 0 (not NaN) for an idle pod or voice."""
+shaped like the stream model's metrics: the mean queue time over the rate window per pod
+(across the voices the pod serves) and per voice (across its pods); the first-audio p95 from
+the histogram per pod and per voice (`model` label); and 0 (not NaN) for an idle pod or voice."""
 
 from __future__ import annotations
 
@@ -55,16 +55,19 @@ def promtool_test(
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_queue_rule_gives_the_per_pod_mean(tmp_path: Path) -> None:
-    metric = "voxfleet_queue_seconds"
-    (rule,) = [r for r in adapter_rules() if r["name"]["as"] == metric]
+def queue_rule(name: str) -> dict[str, Any]:
+    (rule,) = [r for r in adapter_rules() if r["name"]["as"] == name]
     # The series the rule discovers by are the `_count` counters of the contract.
-    assert rule["seriesQuery"].startswith(f"{metric}_count{{")
-    assert rule["resources"]["overrides"] == {
-        "namespace": {"resource": "namespace"},
-        "pod": {"resource": "pod"},
-    }
-    inputs = [
+    assert rule["seriesQuery"].startswith(f"{QUEUE}_count{{")
+    return rule
+
+
+QUEUE = "voxfleet_queue_seconds"
+
+
+def queue_inputs() -> list[dict[str, str]]:
+    metric = QUEUE
+    return [
         # triton-a serves joe: 10 windows per 15 s step, 0.3 s of waiting in all: 30 ms each.
         series(f"{metric}_sum", "triton-a", "joe", 0.3),
         series(f"{metric}_count", "triton-a", "joe", 10),
@@ -80,15 +83,48 @@ def test_queue_rule_gives_the_per_pod_mean(tmp_path: Path) -> None:
         series(f"{metric}_sum", "triton-a", "joe", 99, namespace="other"),
         series(f"{metric}_count", "triton-a", "joe", 1, namespace="other"),
     ]
+
+
+def test_queue_rule_gives_the_per_pod_mean(tmp_path: Path) -> None:
+    rule = queue_rule("voxfleet_queue_seconds")
+    assert rule["resources"]["overrides"] == {
+        "namespace": {"resource": "namespace"},
+        "pod": {"resource": "pod"},
+    }
     # In microseconds, rounded: float rates are not exact in the last bit.
     promtool_test(
         tmp_path,
-        inputs,
+        queue_inputs(),
         f"round(1e6 * ({expand(rule['metricsQuery'])}))",
         [
             {"labels": '{pod="triton-a"}', "value": 30000},
             {"labels": '{pod="triton-b"}', "value": 100000},
             {"labels": '{pod="triton-idle"}', "value": 0},
+        ],
+    )
+
+
+def test_voice_queue_rule_gives_each_voices_mean_over_its_pods(tmp_path: Path) -> None:
+    rule = queue_rule("voxfleet_voice_queue_seconds")
+    assert rule["resources"]["overrides"]["model"] == {
+        "group": "voxfleet.io",
+        "resource": "ttsvoices",
+    }
+    # As prometheus-adapter expands a request for the ttsvoices joe, amy and silent.
+    query = (
+        rule["metricsQuery"]
+        .replace("<<.LabelMatchers>>", 'namespace="speech",model=~"joe|amy|silent"')
+        .replace("<<.GroupBy>>", "model")
+    )
+    promtool_test(
+        tmp_path,
+        queue_inputs(),
+        f"round(1e6 * ({query}))",
+        [
+            # joe: (0.3 + 0.2 + 0) s over (10 + 4 + 0) windows on its three pods: 35.7 ms.
+            {"labels": '{model="joe"}', "value": 35714},
+            # amy: 0.6 s over 4 windows, on triton-b only.
+            {"labels": '{model="amy"}', "value": 150000},
         ],
     )
 

@@ -61,7 +61,7 @@ def test_scale_status_reports_the_serving_pods_and_their_selector() -> None:
     assert voice_selector("joe", "t4") == scale_status("joe", "t4", 0)["selector"]
 
 
-def test_per_voice_hpa_scales_the_ttsvoice_on_its_own_p95() -> None:
+def test_per_voice_hpa_scales_the_ttsvoice_on_its_own_p95_and_queue_time() -> None:
     joe = voice(
         replicas=1,
         autoscaling={
@@ -69,6 +69,7 @@ def test_per_voice_hpa_scales_the_ttsvoice_on_its_own_p95() -> None:
             "minReplicas": 1,
             "maxReplicas": 8,
             "targetFirstAudioP95Ms": 250,
+            "targetQueueMs": 40,
         },
     )
     hpa = build_voice_hpa(joe, POOL)
@@ -76,8 +77,8 @@ def test_per_voice_hpa_scales_the_ttsvoice_on_its_own_p95() -> None:
     target = {"apiVersion": "voxfleet.io/v1alpha1", "kind": "TTSVoice", "name": "joe"}
     assert hpa["spec"]["scaleTargetRef"] == target
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 3)  # pool maxPods 3
-    (metric,) = hpa["spec"]["metrics"]
-    assert metric == {
+    p95, queue = hpa["spec"]["metrics"]
+    assert p95 == {
         "type": "Object",
         "object": {
             "metric": {"name": "voxfleet_voice_first_audio_p95_seconds"},
@@ -85,6 +86,9 @@ def test_per_voice_hpa_scales_the_ttsvoice_on_its_own_p95() -> None:
             "target": {"type": "Value", "value": "250m"},
         },
     }
+    assert queue["object"]["metric"] == {"name": "voxfleet_voice_queue_seconds"}
+    assert queue["object"]["describedObject"] == target
+    assert queue["object"]["target"] == {"type": "Value", "value": "40m"}
     kinds = [o["kind"] for o in render_voice(joe, POOLS, "cache")]
     assert kinds == ["Job", "Service", "HorizontalPodAutoscaler"]
     assert "HorizontalPodAutoscaler" not in [o["kind"] for o in render_voice(voice(), POOLS, "c")]
