@@ -20,7 +20,9 @@ through `prometheus-api-client`:
 
 Not emulated: `seriesFilters`, `metricsQuery` templates beyond the variables above (the
 chart uses none), external-metrics rules (the chart has none), the adapter's discovery
-interval (discovery runs on every request), and its API server (callers get Python values).
+interval (a metric once discovered keeps its rule and series; discovery runs again when a
+request names a metric not found yet, so series that appear later are found at once), and
+its API server (callers get Python values).
 """
 
 from __future__ import annotations
@@ -187,6 +189,7 @@ class PrometheusAdapter:
         self.rules = list(rules)
         self.list_pods = list_pods
         self.queries: list[str] = []
+        self._discovered: dict[tuple[str, tuple[str, str]], tuple[AdapterRule, str]] = {}
 
     def discover(self) -> dict[tuple[str, tuple[str, str]], tuple[AdapterRule, str]]:
         """(metric name, resource) -> (rule, series name), as the adapter's discovery finds."""
@@ -211,7 +214,10 @@ class PrometheusAdapter:
         self, metric: str, resource: tuple[str, str], namespace: str, names: Sequence[str]
     ) -> dict[str, tuple[float, float]]:
         """(value, evaluation time) per object name."""
-        entry = self.discover().get((metric, resource))
+        entry = self._discovered.get((metric, resource))
+        if entry is None:
+            self._discovered = self.discover()
+            entry = self._discovered.get((metric, resource))
         if entry is None:
             raise MetricUnavailable(f"no series for {metric} on {resource[1]} (yet)")
         rule, series = entry

@@ -104,18 +104,23 @@ def test_queue_rule_gives_the_per_pod_mean(tmp_path: Path) -> None:
     )
 
 
-def test_voice_queue_rule_gives_each_voices_mean_over_its_pods(tmp_path: Path) -> None:
-    rule = queue_rule("voxfleet_voice_queue_seconds")
+def voice_query(rule: dict[str, Any]) -> str:
+    """A rule keyed by the `model` label, as prometheus-adapter expands it for a request for
+    the ttsvoices joe, amy and silent."""
     assert rule["resources"]["overrides"]["model"] == {
         "group": "voxfleet.io",
         "resource": "ttsvoices",
     }
-    # As prometheus-adapter expands a request for the ttsvoices joe, amy and silent.
-    query = (
+    return (
         rule["metricsQuery"]
+        .replace("<<.Series>>", rule["seriesQuery"].split("{", 1)[0])
         .replace("<<.LabelMatchers>>", 'namespace="speech",model=~"joe|amy|silent"')
         .replace("<<.GroupBy>>", "model")
     )
+
+
+def test_voice_queue_rule_gives_each_voices_mean_over_its_pods(tmp_path: Path) -> None:
+    query = voice_query(queue_rule("voxfleet_voice_queue_seconds"))
     promtool_test(
         tmp_path,
         queue_inputs(),
@@ -188,18 +193,7 @@ def test_pool_rule_gives_the_first_audio_p95_of_each_pod(tmp_path: Path) -> None
 
 
 def test_voice_rule_gives_each_voices_p95_over_its_pods(tmp_path: Path) -> None:
-    rule = p95_rule("voxfleet_voice_first_audio_p95_seconds")
-    assert rule["resources"]["overrides"]["model"] == {
-        "group": "voxfleet.io",
-        "resource": "ttsvoices",
-    }
-    # As prometheus-adapter expands a request for the ttsvoices joe, amy and silent.
-    query = (
-        rule["metricsQuery"]
-        .replace("<<.Series>>", "voxfleet_first_audio_seconds_bucket")
-        .replace("<<.LabelMatchers>>", 'namespace="speech",model=~"joe|amy|silent"')
-        .replace("<<.GroupBy>>", "model")
-    )
+    query = voice_query(p95_rule("voxfleet_voice_first_audio_p95_seconds"))
     promtool_test(
         tmp_path,
         P95_INPUTS,
