@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import base64
 import json
-import logging
 import os
 import re
 import signal
@@ -44,7 +43,6 @@ import psutil
 from engines import names
 from engines.repository import MODEL_SOURCE, stream_model_source
 
-LOGGER = logging.getLogger("voxfleet.supervisor")
 STUB_NAME = "triton_python_backend_stub"
 WATCH_INTERVAL_S = 0.1
 READY_CHECK_INTERVAL_S = 0.5
@@ -316,7 +314,6 @@ class Supervisor:
         state.healing, state.ready = True, False
         if model is not None:
             state.restarts[model] = state.restarts.get(model, 0) + 1
-        LOGGER.error("voxfleet: %s; restarting tritonserver", cause)
         print(f"voxfleet: {cause}; restarting tritonserver", flush=True)
         started = time.monotonic()
         # A voice loaded since the last readiness check has no configuration here yet; the

@@ -1,13 +1,19 @@
 """`make soak`: many requests against `voxfleet serve`, with hang-ups and bad input mixed in,
 then a look at what the server kept (memory, live streams).
 
-Each request speaks the first 2 to 6 words of a corpus sentence (`WORDS`; whole sentences
+Each request speaks the first 1 to 4 words of a corpus sentence (`WORDS`; whole sentences
 would make 10,000 requests take hours on a 2-core CPU; the soak looks for leaks, not
-throughput). Shorter texts barely change the pace: 3 to 8 words made 10,000 requests in 19.9
-minutes on an idle machine, 2 to 6 words 9,217 in 20 on the same machine later
+throughput). The length sets the pace: side by side on one machine, 1,200-request soaks ran
+9.7 and 9.8 requests a second with 1 to 4 words against 6.4 and 6.5 with 2 to 6
 (docs/reliability.md). A fifth of the streams are hung up at a random point (before or after
 the first audio), one in twenty carries a bad input that the server must refuse. Writes
 docs/reliability.json.
+
+A stream that the server's process takes with it (the connection breaks: tritonserver died
+and `voxfleet serve` restarts it) is an unexpected error, counted again in
+`streams_lost_to_server_restarts`; `server_restarts` lists each restart with its cause.
+Tritonserver 2.51 (the one nvidia-pytriton ships) was seen to crash with SIGSEGV once in a
+short soak, a race in its gRPC frontend (docs/reliability.md).
 
 Memory is the resident set of the whole server tree, taken after a warm-up of `--warmup`
 requests at the soak's own concurrency (so the start already holds that many streams' working
@@ -47,7 +53,7 @@ from engines.corpus import load_corpus
 HANG_UP_SHARE = 0.20
 BAD_INPUT_SHARE = 0.05
 LIVE_STREAMS_DELAY_S = 5.0
-WORDS = (2, 6)  # each request speaks the first 2 to 6 words of a corpus sentence
+WORDS = (1, 4)  # each request speaks the first 1 to 4 words of a corpus sentence
 _LIVE = re.compile(rf"^{names.LIVE_STREAMS}\{{[^}}]*\}} ([0-9.e+-]+)$", re.M)
 
 
@@ -100,6 +106,7 @@ class Tally:
     cancelled: int = 0
     bad_inputs_refused: int = 0
     unexpected_errors: int = 0
+    streams_lost: int = 0  # of the unexpected errors: the server's process took them with it
     examples: list[str] = field(default_factory=list)
     bad_kinds: Counter[str] = field(default_factory=Counter)
 
@@ -134,7 +141,10 @@ class SoakClient:
         return request
 
     async def stream(self, request: Any, hang_up_after: int | None) -> tuple[str, str]:
-        """('completed' | 'cancelled' | 'error', detail)."""
+        """('completed' | 'cancelled' | 'error' | 'lost', detail): 'lost' is a stream the
+        server's process took with it (the connection broke or was refused)."""
+        import grpc
+
         finished = asyncio.Event()
 
         async def requests() -> AsyncIterator[Any]:
@@ -161,6 +171,9 @@ class SoakClient:
             return "error", "the stream closed without a final response"
         except asyncio.CancelledError:
             raise
+        except grpc.aio.AioRpcError as error:
+            kind = "lost" if error.code() == grpc.StatusCode.UNAVAILABLE else "error"
+            return kind, f"{error.code().name}: {error.details()}"
         except Exception as error:
             return "error", f"{type(error).__name__}: {error}"
         finally:
@@ -203,12 +216,24 @@ def live_streams(metrics_url: str) -> float:
         return sum(float(v) for v in _LIVE.findall(response.read().decode()))
 
 
+def ready(ready_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(ready_url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 async def soak(
-    url: str, requests: int, concurrency: int, max_seconds: float, seed: int, tally: Tally
+    server: Server, requests: int, concurrency: int, max_seconds: float, seed: int, tally: Tally
 ) -> None:
+    """`requests` requests from `concurrency` closed-loop clients. A client whose stream the
+    server lost (its process died) waits for the server to be ready again before its next
+    request, as a client backing off would: one crash then costs the streams in flight, not
+    every request the clients could fire at a restarting server."""
     rng = random.Random(seed)
     sentences = load_corpus()
-    client = SoakClient(url, "joe")
+    client = SoakClient(server.grpc, "joe")
     deadline = time.monotonic() + max_seconds
     issued = 0
     kinds = sorted(BAD_INPUTS)
@@ -237,6 +262,13 @@ async def soak(
                 tally.cancelled += 1
             else:
                 tally.unexpected(f"{text!r}: {detail}")
+            if outcome == "lost":
+                tally.streams_lost += 1
+                deadline_ready = time.monotonic() + 120
+                while time.monotonic() < deadline_ready and not await asyncio.to_thread(
+                    ready, server.ready_url
+                ):
+                    await asyncio.sleep(0.5)
 
     try:
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -244,7 +276,21 @@ async def soak(
         await client.close()
 
 
-def start_server(work: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    grpc: str
+    metrics_url: str
+    ready_url: str
+    log: Path
+
+    def restarts(self) -> list[str]:
+        """The supervisor's restarts of tritonserver so far, by cause (from its log)."""
+        lines = self.log.read_text(errors="replace").splitlines()
+        return [line for line in lines if line.endswith("; restarting tritonserver")]
+
+
+def start_server(work: Path) -> Server:
     from engines.triton_server import free_port
 
     grpc, http, metrics, health = (free_port() for _ in range(4))
@@ -265,7 +311,13 @@ def start_server(work: Path) -> tuple[subprocess.Popen[bytes], str, str]:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{health}/ready", timeout=2) as r:
                 if r.status == 200:
-                    return process, f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}/metrics"
+                    return Server(
+                        process,
+                        f"127.0.0.1:{grpc}",
+                        f"http://127.0.0.1:{metrics}/metrics",
+                        f"http://127.0.0.1:{health}/ready",
+                        work / "serve.log",
+                    )
         except OSError:
             pass
         time.sleep(0.5)
@@ -303,9 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="voxfleet-soak-"))
-    process, url, metrics_url = start_server(work)
+    server = start_server(work)
+    process = server.process
     try:
-        asyncio.run(soak(url, args.warmup, args.concurrency, 600, args.seed + 1, Tally()))
+        asyncio.run(soak(server, args.warmup, args.concurrency, 600, args.seed + 1, Tally()))
+        restarts_before = len(server.restarts())
         rss_start_by_process = process_rss_mb(process.pid)
         rss_start = sum(rss_start_by_process.values())
         tally = Tally()
@@ -318,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             try:
                 await soak(
-                    url, args.requests, args.concurrency, args.max_minutes * 60, args.seed, tally
+                    server, args.requests, args.concurrency, args.max_minutes * 60, args.seed, tally
                 )
             finally:
                 sampler.cancel()
@@ -326,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(run())
         duration = time.monotonic() - started
         time.sleep(LIVE_STREAMS_DELAY_S)
-        live_after = live_streams(metrics_url)
+        live_after = live_streams(server.metrics_url)
+        restarts = server.restarts()[restarts_before:]
         rss_end_by_process = process_rss_mb(process.pid)
         rss_end = sum(rss_end_by_process.values())
     finally:
@@ -337,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         "cancelled": tally.cancelled,
         "bad_inputs_refused": tally.bad_inputs_refused,
         "unexpected_errors": tally.unexpected_errors,
+        "streams_lost_to_server_restarts": tally.streams_lost,
+        "server_restarts": restarts,
         "rss_start_mb": round(rss_start, 1),
         "rss_end_mb": round(rss_end, 1),
         "live_streams_after": live_after,
@@ -346,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         "warmup_requests": args.warmup,
         "duration_s": round(duration, 1),
         "concurrency": args.concurrency,
+        "words_per_request": list(WORDS),
         "unexpected_examples": tally.examples,
         "bad_inputs_by_kind": dict(sorted(tally.bad_kinds.items())),
         "goals_met": tally.unexpected_errors == 0
