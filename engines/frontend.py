@@ -95,16 +95,57 @@ def split_sentences(
     return [piece for sentence in sentences for piece in _cut_long(sentence, max_chars)]
 
 
+# A language switch espeak-ng marks around a word of another language: "(fr)".
+_LANGUAGE_SWITCH = re.compile(r"\([^)]+\)")
+
+
+class _Espeak:
+    """espeak-ng through piper's bridge (process-global and not thread-safe: callers hold
+    `_ESPEAK_LOCK`).
+
+    The voice is set only when it changes. piper's own `EspeakPhonemizer.phonemize` sets it
+    on every call, and each `set_voice` keeps memory that espeak-ng never frees: about 1.3 KB
+    a call (20,000 calls, +26 MB), which grew a server's resident set with every request
+    (docs/reliability.md, soak).
+    """
+
+    def __init__(self) -> None:
+        from piper import espeakbridge
+        from piper.phonemize_espeak import ESPEAK_DATA_DIR
+
+        espeakbridge.initialize(str(ESPEAK_DATA_DIR))
+        self._bridge = espeakbridge
+        self._voice: str | None = None
+
+    def phonemize(self, voice: str, text: str) -> list[list[str]]:
+        """Phonemes (Unicode code points, NFD) of each sentence espeak-ng finds in `text`,
+        with each clause's punctuation kept and a space after a clause that goes on."""
+        if voice != self._voice:
+            self._bridge.set_voice(voice)
+            self._voice = voice
+        groups: list[list[str]] = []
+        current: list[str] = []
+        for phonemes, terminator, sentence_ends in self._bridge.get_phonemes(text):
+            clause = _LANGUAGE_SWITCH.sub("", phonemes) + terminator
+            if terminator in (",", ":", ";"):
+                clause += " "
+            current.extend(unicodedata.normalize("NFD", clause))
+            if sentence_ends:
+                groups.append(current)
+                current = []
+        if current:
+            groups.append(current)
+        return groups
+
+
 _ESPEAK_LOCK = threading.Lock()
-_espeak = None
+_espeak: _Espeak | None = None
 
 
-def _phonemizer():  # the espeak-ng bridge is process-global and not thread-safe
+def _phonemizer() -> _Espeak:
     global _espeak
     if _espeak is None:
-        from piper.phonemize_espeak import EspeakPhonemizer
-
-        _espeak = EspeakPhonemizer()
+        _espeak = _Espeak()
     return _espeak
 
 

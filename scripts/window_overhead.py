@@ -57,8 +57,7 @@ def count(
         for total in sentences:
             stream.current = state = SentenceState(pages=np.zeros(1, np.int64), frames=total)
             while state.vocoded < total:
-                lead = rules if stream.windows_sent >= lead_after else None
-                window = next_window(stream, cfg, lead)
+                window = next_window(stream, cfg, rules, lead=stream.windows_sent >= lead_after)
                 if window.flow[1] > window.flow[0]:
                     chunk = call_frames(window.flow[1] - window.flow[0], cfg, rules, flow=True)
                     flow += chunk + 2 * cfg.flow_context_frames

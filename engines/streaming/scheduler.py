@@ -107,13 +107,16 @@ class StreamScheduler:
         self.windows = windows or WindowConfig()
         # onnxruntime runs a window of any width at the same cost per frame, so its calls are
         # as wide as their windows, and a stream with a lead takes windows twice the steady
-        # size and flow chunks of four steady windows; engines built for fixed shapes (CUDA
-        # graphs, TensorRT profiles) keep the size classes. (planner.WindowRules)
+        # size and flow chunks of four steady windows, and a sentence's short tail goes with the
+        # window or flow chunk before it; engines built for fixed shapes (CUDA graphs, TensorRT
+        # profiles) keep the size classes. (planner.WindowRules)
         if exact_widths is None:
             exact_widths = getattr(runtime, "name", "") == "onnxruntime"
         steady = self.windows.window_frames
         self.rules = (
-            WindowRules(True, lead_window_frames=2 * steady, lead_flow_frames=4 * steady)
+            WindowRules(
+                True, lead_window_frames=2 * steady, lead_flow_frames=4 * steady, merge_tails=True
+            )
             if exact_widths
             else WindowRules()
         )
@@ -248,7 +251,13 @@ class StreamScheduler:
         self._run(plan.windows)
         for scales, streams in encoder_calls(plan.encodes, self.costs, self.batching):
             self._encode(streams, scales)
-        self._run([next_window(stream, self.windows) for stream in plan.encodes if stream.current])
+        self._run(
+            [
+                next_window(stream, self.windows, self.rules)
+                for stream in plan.encodes
+                if stream.current
+            ]
+        )
         self._publish_stats()
         if self._async:
             # The next step is planned while this one runs on the device; wait for the one

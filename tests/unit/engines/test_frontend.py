@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import psutil
 from piper import PiperVoice
 
-from engines.frontend import normalize_text, split_sentences, text_to_sentences
+from engines.corpus import load_corpus
+from engines.frontend import normalize_text, phonemize, split_sentences, text_to_sentences
 from engines.voice import Voice
 
 
@@ -52,3 +54,26 @@ def test_ids_match_piper_for_the_reference_sentence(joe: Voice) -> None:
 
 def test_nothing_to_speak(joe: Voice) -> None:
     assert text_to_sentences("\u200b\u202e \t", joe.config) == []
+
+
+def test_phonemes_match_piper_for_every_corpus_text(joe: Voice) -> None:
+    from piper.phonemize_espeak import EspeakPhonemizer
+
+    piper = EspeakPhonemizer()
+    for text in [*load_corpus(), "Hello (world), one: two; three! No end"]:
+        groups = piper.phonemize(joe.config.espeak_voice, text)
+        expected = [p for i, group in enumerate(groups) for p in ([" "] if i else []) + group]
+        assert phonemize(text, joe.config) == expected, text
+
+
+def test_phonemising_many_requests_keeps_memory_flat(joe: Voice) -> None:
+    # espeak-ng keeps about 1.3 KB per voice change that it never frees: with the voice set on
+    # every request (as piper's own phonemizer does), these 5,000 requests grew the process by
+    # 12.7 MB; with it set once, by 2.9 MB (the rest leaks in piper's espeak bridge, upstream).
+    texts = load_corpus()
+    text_to_sentences(texts[0], joe.config)
+    before = psutil.Process().memory_info().rss
+    for i in range(5000):
+        text_to_sentences(texts[i % len(texts)], joe.config)
+    grown_mb = (psutil.Process().memory_info().rss - before) / 2**20
+    assert grown_mb < 6.0, f"{grown_mb:.1f} MB for 5,000 requests"

@@ -56,6 +56,39 @@ def test_windows_grow_from_the_first_window_to_the_steady_window() -> None:
     assert window.flow[1] >= window.decode[1] + cfg.vocoder_context_frames
 
 
+def windows_of(frames: int, rules: WindowRules) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(flow chunk, decoded frames) of each window of one sentence of `frames` frames."""
+    cfg = WindowConfig()
+    stream = make_stream(1, frames=frames)
+    state = stream.current
+    assert state is not None
+    windows = []
+    while state.vocoded < frames:
+        window = next_window(stream, cfg, rules)
+        windows.append((window.flow, window.decode))
+        state.flowed, state.vocoded = max(state.flowed, window.flow[1]), window.decode[1]
+        stream.windows_sent += 1
+    return windows
+
+
+def test_a_short_tail_of_a_sentence_goes_with_the_window_before_it_on_the_cpu() -> None:
+    cpu = WindowRules(True, merge_tails=True)
+    # 16 + 32 frames leave 10: the second window takes them, and the flow covers them in its
+    # first chunk (58 - 32 = 26 frames left after it, at most two first windows).
+    assert windows_of(58, cpu) == [((0, 58), (0, 16)), ((58, 58), (16, 58))]
+    assert windows_of(58, WindowRules(True)) == [
+        ((0, 32), (0, 16)),
+        ((32, 58), (16, 48)),
+        ((58, 58), (48, 58)),
+    ]
+    # First audio is never delayed: the first window stays 16 frames even with 10 left.
+    assert windows_of(26, cpu)[0][1] == (0, 16)
+    # A long sentence keeps its steady windows: a tail merges only within one of them.
+    decoded = [decode for _, decode in windows_of(1000, cpu)]
+    assert max(end - start for start, end in decoded) <= WindowConfig().window_frames + 16
+    assert decoded[-1][1] == 1000
+
+
 def test_a_playing_stream_about_to_run_dry_is_served_before_a_new_stream() -> None:
     costs = CostModel(fixed_part=False)
     costs.per_frame.update(encoder=1e-3, vocoder=1e-3, flow=1e-3)  # a slow machine
