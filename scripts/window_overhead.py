@@ -29,13 +29,18 @@ from engines.voice import load_voice
 QUIET = np.array([0.0, 1.0, 0.0], dtype=np.float32)
 
 
-def sentence_frames(phrase_chars: int | None) -> list[list[int]]:
-    """Each corpus text's sentences (or phrases): their frame counts."""
+def soak_texts() -> list[str]:
+    """The first 1, 2, 3 and 4 words of each corpus text: `make soak`'s requests."""
+    return [" ".join(text.split()[:words]) for text in load_corpus() for words in (1, 2, 3, 4)]
+
+
+def sentence_frames(phrase_chars: int | None, corpus: list[str] | None = None) -> list[list[int]]:
+    """Each text's sentences (or phrases): their frame counts (the corpus by default)."""
     voice = load_voice("joe")
     entry = build_engines(voice.model_path, "onnxruntime", None, Path(tempfile.mkdtemp()))
     stages = OnnxStages(entry.path)
     texts = []
-    for text in load_corpus():
+    for text in corpus if corpus is not None else load_corpus():
         frames = []
         for sentence in text_to_sentences(text, voice.config, phrase_chars=phrase_chars):
             ids = np.array([sentence.ids], dtype=np.int64)
@@ -76,8 +81,12 @@ def main() -> None:
         "vocoder frames per audio frame |"
     )
     print("|---|---|---:|---:|---:|")
-    for label, phrase_chars in (("whole", None), ("phrases of ≤ 120 chars", 120)):
-        texts = sentence_frames(phrase_chars)
+    for label, phrase_chars, corpus in (
+        ("whole", None, None),
+        ("phrases of ≤ 120 chars", 120, None),
+        ("soak: first 1 to 4 words", 120, soak_texts()),
+    ):
+        texts = sentence_frames(phrase_chars, corpus)
         audio = sum(sum(frames) for frames in texts)
         pieces = sum(len(frames) for frames in texts)
         for name, rules, lead_after in (
@@ -86,6 +95,11 @@ def main() -> None:
             (
                 "exact widths, lead windows from the 3rd window on",
                 WindowRules(True, 2 * cfg.window_frames, 4 * cfg.window_frames),
+                2,
+            ),
+            (
+                "the same, short tails merged (the CPU now)",
+                WindowRules(True, 2 * cfg.window_frames, 4 * cfg.window_frames, merge_tails=True),
                 2,
             ),
         ):

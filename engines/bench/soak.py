@@ -53,6 +53,7 @@ from engines.corpus import load_corpus
 HANG_UP_SHARE = 0.20
 BAD_INPUT_SHARE = 0.05
 LIVE_STREAMS_DELAY_S = 5.0
+LOST_BACKOFF_S = 1.0  # a client's pause after the server lost its stream, before it asks again
 WORDS = (1, 4)  # each request speaks the first 1 to 4 words of a corpus sentence
 _LIVE = re.compile(rf"^{names.LIVE_STREAMS}\{{[^}}]*\}} ([0-9.e+-]+)$", re.M)
 
@@ -228,9 +229,9 @@ async def soak(
     server: Server, requests: int, concurrency: int, max_seconds: float, seed: int, tally: Tally
 ) -> None:
     """`requests` requests from `concurrency` closed-loop clients. A client whose stream the
-    server lost (its process died) waits for the server to be ready again before its next
-    request, as a client backing off would: one crash then costs the streams in flight, not
-    every request the clients could fire at a restarting server."""
+    server lost (its process died) backs off for `LOST_BACKOFF_S`, then waits for the server
+    to be ready again before its next request: one crash then costs the streams in flight,
+    not every request the clients could fire at a dead port."""
     rng = random.Random(seed)
     sentences = load_corpus()
     client = SoakClient(server.grpc, "joe")
@@ -264,6 +265,9 @@ async def soak(
                 tally.unexpected(f"{text!r}: {detail}")
             if outcome == "lost":
                 tally.streams_lost += 1
+                # Back off first: the health port answers ready until the supervisor has seen
+                # tritonserver die (up to 0.1 s), and a refused connection fails at once.
+                await asyncio.sleep(LOST_BACKOFF_S)
                 deadline_ready = time.monotonic() + 120
                 while time.monotonic() < deadline_ready and not await asyncio.to_thread(
                     ready, server.ready_url
