@@ -24,7 +24,7 @@ from engines.plan import WindowConfig
 from engines.runtime import OnnxStages
 from engines.streaming.planner import WindowRules, call_frames, next_window
 from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams
-from engines.voice import load_voice
+from engines.voice import VoiceConfig, load_voice
 
 QUIET = np.array([0.0, 1.0, 0.0], dtype=np.float32)
 
@@ -34,20 +34,19 @@ def soak_texts() -> list[str]:
     return [" ".join(text.split()[:words]) for text in load_corpus() for words in (1, 2, 3, 4)]
 
 
-def sentence_frames(phrase_chars: int | None, corpus: list[str] | None = None) -> list[list[int]]:
-    """Each text's sentences (or phrases): their frame counts (the corpus by default)."""
-    voice = load_voice("joe")
-    entry = build_engines(voice.model_path, "onnxruntime", None, Path(tempfile.mkdtemp()))
-    stages = OnnxStages(entry.path)
-    texts = []
-    for text in corpus if corpus is not None else load_corpus():
+def sentence_frames(
+    stages: OnnxStages, config: VoiceConfig, texts: list[str], phrase_chars: int | None
+) -> list[list[int]]:
+    """Each text's sentences (or phrases): their frame counts."""
+    frames_of_texts = []
+    for text in texts:
         frames = []
-        for sentence in text_to_sentences(text, voice.config, phrase_chars=phrase_chars):
+        for sentence in text_to_sentences(text, config, phrase_chars=phrase_chars):
             ids = np.array([sentence.ids], dtype=np.int64)
             _, mask = stages.encode(ids, np.array([ids.shape[1]]), QUIET)
             frames.append(int(mask.sum()))
-        texts.append(frames)
-    return texts
+        frames_of_texts.append(frames)
+    return frames_of_texts
 
 
 def count(
@@ -81,12 +80,15 @@ def main() -> None:
         "vocoder frames per audio frame |"
     )
     print("|---|---|---:|---:|---:|")
+    voice = load_voice("joe")
+    entry = build_engines(voice.model_path, "onnxruntime", None, Path(tempfile.mkdtemp()))
+    stages = OnnxStages(entry.path)
     for label, phrase_chars, corpus in (
-        ("whole", None, None),
-        ("phrases of ≤ 120 chars", 120, None),
+        ("whole", None, load_corpus()),
+        ("phrases of ≤ 120 chars", 120, load_corpus()),
         ("soak: first 1 to 4 words", 120, soak_texts()),
     ):
-        texts = sentence_frames(phrase_chars, corpus)
+        texts = sentence_frames(stages, voice.config, corpus, phrase_chars)
         audio = sum(sum(frames) for frames in texts)
         pieces = sum(len(frames) for frames in texts)
         for name, rules, lead_after in (

@@ -55,6 +55,7 @@ class Server:
     grpc: str
     metrics: str
     health: str
+    log: Path
 
     def ready(self) -> int:
         try:
@@ -93,6 +94,7 @@ def start(work: Path, extra: list[str] | None = None) -> Server:
         f"127.0.0.1:{ports[0]}",
         f"http://127.0.0.1:{ports[2]}/metrics",
         f"http://127.0.0.1:{ports[3]}",
+        Path(log.name),
     )
     deadline = time.monotonic() + 300
     while server.ready() != 200:

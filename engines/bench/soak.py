@@ -32,9 +32,7 @@ import math
 import platform
 import random
 import re
-import signal
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +46,7 @@ from typing import Any
 import psutil
 
 from engines import names
+from engines.bench.faults import Server, start, stop
 from engines.corpus import load_corpus
 
 HANG_UP_SHARE = 0.20
@@ -217,14 +216,6 @@ def live_streams(metrics_url: str) -> float:
         return sum(float(v) for v in _LIVE.findall(response.read().decode()))
 
 
-def ready(ready_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(ready_url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 async def soak(
     server: Server, requests: int, concurrency: int, max_seconds: float, seed: int, tally: Tally
 ) -> None:
@@ -269,8 +260,9 @@ async def soak(
                 # tritonserver die (up to 0.1 s), and a refused connection fails at once.
                 await asyncio.sleep(LOST_BACKOFF_S)
                 deadline_ready = time.monotonic() + 120
-                while time.monotonic() < deadline_ready and not await asyncio.to_thread(
-                    ready, server.ready_url
+                while (
+                    time.monotonic() < deadline_ready
+                    and await asyncio.to_thread(server.ready) != 200
                 ):
                     await asyncio.sleep(0.5)
 
@@ -280,65 +272,10 @@ async def soak(
         await client.close()
 
 
-@dataclass
-class Server:
-    process: subprocess.Popen[bytes]
-    grpc: str
-    metrics_url: str
-    ready_url: str
-    log: Path
-
-    def restarts(self) -> list[str]:
-        """The supervisor's restarts of tritonserver so far, by cause (from its log)."""
-        lines = self.log.read_text(errors="replace").splitlines()
-        return [line for line in lines if line.endswith("; restarting tritonserver")]
-
-
-def start_server(work: Path) -> Server:
-    from engines.triton_server import free_port
-
-    grpc, http, metrics, health = (free_port() for _ in range(4))
-    log = open(work / "serve.log", "wb")
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "engines.cli", "serve",
-            "--grpc-port", str(grpc), "--http-port", str(http),
-            "--metrics-port", str(metrics), "--health-port", str(health),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"voxfleet serve exited; see {work / 'serve.log'}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{health}/ready", timeout=2) as r:
-                if r.status == 200:
-                    return Server(
-                        process,
-                        f"127.0.0.1:{grpc}",
-                        f"http://127.0.0.1:{metrics}/metrics",
-                        f"http://127.0.0.1:{health}/ready",
-                        work / "serve.log",
-                    )
-        except OSError:
-            pass
-        time.sleep(0.5)
-    process.kill()
-    raise RuntimeError("voxfleet serve was not ready within 300 s")
-
-
-def stop_server(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            for child in psutil.Process(process.pid).children(recursive=True):
-                child.kill()
-            process.kill()
-            process.wait()
+def server_restarts(server: Server) -> list[str]:
+    """The supervisor's restarts of tritonserver so far, by cause (from its log)."""
+    lines = server.log.read_text(errors="replace").splitlines()
+    return [line for line in lines if line.endswith("; restarting tritonserver")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,12 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="voxfleet-soak-"))
-    server = start_server(work)
-    process = server.process
+    server = start(work)
     try:
         asyncio.run(soak(server, args.warmup, args.concurrency, 600, args.seed + 1, Tally()))
-        restarts_before = len(server.restarts())
-        rss_start_by_process = process_rss_mb(process.pid)
+        restarts_before = len(server_restarts(server))
+        rss_start_by_process = process_rss_mb(server.process.pid)
         rss_start = sum(rss_start_by_process.values())
         tally = Tally()
         timeline: list[dict[str, Any]] = []
@@ -372,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
 
         async def run() -> None:
             sampler = asyncio.create_task(
-                sample_rss(process.pid, tally, started, args.rss_every_s, timeline)
+                sample_rss(server.process.pid, tally, started, args.rss_every_s, timeline)
             )
             try:
                 await soak(
@@ -384,12 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(run())
         duration = time.monotonic() - started
         time.sleep(LIVE_STREAMS_DELAY_S)
-        live_after = live_streams(server.metrics_url)
-        restarts = server.restarts()[restarts_before:]
-        rss_end_by_process = process_rss_mb(process.pid)
+        live_after = live_streams(server.metrics)
+        restarts = server_restarts(server)[restarts_before:]
+        rss_end_by_process = process_rss_mb(server.process.pid)
         rss_end = sum(rss_end_by_process.values())
     finally:
-        stop_server(process)
+        stop(server)
     result = {
         "requests": tally.requests,
         "completed": tally.completed,
@@ -418,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.machine()}, {psutil.cpu_count()} CPUs, "
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
         "command": "make soak",
-        "server_log": str(work / "serve.log"),
+        "server_log": str(server.log),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

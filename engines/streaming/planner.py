@@ -68,7 +68,7 @@ class StepPlan:
 
 
 def next_window(
-    stream: Stream, cfg: WindowConfig, rules: WindowRules | None = None, lead: bool = False
+    stream: Stream, cfg: WindowConfig, rules: WindowRules = WindowRules(), lead: bool = False
 ) -> Window:
     """The stream's next window of its current sentence, with the flow chunk it needs; with
     `lead`, the lead window and flow chunk of `rules` where they are longer than the usual ones.
@@ -84,12 +84,11 @@ def next_window(
     assert state is not None
     size = min(cfg.window_frames, cfg.first_window_frames << min(stream.windows_sent, 16))
     chunk = 2 * size
-    if lead and rules is not None:
+    if lead:
         size, chunk = max(size, rules.lead_window_frames), max(chunk, rules.lead_flow_frames)
-    merge = rules is not None and rules.merge_tails
     start, end = state.vocoded, min(state.frames, state.vocoded + size)
     if (
-        merge
+        rules.merge_tails
         and stream.windows_sent
         and state.frames - end <= cfg.first_window_frames
         and state.frames - start <= max(size, cfg.window_frames)
@@ -100,7 +99,7 @@ def next_window(
         return Window(stream, (state.flowed, state.flowed), (start, end))
     flow_end = min(state.frames, max(needed, state.flowed + chunk))
     if (
-        merge
+        rules.merge_tails
         and state.frames - flow_end <= 2 * cfg.first_window_frames
         and state.frames - state.flowed <= max(chunk, 2 * cfg.window_frames)
     ):
