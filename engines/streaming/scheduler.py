@@ -126,6 +126,7 @@ class StreamScheduler:
         # the proportional model its benchmark figures were measured with (docs/streaming.md).
         self.costs = CostModel(fixed_part=getattr(self.backend, "fixed_call_costs", False))
         self._on_step = on_step
+        self._on_step_error = ""
         self._incoming: deque[Stream] = deque()
         self._streams: dict[int, Stream] = {}
         self._ids = itertools.count(1)
@@ -548,4 +549,14 @@ class StreamScheduler:
                 if s.first_audio_at is not None and s.buffered_seconds(now) < window_seconds
             )
         if self._on_step is not None:
-            self._on_step(self.stats)
+            try:
+                self._on_step(self.stats)
+            except Exception as error:  # a metrics failure must not end anyone's stream
+                self._report_on_step_error(error)
+
+    def _report_on_step_error(self, error: Exception) -> None:
+        """Log a failing `on_step` once per distinct error, not once per step."""
+        text = f"{type(error).__name__}: {error}"
+        if text != self._on_step_error:
+            self._on_step_error = text
+            LOGGER.error("publishing the scheduler's stats failed (streams go on): %s", text)

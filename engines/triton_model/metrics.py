@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -12,6 +13,7 @@ import triton_python_backend_utils as pb_utils
 from engines import names
 from engines.streaming import SchedulerStats
 
+LOGGER = logging.getLogger(__name__)
 METRICS_INTERVAL_S = 0.25
 
 
@@ -78,11 +80,16 @@ class ModelMetrics:
         (one per first-audio sample), which a GPU scheduler thread must not wait on."""
 
         def run() -> None:
+            last_error = ""
             while not self._stopped.wait(METRICS_INTERVAL_S):
                 try:
                     self.publish(stats(), force=True)
-                except Exception:  # metrics must never take the model down
-                    pass
+                    last_error = ""
+                except Exception as error:  # metrics must never take the model down
+                    text = f"{type(error).__name__}: {error}"
+                    if text != last_error:  # once per distinct error, not every interval
+                        LOGGER.error("publishing the voice's metrics failed: %s", text)
+                    last_error = text
 
         self._thread = threading.Thread(target=run, name="voxfleet-metrics", daemon=True)
         self._thread.start()

@@ -155,6 +155,24 @@ def test_a_failing_runtime_fails_streams_but_not_the_scheduler(stages, sentences
         scheduler.stop()
 
 
+def test_a_failing_stats_publisher_ends_no_stream(stages, sentences, caplog) -> None:
+    # on_step publishes the voice's metrics (a round trip to tritonserver on the CPU): when it
+    # fails, the streams go on, and the failure is logged once, not once per step.
+    calls = []
+
+    def broken(stats) -> None:
+        calls.append(stats.live_streams)
+        raise RuntimeError("metrics server gone")
+
+    sinks = [CollectingSink(), CollectingSink()]
+    with caplog.at_level("ERROR", logger="engines.streaming.scheduler"):
+        run_streams(StreamScheduler(stages, 22050, on_step=broken), sinks, sentences)
+    assert all(sink.error is None and len(sink.chunks) > 2 for sink in sinks)
+    assert len(calls) > 2, "the scheduler stopped publishing after the first failure"
+    logged = [r for r in caplog.records if "metrics server gone" in r.getMessage()]
+    assert len(logged) == 1
+
+
 def test_window_config_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="window_frames must be at least 1"):
         WindowConfig(window_frames=0)
