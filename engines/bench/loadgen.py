@@ -4,7 +4,10 @@ N workers each hold one stream open at a time and send their next sentence as so
 previous stream ends. No worker starts a stream after the run's duration; streams still open
 then are allowed `drain_s` more to finish, and are cut off (recorded as errors) after that.
 Worker starts are spread over a short ramp so that N requests do not all land in the same
-millisecond, which no real population of listeners does.
+millisecond, which no real population of listeners does. With `retry_after_s`, a worker whose
+request failed waits before its next one, twice as long after each failure in a row (up to
+`MAX_RETRY_AFTER_S`), as a real client backs off a failing service; without it, it asks again
+at once.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from engines.bench.timeline import Chunk, StreamRecord
 
 # A system under test: text in, (samples, sample_rate) per audio chunk out, as they arrive.
 StreamOpener = Callable[[str], AsyncIterator[tuple[int, int]]]
+MAX_RETRY_AFTER_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ async def run_closed_loop(
     drain_s: float = 30.0,
     ramp_s: float | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    retry_after_s: float = 0.0,
 ) -> LoadResult:
     """Run `concurrency` closed-loop workers for `duration_s` seconds."""
     if concurrency < 1:
@@ -63,11 +68,17 @@ async def run_closed_loop(
 
     async def worker(index: int) -> None:
         await asyncio.sleep(ramp * index / concurrency)
+        pause = retry_after_s
         while clock() < deadline:
             text = next(sentences)
             record = StreamRecord(text=text, sent_s=clock())
             records.append(record)
             await _stream_into(record, open_stream, clock)
+            if record.error is None:
+                pause = retry_after_s
+            elif pause > 0:
+                await asyncio.sleep(min(pause, max(0.0, deadline - clock())))
+                pause = min(2 * pause, MAX_RETRY_AFTER_S)
 
     workers = [asyncio.ensure_future(worker(i)) for i in range(concurrency)]
     done, pending = await asyncio.wait(workers, timeout=duration_s + drain_s)

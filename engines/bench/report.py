@@ -24,7 +24,9 @@ METHOD = """\
   sentence as soon as the previous one has ended. Every run starts at the top of the same
   fixed shuffle of the corpus, so all systems and levels get the same sentences in the same
   order. Starts are spread over the first second. No new request starts after the run's
-  duration; open ones may finish.
+  duration; open ones may finish. A worker whose request failed waits 0.1 s before its next
+  one, twice as long after each failure in a row (at most 2 s), instead of asking again at
+  once.
 - **First audio**: request sent → first non-empty audio chunk received. For `piper` and
   `triton-naive` that is when the whole sentence is ready, because that is all they offer.
 - **Underrun**: a chunk that arrives after all audio received before it would have finished

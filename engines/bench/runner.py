@@ -25,6 +25,10 @@ from engines.bench.resources import (
 from engines.bench.stats import RunSummary, summarise_run
 from engines.corpus import cycle_sentences
 
+# A listener whose request failed (a service down or refusing) waits this long before its next
+# one, doubling with each failure in a row, instead of asking again in a tight loop.
+FAILED_REQUEST_RETRY_S = 0.1
+
 
 class BenchSystem(Protocol):
     name: str
@@ -138,6 +142,7 @@ async def _measure(
         concurrency,
         settings.duration_s,
         settings.drain_s,
+        retry_after_s=FAILED_REQUEST_RETRY_S,
     )
     server = sampler.stop() if sampler else {}
     client_usage = client.stop() if client else {}

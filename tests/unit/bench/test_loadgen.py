@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 
 import pytest
@@ -62,6 +63,27 @@ async def test_a_failed_request_is_recorded_and_the_worker_goes_on() -> None:
     failed = [r for r in result.records if r.error]
     assert failed and all(r.text == "bad" and "stream reset" in r.error for r in failed)
     assert any(r.text == "good" and r.error is None for r in result.records)
+
+
+async def test_a_worker_backs_off_a_failing_service_instead_of_hammering_it() -> None:
+    # Every request fails at once (a service that is down): without a back-off, the worker
+    # would ask again thousands of times a second.
+    server = FakeServer(chunk_delay_s=0.0, fail_on="down")
+    result = await run_closed_loop(
+        server.stream,
+        cycle_sentences(["down"]),
+        concurrency=1,
+        duration_s=0.5,
+        ramp_s=0.0,
+        retry_after_s=0.05,
+    )
+    # Pauses of 0.05, 0.1 and 0.2 s fit in 0.5 s: four attempts.
+    assert 3 <= len(result.records) <= 5
+    assert all(r.error and "stream reset" in r.error for r in result.records)
+    starts = [r.sent_s for r in result.records]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    assert gaps[0] >= 0.05
+    assert all(b > 1.5 * a for a, b in itertools.pairwise(gaps)), gaps
 
 
 async def test_streams_still_open_after_the_drain_are_cut_off_as_errors() -> None:
