@@ -118,9 +118,13 @@ def summarise_run(
 
 def auto_concurrencies(machine_limit_streams: float) -> list[int]:
     """Levels that answer the goals: low ones for first audio, and a few around the limit,
-    including the smallest count that reaches 80 % of it."""
+    including the smallest counts that reach half of it and 80 % of it, and one between the
+    low levels and the half, so that a capacity there is not read as the level below it."""
     limit = max(machine_limit_streams, 1.0)
-    levels = {1, 2, 4, round(limit / 2), math.ceil(0.8 * limit), round(limit), round(1.5 * limit)}
+    half = math.ceil(0.5 * limit)
+    levels = {1, 2, 4, half, math.ceil(0.8 * limit), round(limit), round(1.5 * limit)}
+    if half > 5:
+        levels.add((4 + half) // 2)
     return sorted(level for level in levels if level >= 1)
 
 
@@ -166,6 +170,11 @@ def _run_at(runs: Sequence[RunSummary], system: str, concurrency: int) -> RunSum
     return None
 
 
+# The share of the machine limit voxfleet must hold now; 0.8 is the goal after this one.
+MACHINE_LIMIT_RATIO = 0.5
+MACHINE_LIMIT_TARGET = f"ratio ≥ {MACHINE_LIMIT_RATIO:.2f} (then 0.80)"
+
+
 def evaluate_goals(
     runs: Sequence[RunSummary], machine_limit_streams: float | None, p95_bound_ms: float = 300.0
 ) -> list[Goal]:
@@ -207,14 +216,20 @@ def evaluate_goals(
                 "real-time streams vs machine limit",
                 f"voxfleet holds {capacity} streams (zero underruns, p95 < {p95_bound_ms:.0f} ms); "
                 f"machine limit 1/RTF = {machine_limit_streams:.1f} streams (ratio {ratio:.2f})",
-                "ratio ≥ 0.80",
+                MACHINE_LIMIT_TARGET,
                 ratio,
-                ratio >= 0.8,
+                ratio >= MACHINE_LIMIT_RATIO,
             )
         )
     else:
         goals.append(
-            Goal("real-time streams vs machine limit", "not measured", "ratio ≥ 0.80", None, None)
+            Goal(
+                "real-time streams vs machine limit",
+                "not measured",
+                MACHINE_LIMIT_TARGET,
+                None,
+                None,
+            )
         )
 
     if {"voxfleet", "triton-naive"} <= ran:

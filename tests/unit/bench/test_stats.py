@@ -127,8 +127,11 @@ def test_goals_without_the_systems_they_compare_are_not_measured() -> None:
     assert [goal.met for goal in goals] == [None, None, None]
 
 
-def test_auto_levels_include_the_80_percent_point_of_the_limit() -> None:
+def test_auto_levels_include_the_half_and_80_percent_points_of_the_limit() -> None:
     from engines.bench.stats import auto_concurrencies
 
-    assert auto_concurrencies(17.3) == [1, 2, 4, 9, 14, 17, 26]
+    assert auto_concurrencies(17.3) == [1, 2, 4, 6, 9, 14, 17, 26]
+    # Half of 17.0 is 8.5 streams: the level that can show it is 9, not 8.
+    assert auto_concurrencies(17.0) == [1, 2, 4, 6, 9, 14, 17, 26]
+    assert auto_concurrencies(6.0) == [1, 2, 3, 4, 5, 6, 9]
     assert auto_concurrencies(0.5) == [1, 2, 4]
