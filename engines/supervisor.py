@@ -402,6 +402,11 @@ class Supervisor:
                 state = supervisor.state
                 if self.path == names.READY_PATH:
                     ok, text = state.ready, state.reason
+                    process = supervisor.process
+                    if ok and (process is None or process.poll() is not None):
+                        # Not only at the next poll (every 0.1 s): no listener is sent to a
+                        # server whose tritonserver has already gone.
+                        ok, text = False, "tritonserver is not running"
                 elif self.path == names.LIVE_PATH:
                     ok = state.healing or time.monotonic() - state.last_tick < 10
                     text = "live" if ok else "the supervisor is stuck"
