@@ -74,10 +74,10 @@ RISK_COUNT_INTERVAL_S = 0.1
 @dataclass
 class _Delivery:
     """A launched vocoder call's audio, for the delivery thread: (stream, row, samples, first
-    audio) per window, in the order the windows were planned."""
+    audio, last audio) per window, in the order the windows were planned."""
 
     pending: Any
-    windows: list[tuple[Stream, int, int, bool]]
+    windows: list[tuple[Stream, int, int, bool, bool]]
     width: int
 
 
@@ -332,20 +332,23 @@ class StreamScheduler:
                 pcm, seconds = item.pending.result()
             except Exception as error:  # a failed call: its streams end with the error
                 LOGGER.exception("a vocoder call failed")
-                for stream, _, _, _ in item.windows:
+                for stream, *_ in item.windows:
                     stream.sink.finish(RuntimeError(f"synthesis failed: {error}"))
                 continue
             self._observed.append(("vocoder", seconds, len(item.windows), item.width))
             now = time.monotonic()
             stats = self.stats
-            for stream, row, samples, first in item.windows:
+            for stream, row, samples, first, last in item.windows:
                 if first:
                     stats.first_audio_seconds_sum += now - stream.arrived
                     stats.first_audio_count += 1
                     if len(stats.first_audio_samples) < MAX_FIRST_AUDIO_SAMPLES:
                         stats.first_audio_samples.append(now - stream.arrived)
                 try:
-                    stream.sink.audio(pcm[row, :samples])
+                    if last:
+                        stream.sink.last_audio(pcm[row, :samples])
+                    else:
+                        stream.sink.audio(pcm[row, :samples])
                 except Exception:  # the scheduler notices a cancelled stream on its own
                     LOGGER.debug("sending to stream %s failed", stream.stream_id)
             item = None  # hold no pinned block while waiting for the next
@@ -428,7 +431,10 @@ class StreamScheduler:
             stream.windows_sent += 1
             stream.window_ready_at = now
             try:
-                stream.sink.audio(pcm)
+                if state.vocoded >= state.frames and not stream.sentences:
+                    stream.sink.last_audio(pcm)  # the end goes with it (StreamSink.last_audio)
+                else:
+                    stream.sink.audio(pcm)
             except Exception as error:
                 LOGGER.debug("sending to stream %s failed; dropping it", stream.stream_id)
                 self._close(stream, StreamCancelled(f"the stream could not be sent: {error}"))
@@ -454,7 +460,8 @@ class StreamScheduler:
                 # Playback is taken to start at the launch, a little before the audio arrives:
                 # the planner then thinks a stream's buffer a little shorter than it is.
                 stream.first_audio_at = now
-            delivery.windows.append((stream, row, size * self.hop, first))
+            last = state.vocoded >= state.frames and not stream.sentences
+            delivery.windows.append((stream, row, size * self.hop, first, last))
             stream.audio_seconds_sent += size * self.hop / self.sample_rate
             stream.windows_sent += 1
             stream.window_ready_at = now

@@ -35,6 +35,11 @@ class StreamSink:
     def audio(self, pcm: np.ndarray) -> None:  # int16 mono
         raise NotImplementedError
 
+    def last_audio(self, pcm: np.ndarray) -> None:
+        """The stream's last chunk; `finish(None)` follows it. A sink whose protocol can carry
+        the end with the last chunk does so here (engines/triton_model/responses.py)."""
+        self.audio(pcm)
+
     def finish(self, error: Exception | None = None) -> None:
         raise NotImplementedError
 

@@ -94,6 +94,40 @@ def test_audio_streams_in_several_chunks(server: TritonServer) -> None:
     assert np.abs(result.audio).max() > 1000, "the voice should be audible, not silence"
 
 
+def test_the_last_audio_chunk_is_the_final_response(server: TritonServer) -> None:
+    # The end of a stream travels with its last chunk, not in an empty response after it: a
+    # client that hangs up as soon as the last audio arrives then hangs up on a finished
+    # request (the gap between the two crashed tritonserver 2.51; docs/reliability.md).
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    events: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    text = grpcclient.InferInput("TEXT", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"Good morning, and welcome aboard."], dtype=object))
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    try:
+        client.async_stream_infer("joe", [text], enable_empty_final_response=True)
+        responses = []
+        while True:
+            result, error = events.get(timeout=60)
+            assert error is None, error
+            final = result.get_response().parameters.get("triton_final_response")
+            audio = result.as_numpy("AUDIO")
+            responses.append((audio.size if audio is not None else 0, bool(final.bool_param)))
+            if final.bool_param:
+                break
+        with pytest.raises(queue.Empty):
+            events.get(timeout=1.0)  # nothing after the final response
+    finally:
+        client.stop_stream()
+        client.close()
+    assert len(responses) > 1
+    assert all(size > 0 for size, _ in responses), responses
+    assert [final for _, final in responses] == [False] * (len(responses) - 1) + [True]
+
+
 def test_bad_input_is_refused_while_other_streams_go_on(server: TritonServer) -> None:
     background: dict[str, StreamResult | Exception] = {}
 
