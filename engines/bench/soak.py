@@ -179,6 +179,37 @@ class SoakClient:
         finally:
             finished.set()
 
+    async def hang_up_at_end(self, request: Any, audio_responses: int) -> tuple[str, str]:
+        """Cancel the call the moment its `audio_responses`-th audio response or its final
+        response arrives, whichever comes first: a listener that hangs up as soon as it has
+        the audio it expects. ('cancelled' | 'error' | 'lost', detail)."""
+        import grpc
+
+        finished = asyncio.Event()
+
+        async def requests() -> AsyncIterator[Any]:
+            yield request
+            await finished.wait()
+
+        call = self._stub.ModelStreamInfer(requests())
+        audio = 0
+        try:
+            async for response in call:
+                if response.error_message:
+                    return "error", response.error_message
+                infer = response.infer_response
+                audio += bool(infer.raw_output_contents)
+                final = infer.parameters["triton_final_response"].bool_param
+                if audio >= audio_responses or final:
+                    call.cancel()
+                    return "cancelled", f"{audio} audio responses, final {final}"
+            return "error", "the stream closed without a final response"
+        except grpc.aio.AioRpcError as error:
+            kind = "lost" if error.code() == grpc.StatusCode.UNAVAILABLE else "error"
+            return kind, f"{error.code().name}: {error.details()}"
+        finally:
+            finished.set()
+
 
 def process_rss_mb(pid: int) -> dict[str, float]:
     """Resident memory of each process of the server tree (supervisor, tritonserver, the
