@@ -2,7 +2,8 @@
 
 Each request (TEXT, optional SPEAKER_ID, LENGTH_SCALE, NOISE_SCALE, NOISE_W) becomes a stream
 in the voice's `StreamScheduler`; every decoded window goes back at once as a response (AUDIO
-int16 PCM + SAMPLE_RATE) and the stream ends with an empty final-flagged response. The serving
+int16 PCM + SAMPLE_RATE); the last one is flagged final (a stream that ends early ends with an
+empty or error response flagged final). The serving
 plan (engine files, windows, limits) arrives as the JSON model parameter `voxfleet_plan`.
 
 This file is the model's lifecycle only, and the only file Triton is given: the rest lives in
