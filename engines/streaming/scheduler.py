@@ -430,9 +430,15 @@ class StreamScheduler:
             stream.audio_seconds_sent += len(pcm) / self.sample_rate
             stream.windows_sent += 1
             stream.window_ready_at = now
+            last = state.vocoded >= state.frames and not stream.sentences
+            if last:
+                # Out of the live count before its end reaches the client (it goes with this
+                # audio, StreamSink.last_audio): a listener that asks again at once must not
+                # find its finished stream still counted against the stream limit.
+                self._streams.pop(stream.stream_id, None)
             try:
-                if state.vocoded >= state.frames and not stream.sentences:
-                    stream.sink.last_audio(pcm)  # the end goes with it (StreamSink.last_audio)
+                if last:
+                    stream.sink.last_audio(pcm)
                 else:
                     stream.sink.audio(pcm)
             except Exception as error:

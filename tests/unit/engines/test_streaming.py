@@ -155,6 +155,23 @@ def test_a_failing_runtime_fails_streams_but_not_the_scheduler(stages, sentences
         scheduler.stop()
 
 
+def test_a_stream_no_longer_counts_as_live_when_its_last_audio_goes_out(stages, sentences) -> None:
+    # The end travels with the last chunk: a client that asks again the moment it arrives must
+    # not be refused at the stream limit on account of the stream that just ended.
+    scheduler = StreamScheduler(stages, 22050)
+    live_at_last: list[int] = []
+
+    class Probe(CollectingSink):
+        def last_audio(self, pcm) -> None:
+            live_at_last.append(scheduler.live_streams())
+            super().last_audio(pcm)
+
+    sink = Probe()
+    run_streams(scheduler, [sink], sentences)
+    assert sink.error is None and len(sink.chunks) > 2
+    assert live_at_last == [0]
+
+
 def test_a_failing_stats_publisher_ends_no_stream(stages, sentences, caplog) -> None:
     # on_step publishes the voice's metrics (a round trip to tritonserver on the CPU): when it
     # fails, the streams go on, and the failure is logged once, not once per step.
