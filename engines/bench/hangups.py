@@ -36,7 +36,7 @@ async def hang_up_at_end(server: Server, requests: int, seed: int = 0) -> dict[s
     try:
         audio: dict[str, int] = {}
         for text in TEXTS:  # how many audio responses each text gives
-            outcome, detail = await client.hang_up_at_end(client.request(text, None), 1000)
+            outcome, detail = await client.stream(client.request(text, None), 1000, at_end=True)
             if outcome != "cancelled":
                 raise RuntimeError(f"{text!r}: {outcome} {detail}")
             audio[text] = int(detail.split()[0])
@@ -49,8 +49,8 @@ async def hang_up_at_end(server: Server, requests: int, seed: int = 0) -> dict[s
             while sent < requests:
                 sent += 1
                 text = rng.choice(TEXTS)
-                outcome, detail = await client.hang_up_at_end(
-                    client.request(text, None), audio[text]
+                outcome, detail = await client.stream(
+                    client.request(text, None), audio[text], at_end=True
                 )
                 outcomes[outcome] += 1
                 if outcome != "cancelled" and len(examples) < 10:

@@ -140,9 +140,15 @@ class SoakClient:
             _bytes_tensor(request, names.TEXT, [text.encode("utf-8")])
         return request
 
-    async def stream(self, request: Any, hang_up_after: int | None) -> tuple[str, str]:
+    async def stream(
+        self, request: Any, hang_up_after: int | None, at_end: bool = False
+    ) -> tuple[str, str]:
         """('completed' | 'cancelled' | 'error' | 'lost', detail): 'lost' is a stream the
-        server's process took with it (the connection broke or was refused)."""
+        server's process took with it (the connection broke or was refused).
+
+        `at_end`: count audio responses only, and hang up the moment the `hang_up_after`-th
+        one or the final response arrives, whichever comes first (a listener that hangs up as
+        soon as it has the audio it expects; engines.bench.hangups)."""
         import grpc
 
         finished = asyncio.Event()
@@ -161,8 +167,16 @@ class SoakClient:
             async for response in call:
                 if response.error_message:
                     return "error", response.error_message
-                responses += 1
                 parameters = response.infer_response.parameters
+                if at_end:
+                    assert hang_up_after is not None
+                    responses += bool(response.infer_response.raw_output_contents)
+                    final = parameters["triton_final_response"].bool_param
+                    if responses >= hang_up_after or final:
+                        call.cancel()
+                        return "cancelled", f"{responses} audio responses, final {final}"
+                    continue
+                responses += 1
                 if parameters["triton_final_response"].bool_param:
                     return "completed", f"{responses} responses"
                 if hang_up_after is not None and responses >= hang_up_after:
@@ -176,37 +190,6 @@ class SoakClient:
             return kind, f"{error.code().name}: {error.details()}"
         except Exception as error:
             return "error", f"{type(error).__name__}: {error}"
-        finally:
-            finished.set()
-
-    async def hang_up_at_end(self, request: Any, audio_responses: int) -> tuple[str, str]:
-        """Cancel the call the moment its `audio_responses`-th audio response or its final
-        response arrives, whichever comes first: a listener that hangs up as soon as it has
-        the audio it expects. ('cancelled' | 'error' | 'lost', detail)."""
-        import grpc
-
-        finished = asyncio.Event()
-
-        async def requests() -> AsyncIterator[Any]:
-            yield request
-            await finished.wait()
-
-        call = self._stub.ModelStreamInfer(requests())
-        audio = 0
-        try:
-            async for response in call:
-                if response.error_message:
-                    return "error", response.error_message
-                infer = response.infer_response
-                audio += bool(infer.raw_output_contents)
-                final = infer.parameters["triton_final_response"].bool_param
-                if audio >= audio_responses or final:
-                    call.cancel()
-                    return "cancelled", f"{audio} audio responses, final {final}"
-            return "error", "the stream closed without a final response"
-        except grpc.aio.AioRpcError as error:
-            kind = "lost" if error.code() == grpc.StatusCode.UNAVAILABLE else "error"
-            return kind, f"{error.code().name}: {error.details()}"
         finally:
             finished.set()
 

@@ -445,10 +445,10 @@ class StreamScheduler:
                 LOGGER.debug("sending to stream %s failed; dropping it", stream.stream_id)
                 self._close(stream, StreamCancelled(f"the stream could not be sent: {error}"))
                 continue
-            if state.vocoded >= state.frames:
+            if last:
+                self._close(stream)  # its sentence's frames go back too
+            elif state.vocoded >= state.frames:
                 self._end_sentence(stream)
-                if not stream.sentences:
-                    self._close(stream)
 
     def _launch_windows(self, windows: list[Window]) -> None:
         """`_run_windows` with an asynchronous vocoder call: the streams' state moves on now
@@ -473,8 +473,8 @@ class StreamScheduler:
             stream.window_ready_at = now
             if state.vocoded >= state.frames:
                 self._end_sentence(stream)
-                if not stream.sentences:
-                    ended.append(stream)
+            if last:
+                ended.append(stream)
         self._deliveries.put(delivery)
         self._last_launched = pending
         for stream in ended:
