@@ -77,6 +77,11 @@ class StreamBackend(Protocol):
 
     Arrays named ``prior``, ``latent`` and ``audio`` are the backend's own (NumPy arrays or
     device tensors); everything the scheduler reads back is NumPy.
+
+    A device backend may also offer asynchronous calls (``async_calls``: ``vocode_async``,
+    ``timer``) and an encoder beside the windows (``encodes_beside``: ``encode_launch``,
+    whose call has ``done()``, ``finish()`` giving what ``encode`` gives, and ``seconds()``);
+    engines/torch_cuda/backend.py is the one that does.
     """
 
     pool: FramePool

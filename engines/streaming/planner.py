@@ -158,6 +158,7 @@ def plan_step(
     batching: bool,
     now: float,
     rules: WindowRules = WindowRules(),
+    encoder_beside: bool = False,
 ) -> StepPlan:
     """Earliest deadline first over all work: sentences to encode and windows to decode.
 
@@ -168,6 +169,9 @@ def plan_step(
     encoder call), and nothing is added that would make a playing stream left for later
     run dry. A stream whose sentence is encoded this step also gets its first window. A
     stream with a lead takes a lead window (`rules`) where it fits the step, else the usual one.
+    With `encoder_beside` (a GPU's encoder on a stream of its own), a sentence to encode costs
+    the step nothing: its call runs beside the windows, and its first window comes in a later
+    step, once its frame counts are known.
 
     Every stream passed in has a current sentence or one waiting to be encoded.
     """
@@ -195,13 +199,15 @@ def plan_step(
             # New streams' encoder call (one per step is counted: they split by length
             # only) and first windows (a vocoder call of their own, after the encoder).
             calls = [("encoder", 0), ("first-window", 0)]
-            cost = costs.estimate(
-                "encoder", len(stream.sentences[0].ids), calls[0] not in planned
-            ) + costs.estimate(
-                "vocoder",
-                cfg.first_window_frames + 2 * cfg.vocoder_context_frames,
-                calls[1] not in planned,
-            )
+            cost = 0.0
+            if not encoder_beside:
+                cost = costs.estimate(
+                    "encoder", len(stream.sentences[0].ids), calls[0] not in planned
+                ) + costs.estimate(
+                    "vocoder",
+                    cfg.first_window_frames + 2 * cfg.vocoder_context_frames,
+                    calls[1] not in planned,
+                )
         else:
             if len(plan.windows) >= window_limit:
                 continue
@@ -224,7 +230,8 @@ def plan_step(
         # slack chosen so far, and a second late stream would then wait a whole step.)
         urgent = playing and stream.current is not None and time_left < step_s
         limit = min(budget, slack, waiting_slack)
-        if not urgent and plan and step_cost + cost > limit:
+        # (Work that costs the step nothing, an encoder call beside it, never waits.)
+        if not urgent and plan and cost > 0 and step_cost + cost > limit:
             if playing:
                 waiting_slack = min(waiting_slack, slack)
             continue

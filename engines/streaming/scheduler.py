@@ -65,6 +65,11 @@ CANCEL_CHECK_S = 0.5
 # scheduler plans and launches a step while the one before it still runs on the device, never
 # further ahead than this many steps.
 STEPS_IN_FLIGHT = 1
+# With the encoder beside the windows (a GPU), at most this many encoder calls run at once:
+# an encoder call's cost is mostly fixed (hundreds of small kernels), so the sentences that
+# arrive while one runs wait for the next and share it, and the calls grow with the load
+# instead of queueing up one small call per step.
+ENCODER_CALLS_IN_FLIGHT = 1
 # With asynchronous calls the stats are read by a metrics thread (every 0.25 s in the Triton
 # model): the streams at risk of an underrun, a pass over all of them, are counted no more
 # often than this rather than every step.
@@ -85,6 +90,29 @@ class _Delivery:
 class _Finish:
     stream: Stream
     error: Exception | None
+
+
+@dataclass
+class _Encoding:
+    """An encoder call running beside the windows (`StreamBackend.encode_launch`)."""
+
+    call: Any
+    streams: list[Stream]
+    width: int
+
+
+class _SummedTiming:
+    """Device times of the parts of one call (an encoder call beside the windows, then its
+    sentences' prior and flow), observed as one."""
+
+    def __init__(self, *parts: Any) -> None:
+        self.parts = parts
+
+    def done(self) -> bool:
+        return all(part.done() for part in self.parts)
+
+    def seconds(self) -> float:
+        return sum(part.seconds() for part in self.parts)
 
 
 class StreamScheduler:
@@ -145,11 +173,19 @@ class StreamScheduler:
         self._in_flight: deque[Any] = deque()
         self._last_launched: Any = None
         self._risk_counted_at = 0.0
+        # Encoder calls running beside the windows, in launch order, and their streams (which
+        # the planner leaves alone until their sentence is taken up, `_take_up_encoded`).
+        self._encoding: deque[_Encoding] = deque()
+        self._encoding_ids: set[int] = set()
 
     @property
     def _async(self) -> bool:
         # Read from the backend in use (a benchmark may swap in host frame stores).
         return bool(getattr(self.backend, "async_calls", False))
+
+    @property
+    def _beside(self) -> bool:
+        return bool(getattr(self.backend, "encodes_beside", False))
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -172,6 +208,7 @@ class StreamScheduler:
             self._finish(stream, RuntimeError("the server is shutting down"))
         self._incoming.clear()
         self._streams.clear()
+        self._forget_encodings()
         if self._delivery_thread is not None:
             self._deliveries.put(None)  # after everything queued
             self._delivery_thread.join(timeout=10)
@@ -237,12 +274,14 @@ class StreamScheduler:
                 LOGGER.exception("scheduler step failed")
                 for stream in list(self._streams.values()):
                     self._close(stream, RuntimeError(f"synthesis failed: {error}"))
+                self._forget_encodings()
                 self._publish_stats()
 
     def step(self) -> bool:
         """Plan and run one step; False when there was nothing to run yet."""
         self._observe_timings()
         self._drop_cancelled()
+        self._take_up_encoded()
         plan = self._plan()
         if not plan:
             self._publish_stats()
@@ -279,15 +318,24 @@ class StreamScheduler:
             self.costs.observe(stage, timing.seconds(), rows, width)
 
     def _plan(self) -> StepPlan:
-        for stream in [s for s in self._streams.values() if s.current is None and not s.sentences]:
+        streams = [s for s in self._streams.values() if s.stream_id not in self._encoding_ids]
+        for stream in [s for s in streams if s.current is None and not s.sentences]:
             self._close(stream)
+        # Sentences to encode wait while the encoder calls beside the windows are at their
+        # limit; the planner sees only streams it can serve this step.
+        encoder_busy = self._beside and len(self._encoding) >= ENCODER_CALLS_IN_FLIGHT
         return plan_step(
-            list(self._streams.values()),
+            [
+                s
+                for s in streams
+                if s.stream_id in self._streams and not (encoder_busy and s.current is None)
+            ],
             self.windows,
             self.costs,
             self.batching,
             time.monotonic(),
             self.rules,
+            encoder_beside=self._beside,
         )
 
     def _run(self, windows: list[Window]) -> None:
@@ -377,19 +425,20 @@ class StreamScheduler:
             ids[row, : len(sentence.ids)] = sentence.ids
         lengths = np.array([len(s.ids) for s in sentences], dtype=np.int64)
         speakers = np.array([s.params.speaker_id for s in streams], dtype=np.int64)
+        scale_array = np.array(scales, dtype=np.float32)
+        if self._beside:
+            # The call runs beside this step's windows and the next steps'; its streams are
+            # taken up once their frame counts are on the host (`_take_up_encoded`).
+            call = self.backend.encode_launch(ids, lengths, scale_array, speakers)  # type: ignore[attr-defined]
+            self._encoding.append(_Encoding(call, streams, longest))
+            self._encoding_ids.update(stream.stream_id for stream in streams)
+            return
         started = time.perf_counter()
         # With asynchronous calls the device may still be decoding an earlier call: time the
         # encoder's own device work, not the wait for that one.
         timing = self.backend.timer() if self._async else None  # type: ignore[attr-defined]
-        prior, frames = self.backend.encode(
-            ids, lengths, np.array(scales, dtype=np.float32), speakers
-        )
-        tables = [self.backend.pool.allocate(int(count)) for count in frames]
-        self.backend.store_prior(prior, tables, frames)
-        # GPU backends may run the flow over the whole sentences here (engines/torch_cuda/
-        # backend.py); the windows then need the vocoder only.
-        flow_sentences = getattr(self.backend, "flow_sentences", None)
-        flowed = bool(flow_sentences and flow_sentences(prior, tables, frames, speakers))
+        prior, frames = self.backend.encode(ids, lengths, scale_array, speakers)
+        self._start_sentences(streams, prior, frames, speakers)
         if timing is not None:
             # No wait here: the cost is read once the device is done (`_observe_timings`),
             # and the next windows and step are planned while the flow runs.
@@ -397,13 +446,53 @@ class StreamScheduler:
         else:
             self.backend.sync()
             self.costs.observe("encoder", time.perf_counter() - started, len(streams), longest)
+
+    def _take_up_encoded(self) -> None:
+        """Start the sentences of the encoder calls beside the windows whose frame counts are
+        on the host (in launch order): their prior (and flow) is queued behind the calls, and
+        the planner plans their first windows from this step on."""
+        while self._encoding and self._encoding[0].call.done():
+            encoding = self._encoding.popleft()
+            self._encoding_ids.difference_update(s.stream_id for s in encoding.streams)
+            timing = self.backend.timer()  # type: ignore[attr-defined]
+            prior, frames = encoding.call.finish()
+            speakers = np.array([s.params.speaker_id for s in encoding.streams], dtype=np.int64)
+            self._start_sentences(encoding.streams, prior, frames, speakers)
+            self._timings.append(
+                (
+                    "encoder",
+                    _SummedTiming(encoding.call, timing.stop()),
+                    len(encoding.streams),
+                    encoding.width,
+                )
+            )
+
+    def _start_sentences(
+        self, streams: list[Stream], prior: Any, frames: np.ndarray, speakers: np.ndarray
+    ) -> None:
+        """Store encoded sentences' prior frames (and, on GPU backends, their latents) and make
+        them the streams' current sentences; a stream closed meanwhile gets none."""
+        tables = [self.backend.pool.allocate(int(count)) for count in frames]
+        self.backend.store_prior(prior, tables, frames)
+        # GPU backends may run the flow over the whole sentences here (engines/torch_cuda/
+        # backend.py); the windows then need the vocoder only.
+        flow_sentences = getattr(self.backend, "flow_sentences", None)
+        flowed = bool(flow_sentences and flow_sentences(prior, tables, frames, speakers))
         now = time.monotonic()
         for row, stream in enumerate(streams):
+            if stream.stream_id not in self._streams:  # cancelled while it was encoded
+                self.backend.pool.release(tables[row])
+                continue
             count = int(frames[row])
             stream.current = SentenceState(
                 pages=tables[row], frames=count, flowed=count if flowed else 0
             )
             stream.window_ready_at = now
+
+    def _forget_encodings(self) -> None:
+        """Drop the encoder calls beside the windows (their streams are closed)."""
+        self._encoding.clear()
+        self._encoding_ids.clear()
 
     # -- flow and vocoder calls for batches of same-sized windows --------------------------------
     def _run_windows(self, windows: list[Window]) -> None:

@@ -266,19 +266,25 @@ def _inverse_spline(inputs: Tensor, widths: Tensor, heights: Tensor, derivs: Ten
     return torch.where(inside, outputs, inputs)
 
 
-def expand(
+def durations(logw: Tensor, x_mask: Tensor, length_scale: float) -> tuple[Tensor, Tensor]:
+    """Frames per phoneme (``ceil``ed) and per sentence, on the device: (w_ceil [B, 1, P],
+    y_lengths [B])."""
+    w_ceil = torch.ceil(torch.exp(logw) * x_mask * length_scale)
+    return w_ceil, torch.clamp_min(torch.sum(w_ceil, [1, 2]), 1).long()
+
+
+def expand_frames(
     m_p: Tensor,
     logs_p: Tensor,
     x_mask: Tensor,
-    logw: Tensor,
-    length_scale: float,
+    w_ceil: Tensor,
+    y_lengths: Tensor,
+    frames: int,
     noise_scale: float,
     generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Durations -> frames: the data-dependent tail of the encoder (one device read)."""
-    w_ceil = torch.ceil(torch.exp(logw) * x_mask * length_scale)
-    y_lengths = torch.clamp_min(torch.sum(w_ceil, [1, 2]), 1).long()
-    frames = int(y_lengths.max())
+    """Phonemes -> `frames` prior frames (the longest sentence's, read from `y_lengths`
+    beforehand): no device read, so it can be queued behind an encoder call still running."""
     t = torch.arange(frames, device=m_p.device)
     y_mask = (t[None, :] < y_lengths[:, None]).to(m_p.dtype)  # [B, T]
     cum = torch.cumsum(w_ceil[:, 0], dim=-1)  # [B, P]
@@ -290,6 +296,21 @@ def expand(
     noise = torch.randn(m.shape, device=m.device, dtype=m.dtype, generator=generator)
     prior = m + noise * torch.exp(logs) * noise_scale
     return prior, y_mask.unsqueeze(1)
+
+
+def expand(
+    m_p: Tensor,
+    logs_p: Tensor,
+    x_mask: Tensor,
+    logw: Tensor,
+    length_scale: float,
+    noise_scale: float,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Durations -> frames: the data-dependent tail of the encoder (one device read)."""
+    w_ceil, y_lengths = durations(logw, x_mask, length_scale)
+    frames = int(y_lengths.max())
+    return expand_frames(m_p, logs_p, x_mask, w_ceil, y_lengths, frames, noise_scale, generator)
 
 
 def from_onnx(model: onnx.ModelProto | Path | str, device: torch.device) -> EncoderCore:

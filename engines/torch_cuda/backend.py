@@ -29,6 +29,7 @@ INITIAL_PAGES = 4096
 # speech) take the windowed flow of the stream model. 2,048 frames = 23.8 s of audio.
 SENTENCE_FLOW_FRAMES = (256, 512, 1024, 2048)
 ASYNC_ENV = "VOXFLEET_ASYNC_CALLS"
+BESIDE_ENV = "VOXFLEET_ENCODER_BESIDE"
 
 
 class PendingAudio:
@@ -110,6 +111,18 @@ class DeviceBackend:
         if async_calls is None:
             async_calls = self.device.type == "cuda" and os.environ.get(ASYNC_ENV, "1") != "0"
         self.async_calls = async_calls
+        # VOXFLEET_ENCODER_BESIDE=1 (off by default): with asynchronous calls, a runtime that
+        # can (TorchCudaStages.encodes_beside) runs the encoder on a CUDA stream of its own;
+        # the scheduler launches it, goes on launching windows, and takes the sentences up
+        # once their frame counts are on the host (`encode_launch`). On the H100 through
+        # Triton it gave 10 to 30 % more audio per second at 1,000 and 2,000 streams but
+        # later first audio and more underruns at 500 (docs/benchmarks.md#gpu), so the
+        # encoder stays in the step unless asked.
+        self.encodes_beside = bool(
+            async_calls
+            and getattr(runtime, "encodes_beside", False)
+            and os.environ.get(BESIDE_ENV, "0") == "1"
+        )
         self.pool = FramePool(initial_pages)
         frames = self.pool.capacity_frames
         self._prior = torch.zeros(
@@ -143,6 +156,17 @@ class DeviceBackend:
         )
         frames = mask[:, 0, :].sum(dim=1).to(torch.int64).cpu().numpy()
         return prior, frames
+
+    def encode_launch(self, ids, lengths, scales, speakers) -> Any:
+        """`encode` without waiting (where `encodes_beside`): a call whose `done()` says its
+        frame counts are on the host and whose `finish()` gives (prior, frames) as `encode`
+        does, the prior queued behind the call (engines.torch_cuda.runtime.EncoderCall)."""
+        return self.runtime.encode_launch(
+            torch.from_numpy(np.ascontiguousarray(ids)),
+            torch.from_numpy(np.ascontiguousarray(lengths)),
+            torch.from_numpy(np.asarray(scales, dtype=np.float32)),
+            speakers,
+        )
 
     def flow_sentences(
         self, prior: torch.Tensor, tables: Sequence[np.ndarray], frames: np.ndarray, speakers

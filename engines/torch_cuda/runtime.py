@@ -3,7 +3,9 @@
 - encoder (text encoder + stochastic duration predictor): FP32 always, run eagerly on the
   GPU. Its output length depends on the predicted durations (a device read per call), and
   FP16 there would move frame boundaries (``ceil`` of durations) and so change the audio
-  length; it is a small share of the work per second of audio.
+  length; it is a small share of the work per second of audio. `encode_launch` runs it on a
+  CUDA stream of its own (its graphs in a memory pool of their own), so that the stream
+  model can go on launching windows while it runs (off by default: DeviceBackend).
 - flow and vocoder: the entry's precision (FP16 by default). Their calls come from the
   stream model as batches of fixed-size windows, so each call is padded up to a batch bucket
   (1, 2, 4, ..., 256) and replayed from a CUDA graph captured once per (bucket, frames):
@@ -163,6 +165,54 @@ class GraphedStage:
             return [output[:batch].clone() for output in captured.outputs]
 
 
+class EncoderCall:
+    """An encoder call queued on the encoder's CUDA stream (`TorchCudaStages.encode_launch`).
+
+    `done()` says, without waiting, whether its frame counts are on the host; `finish()` reads
+    them and queues the expansion to prior frames on the caller's current stream behind the
+    call (that stream waits for the encoder's event, not the host). `seconds()` is the
+    encoder's device time, `done()` first.
+    """
+
+    def __init__(
+        self,
+        tensors: tuple[torch.Tensor, ...],
+        lengths: torch.Tensor,
+        noise_scale: float,
+        start: torch.cuda.Event,
+        end: torch.cuda.Event,
+    ) -> None:
+        self._tensors = tensors  # m_p, logs_p, x_mask, w_ceil, y_lengths (device)
+        self._lengths = lengths  # y_lengths in pinned host memory, once `end` is reached
+        self._noise_scale = noise_scale
+        self._events = (start, end)
+
+    def done(self) -> bool:
+        return bool(self._events[1].query())
+
+    def seconds(self) -> float:
+        start, end = self._events
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0
+
+    def finish(self) -> tuple[torch.Tensor, np.ndarray]:
+        """(prior [B, 192, frames] queued on the current stream, frames per row)."""
+        end = self._events[1]
+        end.synchronize()
+        frames = self._lengths.numpy().copy()
+        m_p, logs_p, x_mask, w_ceil, y_lengths = self._tensors
+        current = torch.cuda.current_stream(m_p.device)
+        current.wait_event(end)
+        for tensor in self._tensors:
+            # Made on the encoder's stream, read on this one: their memory is not handed out
+            # again before this stream has read them.
+            tensor.record_stream(current)
+        prior, _ = acoustic.expand_frames(
+            m_p, logs_p, x_mask, w_ceil, y_lengths, int(frames.max()), self._noise_scale
+        )
+        return prior, frames
+
+
 def _read_precision(engine_dir: Path) -> str:
     manifest = engine_dir / "manifest.json"
     if manifest.is_file():
@@ -230,14 +280,23 @@ class TorchCudaStages:
             def encoder_function(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
                 return list(core(inputs["ids"], inputs["lengths"], inputs["noise"]))
 
+            # The encoder's graphs have a memory pool of their own: they replay on their own
+            # stream (`encode_launch`) while the flow's and vocoder's replay on another, and
+            # graphs that share a pool must never run at the same time.
             self.encoder_stage = GraphedStage(
                 None,
                 encoder_batch_buckets,
                 use_graphs,
-                pool=pool,
+                pool=torch.cuda.graph_pool_handle() if pool is not None else None,
                 function=encoder_function,
                 device=self.device,
             )
+        self._encoder_stream: torch.cuda.Stream | None = None
+        if self.encoder_stage is not None and self.device.type == "cuda":
+            # High priority: an encoder call is a long chain of small kernels, each waiting
+            # for the one before; given the multiprocessors first as each becomes ready, it
+            # keeps its own pace while the vocoder's wide kernels fill the rest of the GPU.
+            self._encoder_stream = torch.cuda.Stream(device=self.device, priority=-1)
         self.flow_module = OnnxModule(engine_dir / "flow.onnx", self.device, dtype)
         self.vocoder_module = OnnxModule(engine_dir / "vocoder.onnx", self.device, dtype)
         self.flow_stage = GraphedStage(
@@ -282,27 +341,37 @@ class TorchCudaStages:
             tensor = tensor.pin_memory()
         return tensor.to(self.device, non_blocking=True)
 
-    def encode_tensor(
-        self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, speaker_ids=None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _encode_core(
+        self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, speaker_ids
+    ) -> tuple[list[torch.Tensor], float, float]:
+        """The graphed encoder: ([m_p, logs_p, x_mask, logw], length scale, noise scale)."""
+        assert self.encoder_stage is not None
         # Pad phonemes to a multiple of 32 (exact: the encoder masks by length) so that
         # calls repeat shapes and the uploads of shape-derived indices hit their cache.
         padded = -(-ids.shape[1] // 32) * 32
         if padded != ids.shape[1]:
             ids = torch.nn.functional.pad(ids, (0, padded - ids.shape[1]))
+        self._speaker(self.encoder, ids.shape[0], speaker_ids)  # refuses speaker ids != 0
+        noise_scale, length_scale, noise_w = (float(v) for v in scales.reshape(-1)[:3])
+        noise = torch.randn(ids.shape[0], 2, ids.shape[1], device=self.device) * noise_w
+        with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False):
+            # Durations are ceil()ed: TF32 convolutions could move frame boundaries.
+            outputs = self.encoder_stage.run(
+                {
+                    "ids": self._upload(ids.to(torch.int64)),
+                    "lengths": self._upload(lengths.to(torch.int64)),
+                    "noise": noise,
+                }
+            )
+        return outputs, length_scale, noise_scale
+
+    def encode_tensor(
+        self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, speaker_ids=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.encoder_stage is not None:
-            self._speaker(self.encoder, ids.shape[0], speaker_ids)  # refuses speaker ids != 0
-            noise_scale, length_scale, noise_w = (float(v) for v in scales.reshape(-1)[:3])
-            noise = torch.randn(ids.shape[0], 2, ids.shape[1], device=self.device) * noise_w
-            with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False):
-                # Durations are ceil()ed: TF32 convolutions could move frame boundaries.
-                m_p, logs_p, x_mask, logw = self.encoder_stage.run(
-                    {
-                        "ids": self._upload(ids.to(torch.int64)),
-                        "lengths": self._upload(lengths.to(torch.int64)),
-                        "noise": noise,
-                    }
-                )
+            (m_p, logs_p, x_mask, logw), length_scale, noise_scale = self._encode_core(
+                ids, lengths, scales, speaker_ids
+            )
             return acoustic.expand(m_p, logs_p, x_mask, logw, length_scale, noise_scale)
         feeds = {
             "input": ids.to(self.device, torch.int64),
@@ -312,6 +381,32 @@ class TorchCudaStages:
         }
         prior, mask = self.encoder(**feeds)
         return prior, mask
+
+    @property
+    def encodes_beside(self) -> bool:
+        """Whether `encode_launch` can run the encoder on a CUDA stream of its own."""
+        return self._encoder_stream is not None
+
+    def encode_launch(
+        self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, speaker_ids=None
+    ) -> EncoderCall:
+        """`encode_tensor` queued on the encoder's own CUDA stream, beside the flow and vocoder
+        calls queued on the current one: its frame counts reach the host without waiting for
+        them, and `EncoderCall.finish()` queues the rest behind it (see `EncoderCall`)."""
+        stream = self._encoder_stream
+        if stream is None:
+            raise TorchCudaError("the encoder runs beside the windows only as a CUDA graph")
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            start.record(stream)
+            (m_p, logs_p, x_mask, logw), length_scale, noise_scale = self._encode_core(
+                ids, lengths, scales, speaker_ids
+            )
+            w_ceil, y_lengths = acoustic.durations(logw, x_mask, length_scale)
+            host = torch.empty(y_lengths.shape, dtype=y_lengths.dtype, pin_memory=True)
+            host.copy_(y_lengths, non_blocking=True)
+            end.record(stream)
+        return EncoderCall((m_p, logs_p, x_mask, w_ceil, y_lengths), host, noise_scale, start, end)
 
     def flow_tensor(
         self, prior: torch.Tensor, mask: torch.Tensor, speaker_ids=None

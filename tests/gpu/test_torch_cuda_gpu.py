@@ -75,3 +75,53 @@ def test_stream_scheduler_runs_on_the_gpu_runtime(entry_dir: Path, corpus_ids) -
     result = simulate_streams(stages, corpus_ids, streams=16, seconds=4.0, ramp_seconds=0.5)
     assert result["completed_streams"] > 0
     assert result["audio_seconds_per_second"] > 16  # faster than real time for 16 listeners
+
+
+def test_the_encoder_beside_the_windows_gives_the_audio_of_the_encoder_in_the_step(
+    entry_dir: Path, corpus_ids, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The encoder on its own CUDA stream (VOXFLEET_ENCODER_BESIDE=1: its own graph pool, its
+    tensors read on the other stream) must give every stream the audio it gets with the
+    encoder in the step."""
+    import threading
+
+    from engines.frontend import Sentence
+    from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
+    from engines.torch_cuda.backend import BESIDE_ENV
+    from engines.torch_cuda.runtime import TorchCudaStages
+
+    class Sink(StreamSink):
+        def __init__(self) -> None:
+            self.chunks: list[np.ndarray] = []
+            self.error: Exception | None = None
+            self.done = threading.Event()
+
+        def audio(self, pcm: np.ndarray) -> None:
+            self.chunks.append(np.array(pcm))
+
+        def finish(self, error: Exception | None = None) -> None:
+            self.error = error
+            self.done.set()
+
+    stages = TorchCudaStages(entry_dir, precision="fp32")
+    quiet = SynthesisParams(noise_scale=0.0, noise_w=0.0)
+    texts = [[Sentence("", corpus_ids[i]), Sentence("", corpus_ids[i + 1])] for i in range(12)]
+    audio: dict[str, list[np.ndarray]] = {}
+    for beside in ("0", "1"):
+        monkeypatch.setenv(BESIDE_ENV, beside)
+        scheduler = StreamScheduler(stages, 22050)
+        assert scheduler.backend.encodes_beside is (beside == "1")  # type: ignore[attr-defined]
+        scheduler.start()
+        try:
+            sinks = [Sink() for _ in texts]
+            for sentences, sink in zip(texts, sinks, strict=True):
+                scheduler.submit(list(sentences), quiet, sink)
+            for sink in sinks:
+                assert sink.done.wait(120) and sink.error is None and sink.chunks
+        finally:
+            scheduler.stop()
+        audio[beside] = [np.concatenate(sink.chunks).astype(np.float64) for sink in sinks]
+    for inline, beside_audio in zip(audio["0"], audio["1"], strict=True):
+        assert inline.shape == beside_audio.shape
+        noise = np.sum((beside_audio - inline) ** 2)
+        assert 10 * np.log10(np.sum(inline**2) / max(noise, 1e-9)) > 50.0

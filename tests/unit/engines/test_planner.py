@@ -102,6 +102,21 @@ def test_a_playing_stream_about_to_run_dry_is_served_before_a_new_stream() -> No
     assert plan.encodes == []
 
 
+def test_an_encoder_beside_the_windows_costs_the_step_nothing() -> None:
+    costs = CostModel(fixed_part=False)
+    costs.per_frame.update(encoder=1e-3, vocoder=1e-3, flow=1e-3)  # the slow machine above
+    playing = make_stream(1, frames=600, buffered_s=0.01, windows_sent=4)
+    newcomer = make_stream(2, ids=200)
+
+    plan = plan_step(
+        [newcomer, playing], WindowConfig(), costs, batching=True, now=NOW, encoder_beside=True
+    )
+
+    # Its call runs beside the playing stream's window, so the newcomer need not wait.
+    assert [w.stream.stream_id for w in plan.windows] == [1]
+    assert [s.stream_id for s in plan.encodes] == [2]
+
+
 def test_with_room_in_the_step_every_stream_is_planned() -> None:
     costs = CostModel(fixed_part=False)
     costs.per_frame.update(encoder=1e-7, vocoder=1e-7, flow=1e-7)  # a fast machine

@@ -1,0 +1,88 @@
+"""The encoder's own cost on a GPU, per call: its CUDA graph as the torch-cuda runtime replays
+it, against a CUDA graph of the same core compiled by torch.compile (inductor), on the same
+inputs; and whether compiling moves any phoneme's duration (the frames are ``ceil``ed).
+
+Usage, on a CUDA machine with the joe voice installed (docs/gpu.md):
+    OUT=results PYTHONPATH=. python3 scripts/encoder_compile_probe.py
+Writes $OUT/encoder-probe.json (kept as docs/bench-gpu-h100-encoder-compile-probe.json).
+MODE=max-autotune-no-cudagraphs compiles with autotuning (several minutes per shape).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+
+from engines.engine_build import build_engines, resolve_voice_model
+from engines.torch_cuda.runtime import ENCODER_BATCH_BUCKETS, GraphedStage, TorchCudaStages
+
+SHAPES = [(16, 160), (32, 160), (1, 64)]  # (sentences, phoneme ids)
+CALLS = 30
+
+
+def mean_ms(stage: GraphedStage, inputs: dict[str, torch.Tensor]) -> tuple[float, float, list]:
+    """(first call in s, capture and compile included; mean of CALLS later calls in ms; outputs)"""
+    started = time.perf_counter()
+    outputs = stage.run(inputs)
+    torch.cuda.synchronize()
+    first = time.perf_counter() - started
+    for _ in range(3):
+        stage.run(inputs)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(CALLS):
+        outputs = stage.run(inputs)
+    torch.cuda.synchronize()
+    return first, (time.perf_counter() - started) / CALLS * 1000, outputs
+
+
+def main() -> None:
+    entry = build_engines(resolve_voice_model("joe"), "torch-cuda", "fp16", "/tmp/vc").path
+    stages = TorchCudaStages(entry)
+    core = stages.encoder_core
+    assert core is not None and stages.encoder_stage is not None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    compiled = torch.compile(core, dynamic=False, mode=os.environ.get("MODE") or None)
+    compiled_stage = GraphedStage(
+        None,
+        ENCODER_BATCH_BUCKETS,
+        True,
+        pool=torch.cuda.graph_pool_handle(),
+        function=lambda i: list(compiled(i["ids"], i["lengths"], i["noise"])),
+        device=stages.device,
+    )
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    results = {}
+    for batch, phonemes in SHAPES:
+        ids = torch.randint(1, 150, (batch, phonemes), device="cuda", generator=generator)
+        lengths = torch.randint(
+            phonemes // 2, phonemes + 1, (batch,), device="cuda", generator=generator
+        )
+        lengths[0] = phonemes
+        noise = torch.randn(batch, 2, phonemes, device="cuda", generator=generator) * 0.8
+        inputs = {"ids": ids, "lengths": lengths, "noise": noise}
+        row: dict[str, float | int] = {}
+        outputs = {}
+        for name, stage in (("graph", stages.encoder_stage), ("compiled", compiled_stage)):
+            first, mean, outputs[name] = mean_ms(stage, inputs)
+            row[f"{name}_ms"] = round(mean, 3)
+            row[f"{name}_first_s"] = round(first, 2)
+        (m1, _, x1, w1), (m2, _, x2, w2) = outputs["graph"], outputs["compiled"]
+        row["m_p_max_abs_diff"] = float((m1 - m2).abs().max())
+        row["logw_max_abs_diff"] = float((w1 - w2).abs().max())
+        moved = torch.ceil(torch.exp(w1) * x1) != torch.ceil(torch.exp(w2) * x2)
+        row["durations_changed"] = int(moved.sum())
+        row["phonemes"] = int(lengths.sum())
+        results[f"{batch}x{phonemes}"] = row
+        print(batch, phonemes, json.dumps(row), flush=True)
+    out = os.environ.get("OUT", ".")
+    with open(os.path.join(out, "encoder-probe.json"), "w") as handle:
+        json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

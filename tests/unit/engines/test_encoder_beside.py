@@ -1,0 +1,209 @@
+"""The scheduler with an encoder that runs beside the windows (a GPU backend's
+`encodes_beside`): it goes on stepping while an encoder call runs and takes the sentences up
+once their frame counts are there. Host frame stores stand in for the GPU's, with encoder
+calls that finish only when the test says so; the audio must be that of the inline encoder."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engines.frames import HostBackend
+from engines.frontend import Sentence, text_to_sentences
+from engines.runtime import OnnxStages
+from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
+from engines.voice import Voice
+
+TEXT = "Streaming speech arrives chunk by chunk. A second sentence follows the first."
+QUIET = SynthesisParams(noise_scale=0.0, noise_w=0.0)
+
+
+class Sink(StreamSink):
+    def __init__(self) -> None:
+        self.chunks: list[np.ndarray] = []
+        self.error: Exception | None = None
+        self.cancel = False
+        self.done = threading.Event()
+
+    def audio(self, pcm: np.ndarray) -> None:
+        assert not self.done.is_set(), "audio after the final response"
+        self.chunks.append(np.array(pcm))
+
+    def finish(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.done.set()
+
+    def cancelled(self) -> bool:
+        return self.cancel
+
+
+class _Call:
+    """An encoder call that is done once its backend's gate is open."""
+
+    def __init__(self, backend: BesideBackend, args: tuple[Any, ...]) -> None:
+        self.backend, self.args = backend, args
+
+    def done(self) -> bool:
+        return self.backend.gate.is_set()
+
+    def finish(self) -> tuple[Any, np.ndarray]:
+        self.backend.finished += 1
+        return HostBackend.encode(self.backend, *self.args)
+
+    def seconds(self) -> float:
+        return 0.001
+
+
+class _Timing:
+    def stop(self) -> _Timing:
+        return self
+
+    def done(self) -> bool:
+        return True
+
+    def seconds(self) -> float:
+        return 0.001
+
+
+class BesideBackend(HostBackend):
+    def __init__(self, runtime: Any, beside: bool) -> None:
+        super().__init__(runtime, initial_pages=512)
+        self.encodes_beside = beside
+        self.gate = threading.Event()
+        self.gate.set()
+        self.launched = self.finished = 0
+        self.windows_while_encoding = 0
+        self._vocode = HostBackend.vocode
+
+    def encode_launch(self, ids, lengths, scales, speakers) -> _Call:
+        self.launched += 1
+        return _Call(self, (ids, lengths, scales, speakers))
+
+    def vocode(self, *args: Any) -> np.ndarray:
+        if not self.gate.is_set():
+            self.windows_while_encoding += 1
+        return self._vocode(self, *args)
+
+    def timer(self) -> _Timing:
+        return _Timing()
+
+
+class Stages:
+    """The joe voice's onnxruntime stages with the test's backend, cut in the fixed window
+    sizes of a GPU runtime (the same chunks whatever the timing)."""
+
+    name = "host-stores"
+
+    def __init__(self, stages: OnnxStages, beside: bool) -> None:
+        self.stages = stages
+        self.backend = BesideBackend(stages, beside)
+
+    def stream_backend(self) -> BesideBackend:
+        return self.backend
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stages, name)
+
+
+@pytest.fixture(scope="module")
+def sentences(joe: Voice) -> list[Sentence]:
+    return text_to_sentences(TEXT, joe.config, phrase_chars=None)
+
+
+def run(scheduler: StreamScheduler, sinks: list[Sink], sentences: list[Sentence]) -> None:
+    for sink in sinks:
+        scheduler.submit(list(sentences), QUIET, sink)
+    for sink in sinks:
+        assert sink.done.wait(120), "a stream never finished"
+
+
+def test_sentences_encoded_beside_the_windows_give_the_inline_encoders_audio(
+    stages, sentences
+) -> None:
+    assert len(sentences) == 2
+    results = {}
+    for beside in (False, True):
+        runtime = Stages(stages, beside)
+        scheduler = StreamScheduler(runtime, 22050)
+        scheduler.start()
+        try:
+            sinks = [Sink() for _ in range(3)]
+            run(scheduler, sinks, sentences)
+        finally:
+            scheduler.stop()
+        results[beside] = sinks
+        if beside:
+            # Every sentence went through a launched call, each taken up once.
+            assert runtime.backend.launched >= 2
+            assert runtime.backend.finished == runtime.backend.launched
+        else:
+            assert runtime.backend.launched == 0
+    for inline, beside in zip(results[False], results[True], strict=True):
+        assert beside.error is None
+        assert [len(c) for c in beside.chunks] == [len(c) for c in inline.chunks]
+        # Calls batch other rows together, so the float sums differ in their last bits.
+        reference = np.concatenate(inline.chunks).astype(np.float64)
+        noise = np.sum((np.concatenate(beside.chunks) - reference) ** 2)
+        assert 10 * np.log10(np.sum(reference**2) / max(noise, 1e-9)) > 60.0
+
+
+def test_playing_streams_get_windows_while_an_encoder_call_runs(stages, sentences) -> None:
+    runtime = Stages(stages, beside=True)
+    backend = runtime.backend
+    scheduler = StreamScheduler(runtime, 22050)
+    scheduler.start()
+    try:
+        playing = Sink()
+        scheduler.submit(list(sentences), QUIET, playing)
+        deadline = time.monotonic() + 60
+        while not playing.chunks and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert playing.chunks, "no first audio"
+        backend.gate.clear()  # the next encoder call runs until the gate opens
+        late = Sink()
+        scheduler.submit(sentences[:1], QUIET, late)
+        time.sleep(0.5)
+        assert not late.chunks, "audio before its encoder call was done"
+        assert backend.windows_while_encoding > 0, "the playing stream waited for the encoder"
+        backend.gate.set()
+        assert late.done.wait(60) and playing.done.wait(60)
+        assert late.error is None and late.chunks
+        assert playing.error is None
+    finally:
+        backend.gate.set()
+        scheduler.stop()
+
+
+def test_a_stream_cancelled_while_encoded_ends_and_gives_its_frames_back(stages, sentences) -> None:
+    runtime = Stages(stages, beside=True)
+    backend = runtime.backend
+    free = backend.pool.free_pages()
+    scheduler = StreamScheduler(runtime, 22050)
+    scheduler.start()
+    try:
+        backend.gate.clear()
+        gone = Sink()
+        scheduler.submit(sentences[:1], QUIET, gone)
+        deadline = time.monotonic() + 5
+        while not backend.launched and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert backend.launched == 1
+        gone.cancel = True  # the client hangs up while its sentence is being encoded
+        assert gone.done.wait(5), "a cancelled stream waited for its encoder call"
+        assert "cancel" in str(gone.error)
+        other = Sink()
+        scheduler.submit(sentences[:1], QUIET, other)
+        backend.gate.set()
+        assert other.done.wait(60) and other.error is None and other.chunks
+        deadline = time.monotonic() + 5
+        while backend.pool.free_pages() != free and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert backend.pool.free_pages() == free
+        assert backend.finished == backend.launched == 2
+    finally:
+        backend.gate.set()
+        scheduler.stop()
