@@ -12,6 +12,7 @@ vocoder context ahead, so the vocoder always has real right context.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -47,13 +48,19 @@ class WindowRules:
     per frame does not fall with the batch (the CPU). `lead_window_frames` and
     `lead_flow_frames`: the window and the flow chunk of a stream with a lead (0: no lead
     windows). `merge_tails`: a short rest of a sentence goes with the window or flow chunk
-    before it instead of a call of its own (`next_window`).
+    before it instead of a call of its own (`next_window`). `deadline_margin_s`: every stream
+    is planned as if its audio ran out this much sooner, for the cost model's error (a CPU
+    call's time varies by a quarter on a shared machine) and the response's way to the
+    listener; without it the planner fills a step up to a stream's last moment, and a
+    listener's second chunk, due 186 ms after its first, came 6 to 13 ms late now and then
+    (docs/reliability.md).
     """
 
     exact_widths: bool = False
     lead_window_frames: int = 0
     lead_flow_frames: int = 0
     merge_tails: bool = False
+    deadline_margin_s: float = 0.0
 
 
 @dataclass
@@ -189,6 +196,10 @@ def plan_step(
         new = sum(1 for s in streams if s.first_audio_at is None and s.current is None)
         if new >= encode_limit:
             hold = 0.0  # a full encoder batch is waiting already
+    # The two playing streams closest to running dry: a lead window must leave every other
+    # playing stream time for its own window (`_least_other_slack`).
+    closest = _closest_playing(streams, now, rules) if rules.lead_window_frames else []
+    skipped: list[Stream] = []  # playing streams left for a later step
     for stream in streams:
         window: Window | None = None
         if stream.current is None:
@@ -218,11 +229,13 @@ def plan_step(
                 longer = next_window(stream, cfg, rules, lead=True)
                 longer_calls = window_calls(longer, cfg, rules)
                 longer_cost = _cost(costs, longer_calls, planned)
-                if longer != window and (
-                    not plan or step_cost + longer_cost <= min(budget, waiting_slack)
+                if (
+                    longer != window
+                    and (not plan or step_cost + longer_cost <= min(budget, waiting_slack))
+                    and step_cost + longer_cost <= _least_other_slack(closest, stream)
                 ):
                     window, calls, cost = longer, longer_calls, longer_cost
-        time_left = stream.deadline() - now
+        time_left = stream.deadline() - now - rules.deadline_margin_s
         slack = max(time_left, MIN_STEP_BUDGET_S)
         playing = stream.first_audio_at is not None
         # A playing stream whose audio runs out within a step cannot wait for the next one.
@@ -234,6 +247,8 @@ def plan_step(
         if not urgent and plan and cost > 0 and step_cost + cost > limit:
             if playing:
                 waiting_slack = min(waiting_slack, slack)
+                if window is not None:
+                    skipped.append(stream)
             continue
         if window is None:
             plan.encodes.append(stream)
@@ -242,7 +257,42 @@ def plan_step(
         step_cost += cost
         planned.update(calls)
         budget = max(MIN_STEP_BUDGET_S, min(budget, slack))
+    # A playing stream left out above because of work planned before it in deadline order (a
+    # new stream's encoder call: due sooner, but run after every window) may not last until
+    # the next step, which starts once this whole step is done: its window joins this step
+    # (windows run before encoder calls). Without this, a listener's second chunk, due 186 ms
+    # after its first, came late whenever a new stream's sentence was encoded in between.
+    for stream in skipped:
+        if len(plan.windows) >= window_limit:
+            break
+        window = next_window(stream, cfg, rules)
+        calls = window_calls(window, cfg, rules)
+        cost = _cost(costs, calls, planned)
+        if stream.deadline() - now - rules.deadline_margin_s < step_cost + cost:
+            plan.windows.append(window)
+            step_cost += cost
+            planned.update(calls)
     return plan
+
+
+def _closest_playing(
+    streams: list[Stream], now: float, rules: WindowRules
+) -> list[tuple[float, int]]:
+    """(time left, stream id) of the two playing streams whose audio runs out first."""
+    playing = [
+        (s.deadline() - now - rules.deadline_margin_s, s.stream_id)
+        for s in streams
+        if s.first_audio_at is not None
+    ]
+    return heapq.nsmallest(2, playing)
+
+
+def _least_other_slack(closest: list[tuple[float, int]], stream: Stream) -> float:
+    """The least time left of a playing stream other than `stream` (inf: there is none)."""
+    for time_left, stream_id in closest:
+        if stream_id != stream.stream_id:
+            return time_left
+    return float("inf")
 
 
 def encoder_calls(

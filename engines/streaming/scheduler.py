@@ -65,6 +65,13 @@ CANCEL_CHECK_S = 0.5
 # scheduler plans and launches a step while the one before it still runs on the device, never
 # further ahead than this many steps.
 STEPS_IN_FLIGHT = 1
+# The stream a CPU scheduler warms up with: a sentence of this many phoneme ids (about 3 s of
+# audio: first, growing and lead windows) of one id; at most this many steps.
+WARMUP_PHONEMES = 96
+WARMUP_PHONEME_ID = 20
+WARMUP_MAX_STEPS = 200
+# The margin the CPU planner keeps before each stream's deadline (planner.WindowRules).
+CPU_DEADLINE_MARGIN_S = 0.04
 # With the encoder beside the windows (a GPU), at most this many encoder calls run at once:
 # an encoder call's cost is mostly fixed (hundreds of small kernels), so the sentences that
 # arrive while one runs wait for the next and share it, and the calls grow with the load
@@ -90,6 +97,18 @@ class _Delivery:
 class _Finish:
     stream: Stream
     error: Exception | None
+
+
+class _Discard(StreamSink):
+    """The warmup stream's sink."""
+
+    finished = False
+
+    def audio(self, pcm: np.ndarray) -> None:
+        return None
+
+    def finish(self, error: Exception | None = None) -> None:
+        self.finished = True
 
 
 @dataclass
@@ -143,7 +162,11 @@ class StreamScheduler:
         steady = self.windows.window_frames
         self.rules = (
             WindowRules(
-                True, lead_window_frames=2 * steady, lead_flow_frames=4 * steady, merge_tails=True
+                True,
+                lead_window_frames=2 * steady,
+                lead_flow_frames=4 * steady,
+                merge_tails=True,
+                deadline_margin_s=CPU_DEADLINE_MARGIN_S,
             )
             if exact_widths
             else WindowRules()
@@ -219,6 +242,7 @@ class StreamScheduler:
         shapes are prepared (0 where there is nothing to prepare)."""
         warm = getattr(self.backend, "warmup", None)
         if warm is None:
+            self._warm_with_a_stream()
             return 0
         cfg, sizes = self.windows, self.windows.window_sizes()
         windows = cfg.max_batch_windows if self.batching else 1
@@ -242,6 +266,28 @@ class StreamScheduler:
                 for stage, seconds, rows, width in samples:
                     self.costs.observe(stage, seconds, rows, width)
         return shapes
+
+    def _warm_with_a_stream(self) -> None:
+        """Stages with no shapes to prepare (onnxruntime) still run their first calls slowly
+        (allocations), and the cost model starts from guesses: the first listeners after a
+        start then got late chunks. One short stream runs through every stage here, before
+        the scheduler starts; its audio is dropped and nothing of it is counted."""
+        if self._async or self._thread is not None:
+            return
+        sink = _Discard()
+        ids = [WARMUP_PHONEME_ID] * WARMUP_PHONEMES
+        stream = Stream(0, deque([Sentence("warmup", ids)]), SynthesisParams(), sink, 0.0)
+        on_step, self._on_step = self._on_step, None
+        self._streams[stream.stream_id] = stream
+        try:
+            for _ in range(WARMUP_MAX_STEPS):
+                stream.arrived = time.monotonic()  # never late: planned like a fresh listener
+                if sink.finished or not self.step():
+                    break
+        finally:
+            self._on_step = on_step
+            self._close(stream)
+            self.stats = SchedulerStats()
 
     def submit(self, sentences: list[Sentence], params: SynthesisParams, sink: StreamSink) -> int:
         stream = Stream(next(self._ids), deque(sentences), params, sink, time.monotonic())

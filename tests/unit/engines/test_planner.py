@@ -102,6 +102,38 @@ def test_a_playing_stream_about_to_run_dry_is_served_before_a_new_stream() -> No
     assert plan.encodes == []
 
 
+def test_a_playing_stream_is_not_left_to_run_dry_behind_a_new_streams_encoder_call() -> None:
+    # The newcomer is due sooner (first audio) and planned first, but its encoder call runs
+    # after every window: a playing stream that cannot wait until that call is done must get
+    # its window in this step (the second chunk of a listener, due 186 ms after the first).
+    costs = CostModel(fixed_part=False)
+    costs.per_frame.update(encoder=1e-3, vocoder=1e-3, flow=1e-4)
+    playing = make_stream(1, frames=600, buffered_s=0.15, windows_sent=1)
+    newcomer = make_stream(2, ids=100)  # an encoder call of 100 ms
+
+    plan = plan_step([newcomer, playing], WindowConfig(), costs, batching=True, now=NOW)
+
+    assert [s.stream_id for s in plan.encodes] == [2]
+    assert [w.stream.stream_id for w in plan.windows] == [1]
+
+
+def test_a_lead_window_leaves_the_other_playing_streams_time_for_theirs() -> None:
+    cpu = WindowRules(True, lead_window_frames=256, lead_flow_frames=512, merge_tails=True)
+    costs = CostModel(fixed_part=False)
+    costs.per_frame.update(encoder=1e-3, vocoder=1e-3, flow=1e-3)
+    ahead = make_stream(1, frames=2000, buffered_s=0.55, windows_sent=5)
+    other = make_stream(2, frames=2000, buffered_s=0.6, windows_sent=5)
+
+    alone = plan_step([ahead], WindowConfig(), costs, batching=True, now=NOW, rules=cpu)
+    both = plan_step([ahead, other], WindowConfig(), costs, batching=True, now=NOW, rules=cpu)
+
+    lead = alone.windows[0].decode
+    assert lead[1] - lead[0] == 256  # alone, it takes a lead window
+    # Beside a stream with 0.6 s left, an 832 ms lead window would run it dry: a steady one.
+    first = both.windows[0]
+    assert first.stream.stream_id == 1 and first.decode[1] - first.decode[0] == 128
+
+
 def test_an_encoder_beside_the_windows_costs_the_step_nothing() -> None:
     costs = CostModel(fixed_part=False)
     costs.per_frame.update(encoder=1e-3, vocoder=1e-3, flow=1e-3)  # the slow machine above

@@ -190,6 +190,24 @@ def test_a_failing_stats_publisher_ends_no_stream(stages, sentences, caplog) -> 
     assert len(logged) == 1
 
 
+def test_a_cpu_scheduler_warms_every_stage_up_before_its_first_listener(stages, sentences) -> None:
+    # onnxruntime's first calls are slow and the cost model starts from guesses: the first
+    # listeners after a start got late chunks. The warmup runs a stream through every stage
+    # and leaves no trace a listener or a metric could see.
+    published = []
+    scheduler = StreamScheduler(stages, 22050, on_step=published.append)
+    free = scheduler.backend.pool.free_pages()
+    assert scheduler.warmup() == 0  # no shapes to prepare
+    calls = {stage: total[0] for stage, total in scheduler.costs.totals.items()}
+    assert calls["encoder"] == 1 and calls["flow"] >= 2 and calls["vocoder"] >= 3
+    assert scheduler.live_streams() == 0 and scheduler.stats.streams_total == 0
+    assert scheduler.stats.first_audio_count == 0 and not published
+    assert scheduler.backend.pool.free_pages() == free
+    sink = CollectingSink()
+    run_streams(scheduler, [sink], sentences)
+    assert sink.error is None and scheduler.stats.streams_total == 1
+
+
 def test_window_config_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="window_frames must be at least 1"):
         WindowConfig(window_frames=0)
