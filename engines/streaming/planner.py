@@ -235,7 +235,7 @@ def plan_step(
                     and step_cost + longer_cost <= _least_other_slack(closest, stream)
                 ):
                     window, calls, cost = longer, longer_calls, longer_cost
-        time_left = stream.deadline() - now - rules.deadline_margin_s
+        time_left = _time_left(stream, now, rules)
         slack = max(time_left, MIN_STEP_BUDGET_S)
         playing = stream.first_audio_at is not None
         # A playing stream whose audio runs out within a step cannot wait for the next one.
@@ -268,11 +268,16 @@ def plan_step(
         window = next_window(stream, cfg, rules)
         calls = window_calls(window, cfg, rules)
         cost = _cost(costs, calls, planned)
-        if stream.deadline() - now - rules.deadline_margin_s < step_cost + cost:
+        if _time_left(stream, now, rules) < step_cost + cost:
             plan.windows.append(window)
             step_cost += cost
             planned.update(calls)
     return plan
+
+
+def _time_left(stream: Stream, now: float, rules: WindowRules) -> float:
+    """Seconds until the stream's deadline, less the rules' margin."""
+    return stream.deadline() - now - rules.deadline_margin_s
 
 
 def _closest_playing(
@@ -280,9 +285,7 @@ def _closest_playing(
 ) -> list[tuple[float, int]]:
     """(time left, stream id) of the two playing streams whose audio runs out first."""
     playing = [
-        (s.deadline() - now - rules.deadline_margin_s, s.stream_id)
-        for s in streams
-        if s.first_audio_at is not None
+        (_time_left(s, now, rules), s.stream_id) for s in streams if s.first_audio_at is not None
     ]
     return heapq.nsmallest(2, playing)
 

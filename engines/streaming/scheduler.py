@@ -117,6 +117,7 @@ class _Encoding:
 
     call: Any
     streams: list[Stream]
+    speakers: np.ndarray
     width: int
 
 
@@ -476,7 +477,7 @@ class StreamScheduler:
             # The call runs beside this step's windows and the next steps'; its streams are
             # taken up once their frame counts are on the host (`_take_up_encoded`).
             call = self.backend.encode_launch(ids, lengths, scale_array, speakers)  # type: ignore[attr-defined]
-            self._encoding.append(_Encoding(call, streams, longest))
+            self._encoding.append(_Encoding(call, streams, speakers, longest))
             self._encoding_ids.update(stream.stream_id for stream in streams)
             return
         started = time.perf_counter()
@@ -502,8 +503,7 @@ class StreamScheduler:
             self._encoding_ids.difference_update(s.stream_id for s in encoding.streams)
             timing = self.backend.timer()  # type: ignore[attr-defined]
             prior, frames = encoding.call.finish()
-            speakers = np.array([s.params.speaker_id for s in encoding.streams], dtype=np.int64)
-            self._start_sentences(encoding.streams, prior, frames, speakers)
+            self._start_sentences(encoding.streams, prior, frames, encoding.speakers)
             self._timings.append(
                 (
                     "encoder",

@@ -29,7 +29,6 @@ INITIAL_PAGES = 4096
 # speech) take the windowed flow of the stream model. 2,048 frames = 23.8 s of audio.
 SENTENCE_FLOW_FRAMES = (256, 512, 1024, 2048)
 ASYNC_ENV = "VOXFLEET_ASYNC_CALLS"
-BESIDE_ENV = "VOXFLEET_ENCODER_BESIDE"
 
 
 class PendingAudio:
@@ -111,18 +110,14 @@ class DeviceBackend:
         if async_calls is None:
             async_calls = self.device.type == "cuda" and os.environ.get(ASYNC_ENV, "1") != "0"
         self.async_calls = async_calls
-        # VOXFLEET_ENCODER_BESIDE=1 (off by default): with asynchronous calls, a runtime that
-        # can (TorchCudaStages.encodes_beside) runs the encoder on a CUDA stream of its own;
-        # the scheduler launches it, goes on launching windows, and takes the sentences up
-        # once their frame counts are on the host (`encode_launch`). On the H100 through
-        # Triton it gave 10 to 30 % more audio per second at 1,000 and 2,000 streams but
-        # later first audio and more underruns at 500 (docs/benchmarks.md#gpu), so the
-        # encoder stays in the step unless asked.
-        self.encodes_beside = bool(
-            async_calls
-            and getattr(runtime, "encodes_beside", False)
-            and os.environ.get(BESIDE_ENV, "0") == "1"
-        )
+        # With asynchronous calls, a runtime whose encoder has a CUDA stream of its own
+        # (TorchCudaStages.encodes_beside, VOXFLEET_ENCODER_BESIDE=1) runs it beside the
+        # windows: the scheduler launches it, goes on launching windows, and takes the
+        # sentences up once their frame counts are on the host (`encode_launch`). On the H100
+        # through Triton it gave 10 to 30 % more audio per second at 1,000 and 2,000 streams
+        # but later first audio and more underruns at 500 (docs/benchmarks.md#gpu), so it is
+        # off unless asked.
+        self.encodes_beside = bool(async_calls and getattr(runtime, "encodes_beside", False))
         self.pool = FramePool(initial_pages)
         frames = self.pool.capacity_frames
         self._prior = torch.zeros(

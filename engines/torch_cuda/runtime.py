@@ -3,9 +3,10 @@
 - encoder (text encoder + stochastic duration predictor): FP32 always, run eagerly on the
   GPU. Its output length depends on the predicted durations (a device read per call), and
   FP16 there would move frame boundaries (``ceil`` of durations) and so change the audio
-  length; it is a small share of the work per second of audio. `encode_launch` runs it on a
-  CUDA stream of its own (its graphs in a memory pool of their own), so that the stream
-  model can go on launching windows while it runs (off by default: DeviceBackend).
+  length; it is a small share of the work per second of audio. With
+  VOXFLEET_ENCODER_BESIDE=1 (off by default) `encode_launch` runs it on a CUDA stream of its
+  own (its graphs in a memory pool of their own), so that the stream model can go on
+  launching windows while it runs; otherwise its graphs share the flow's and vocoder's pool.
 - flow and vocoder: the entry's precision (FP16 by default). Their calls come from the
   stream model as batches of fixed-size windows, so each call is padded up to a batch bucket
   (1, 2, 4, ..., 256) and replayed from a CUDA graph captured once per (bucket, frames):
@@ -17,6 +18,7 @@ Weights are the stage ONNX files' initializers (engines.torch_cuda.convert).
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +35,9 @@ from engines.torch_cuda.convert import OnnxModule
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 ENCODER_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
+# VOXFLEET_ENCODER_BESIDE=1 (off by default): the encoder gets a CUDA stream and a graph
+# memory pool of its own, so that `encode_launch` can run it beside the windows.
+BESIDE_ENV = "VOXFLEET_ENCODER_BESIDE"
 
 
 class TorchCudaError(RuntimeError):
@@ -274,25 +279,30 @@ class TorchCudaStages:
             self.encoder_core = acoustic.from_onnx(engine_dir / "encoder.onnx", self.device)
         except acoustic.NotPiperVits:
             pass
+        beside = (
+            self.encoder_core is not None
+            and self.device.type == "cuda"
+            and os.environ.get(BESIDE_ENV, "0") == "1"
+        )
         if self.encoder_core is not None:
             core = self.encoder_core
 
             def encoder_function(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
                 return list(core(inputs["ids"], inputs["lengths"], inputs["noise"]))
 
-            # The encoder's graphs have a memory pool of their own: they replay on their own
-            # stream (`encode_launch`) while the flow's and vocoder's replay on another, and
-            # graphs that share a pool must never run at the same time.
+            # Beside the windows, the encoder's graphs have a memory pool of their own: they
+            # replay on their own stream (`encode_launch`) while the flow's and vocoder's
+            # replay on another, and graphs that share a pool must never run at the same time.
             self.encoder_stage = GraphedStage(
                 None,
                 encoder_batch_buckets,
                 use_graphs,
-                pool=torch.cuda.graph_pool_handle() if pool is not None else None,
+                pool=torch.cuda.graph_pool_handle() if beside and pool is not None else pool,
                 function=encoder_function,
                 device=self.device,
             )
         self._encoder_stream: torch.cuda.Stream | None = None
-        if self.encoder_stage is not None and self.device.type == "cuda":
+        if beside:
             # High priority: an encoder call is a long chain of small kernels, each waiting
             # for the one before; given the multiprocessors first as each becomes ready, it
             # keeps its own pace while the vocoder's wide kernels fill the rest of the GPU.
@@ -384,7 +394,8 @@ class TorchCudaStages:
 
     @property
     def encodes_beside(self) -> bool:
-        """Whether `encode_launch` can run the encoder on a CUDA stream of its own."""
+        """Whether `encode_launch` runs the encoder on a CUDA stream of its own (a graphed
+        encoder on a GPU, with VOXFLEET_ENCODER_BESIDE=1)."""
         return self._encoder_stream is not None
 
     def encode_launch(
@@ -395,7 +406,9 @@ class TorchCudaStages:
         them, and `EncoderCall.finish()` queues the rest behind it (see `EncoderCall`)."""
         stream = self._encoder_stream
         if stream is None:
-            raise TorchCudaError("the encoder runs beside the windows only as a CUDA graph")
+            raise TorchCudaError(
+                f"the encoder runs beside the windows only as a CUDA graph, with {BESIDE_ENV}=1"
+            )
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(stream):
             start.record(stream)

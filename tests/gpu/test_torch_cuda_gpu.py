@@ -87,8 +87,7 @@ def test_the_encoder_beside_the_windows_gives_the_audio_of_the_encoder_in_the_st
 
     from engines.frontend import Sentence
     from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
-    from engines.torch_cuda.backend import BESIDE_ENV
-    from engines.torch_cuda.runtime import TorchCudaStages
+    from engines.torch_cuda.runtime import BESIDE_ENV, TorchCudaStages
 
     class Sink(StreamSink):
         def __init__(self) -> None:
@@ -103,13 +102,12 @@ def test_the_encoder_beside_the_windows_gives_the_audio_of_the_encoder_in_the_st
             self.error = error
             self.done.set()
 
-    stages = TorchCudaStages(entry_dir, precision="fp32")
     quiet = SynthesisParams(noise_scale=0.0, noise_w=0.0)
     texts = [[Sentence("", corpus_ids[i]), Sentence("", corpus_ids[i + 1])] for i in range(12)]
     audio: dict[str, list[np.ndarray]] = {}
     for beside in ("0", "1"):
         monkeypatch.setenv(BESIDE_ENV, beside)
-        scheduler = StreamScheduler(stages, 22050)
+        scheduler = StreamScheduler(TorchCudaStages(entry_dir, precision="fp32"), 22050)
         assert scheduler.backend.encodes_beside is (beside == "1")  # type: ignore[attr-defined]
         scheduler.start()
         try:
