@@ -22,6 +22,27 @@ import numpy as np
 
 PAGE_FRAMES = 32
 LATENT_CHANNELS = 192
+# GPU backends flow sentences up to this long in whole-sentence calls right after the encoder,
+# padded up to the first of these sizes (one CUDA graph per size and batch bucket); longer ones
+# (slow speech) take the windowed flow of the stream model. 2,048 frames = 23.8 s of audio.
+SENTENCE_FLOW_FRAMES = (256, 512, 1024, 2048)
+
+
+def sentence_flow_groups(
+    frames: np.ndarray, grouped: bool = True
+) -> list[tuple[int, np.ndarray]] | None:
+    """(size, rows) of the whole-sentence flow calls for sentences of `frames` frames: one
+    call per size of SENTENCE_FLOW_FRAMES that a sentence needs, or (not `grouped`) one call
+    of the longest one's size; None when a sentence is longer than the largest size."""
+    sizes = np.searchsorted(np.asarray(SENTENCE_FLOW_FRAMES), frames)
+    if len(frames) == 0 or int(sizes.max()) >= len(SENTENCE_FLOW_FRAMES):
+        return None
+    if not grouped:
+        return [(SENTENCE_FLOW_FRAMES[int(sizes.max())], np.arange(len(frames)))]
+    return [
+        (SENTENCE_FLOW_FRAMES[int(size)], np.flatnonzero(sizes == size))
+        for size in np.unique(sizes)
+    ]
 
 
 class FramePool:

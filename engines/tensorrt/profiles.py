@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from engines.engine_cache import ShapeRange
+from engines.frames import SENTENCE_FLOW_FRAMES
 from engines.plan import WindowConfig
 
 LATENT_CHANNELS = 192  # inter_channels of every Piper VITS voice
@@ -31,9 +32,8 @@ LATENT_CHANNELS = 192  # inter_channels of every Piper VITS voice
 # phonemes) stay under 640, the longest `StreamScheduler.warmup` prepares by default.
 MAX_PHONEMES = 640
 OPT_PHONEMES = 128
-# `SENTENCE_FLOW_FRAMES[-1]` of engines/torch_cuda/backend.py (it imports torch, so it is not
-# imported here); tests/unit/engine_cache/test_tensorrt_runtime.py keeps the two equal.
-SENTENCE_FLOW_MAX_FRAMES = 2048
+# The largest whole-sentence flow call of the GPU stream path (engines/torch_cuda/backend.py).
+SENTENCE_FLOW_MAX_FRAMES = SENTENCE_FLOW_FRAMES[-1]
 DEFAULT_WINDOWS = WindowConfig()
 
 

@@ -20,15 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from engines.frames import LATENT_CHANNELS, FramePool
+from engines.frames import LATENT_CHANNELS, SENTENCE_FLOW_FRAMES, FramePool, sentence_flow_groups
 
 # 4,096 pages of 32 frames: 131,072 frames (25 minutes of audio) before the stores first grow.
 INITIAL_PAGES = 4096
-# Sentences up to this long get their flow in one call right after the encoder, padded up to
-# the first of these sizes (one CUDA graph per size and batch bucket); longer ones (slow
-# speech) take the windowed flow of the stream model. 2,048 frames = 23.8 s of audio.
-SENTENCE_FLOW_FRAMES = (256, 512, 1024, 2048)
 ASYNC_ENV = "VOXFLEET_ASYNC_CALLS"
+# VOXFLEET_SENTENCE_FLOW_GROUPS=0 pads a whole encoder batch to its longest sentence's size in
+# one flow call (the earlier form, for A/B measurements) instead of one call per size.
+SENTENCE_FLOW_GROUPS_ENV = "VOXFLEET_SENTENCE_FLOW_GROUPS"
 
 
 class PendingAudio:
@@ -118,6 +117,7 @@ class DeviceBackend:
         # but later first audio and more underruns at 500 (docs/benchmarks.md#gpu), so it is
         # off unless asked.
         self.encodes_beside = bool(async_calls and getattr(runtime, "encodes_beside", False))
+        self.sentence_flow_groups = os.environ.get(SENTENCE_FLOW_GROUPS_ENV, "1") != "0"
         self.pool = FramePool(initial_pages)
         frames = self.pool.capacity_frames
         self._prior = torch.zeros(
@@ -169,19 +169,36 @@ class DeviceBackend:
         """The flow over whole sentences of an encoder batch, latents stored; False (nothing
         done) when the longest is beyond SENTENCE_FLOW_FRAMES.
 
-        On a GPU a flow call costs about the same for 2,048 frames as for 80 (it is bound by
-        its launches), so one call per encoder batch replaces a few calls per window, and the
-        latents are those of a one-shot decode. Frames past a sentence's end are masked.
+        On a GPU a flow call of one sentence costs about the same for 2,048 frames as for 80
+        (it is bound by its launches), so a few calls per encoder batch replace a few calls
+        per window, and the latents are those of a one-shot decode. A batch is not padded to
+        its longest sentence, though: a call's rows pad to a batch bucket and its frames to
+        the size, so 20 sentences of 100 to 1,500 frames would be a 32 x 2,048-frame call.
+        The sentences are flowed in one call per size they need (`sentence_flow_groups`).
+        Frames past a sentence's end are masked, so a sentence's latents do not depend on
+        its call's width.
         """
-        size = next((s for s in SENTENCE_FLOW_FRAMES if s >= prior.shape[-1]), None)
-        if size is None:
+        groups = sentence_flow_groups(frames, self.sentence_flow_groups)
+        if groups is None:
             return False
-        valid = np.arange(size)[None, :] < frames[:, None]
-        mask = self._upload(valid[:, None, :].astype(np.float32))
-        padded = torch.nn.functional.pad(prior, (0, size - prior.shape[-1]))
-        latent = self.runtime.flow_tensor(padded, mask, speakers)
-        index, valid = FramePool.window_index(tables, np.zeros(len(tables), np.int64), frames, size)
-        self._scatter(self._latent, latent, index, valid)
+        speakers = np.asarray(speakers) if speakers is not None else None
+        for size, rows in groups:
+            if len(rows) == len(frames):
+                part, part_frames, part_tables = prior, frames, tables
+            else:
+                part = prior[self._upload(rows)]
+                part_frames, part_tables = frames[rows], [tables[row] for row in rows]
+            width = min(size, part.shape[-1])
+            padded = torch.nn.functional.pad(part[..., :width], (0, size - width))
+            valid = np.arange(size)[None, :] < part_frames[:, None]
+            mask = self._upload(valid[:, None, :].astype(np.float32))
+            latent = self.runtime.flow_tensor(
+                padded, mask, speakers[rows] if speakers is not None else None
+            )
+            index, valid = FramePool.window_index(
+                part_tables, np.zeros(len(rows), np.int64), part_frames, size
+            )
+            self._scatter(self._latent, latent, index, valid)
         return True
 
     def store_prior(self, prior, tables: Sequence[np.ndarray], frames: np.ndarray) -> None:

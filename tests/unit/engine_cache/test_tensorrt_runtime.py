@@ -344,9 +344,6 @@ class DeviceShapeRecorder(ShapeRecordingRuntime):
 
 def test_the_gpu_stream_paths_sentence_flow_fits_the_default_profiles() -> None:
     pytest.importorskip("torch")
-    from engines.torch_cuda.backend import SENTENCE_FLOW_FRAMES
-
-    assert max(SENTENCE_FLOW_FRAMES) == SENTENCE_FLOW_MAX_FRAMES
     runtime = DeviceShapeRecorder()
     run_recorded_streams(runtime)
     flow_widths = {shapes["prior"][-1] for stage, shapes in runtime.calls if stage == "flow"}
