@@ -53,8 +53,15 @@ def _conv(x: Tensor, w: dict[str, Tensor], name: str, **kwargs: int) -> Tensor:
 class EncoderCore(torch.nn.Module):
     """ids, lengths, duration noise -> m_p, logs_p, x_mask, logw (all fixed-shape)."""
 
-    def __init__(self, weights: dict[str, Tensor], embedding: Tensor, exp_neg_logs: Tensor) -> None:
+    def __init__(
+        self,
+        weights: dict[str, Tensor],
+        embedding: Tensor,
+        exp_neg_logs: Tensor,
+        banded: bool = True,
+    ) -> None:
         super().__init__()
+        self.banded = banded
         self.w = weights
         self.embedding = embedding
         self.exp_neg_logs = exp_neg_logs  # ElementwiseAffine: exp(-logs), folded by the export
@@ -85,6 +92,20 @@ class EncoderCore(torch.nn.Module):
             table = F.pad(table, [0, 0, pad, pad, 0, 0])
         return table[:, start : start + 2 * length - 1]
 
+    def _band(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x [B, H, L, L] padded by w columns on each side, and the window's diagonals as a
+        [B, H, L, 2w + 1] view of that copy: band[..., i, w + d] is x[..., i, i + d], 0 where
+        i + d is outside the sentence. Adding to the view adds to those diagonals of the
+        copy; `padded[..., w : w + L]` is x with them."""
+        window = self.window
+        padded = F.pad(x, [window, window])
+        batch, heads, length, width = padded.shape
+        band = padded.as_strided(
+            (batch, heads, length, 2 * window + 1),
+            (heads * length * width, length * width, width + 1, 1),
+        )
+        return padded, band
+
     @staticmethod
     def _relative_to_absolute(x: Tensor) -> Tensor:
         batch, heads, length, _ = x.shape
@@ -110,15 +131,27 @@ class EncoderCore(torch.nn.Module):
         k = k.reshape(shape).transpose(2, 3)
         v = v.reshape(shape).transpose(2, 3)
         scores = torch.matmul(q, k.transpose(-2, -1))
-        rel_k = self._relative_embeddings(w[f"{prefix}.emb_rel_k"], length)
-        scores = scores + self._relative_to_absolute(
-            torch.matmul(q, rel_k.unsqueeze(0).transpose(-2, -1))
-        )
+        if self.banded:
+            # Only the 2w + 1 diagonals within the window have a relative embedding: compute
+            # those and add them there, rather than over all 2L - 1 relative positions (zeros
+            # outside the window), which costs O(L^2) memory passes per layer.
+            padded, band = self._band(scores)
+            band.add_(torch.matmul(q, w[f"{prefix}.emb_rel_k"].unsqueeze(0).transpose(-2, -1)))
+            scores = padded[..., self.window : self.window + length]
+        else:
+            rel_k = self._relative_embeddings(w[f"{prefix}.emb_rel_k"], length)
+            scores = scores + self._relative_to_absolute(
+                torch.matmul(q, rel_k.unsqueeze(0).transpose(-2, -1))
+            )
         scores = scores.masked_fill(attn_mask == 0, -1e4)
         p_attn = torch.softmax(scores, dim=-1)
         out = torch.matmul(p_attn, v)
-        rel_v = self._relative_embeddings(w[f"{prefix}.emb_rel_v"], length)
-        out = out + torch.matmul(self._absolute_to_relative(p_attn), rel_v.unsqueeze(0))
+        if self.banded:
+            _, band = self._band(p_attn)
+            out = out + torch.matmul(band, w[f"{prefix}.emb_rel_v"].unsqueeze(0))
+        else:
+            rel_v = self._relative_embeddings(w[f"{prefix}.emb_rel_v"], length)
+            out = out + torch.matmul(self._absolute_to_relative(p_attn), rel_v.unsqueeze(0))
         out = out.transpose(2, 3).reshape(batch, channels, length)
         return _conv(out, w, f"{prefix}.conv_o")
 
@@ -313,7 +346,9 @@ def expand(
     return expand_frames(m_p, logs_p, x_mask, w_ceil, y_lengths, frames, noise_scale, generator)
 
 
-def from_onnx(model: onnx.ModelProto | Path | str, device: torch.device) -> EncoderCore:
+def from_onnx(
+    model: onnx.ModelProto | Path | str, device: torch.device, banded: bool = True
+) -> EncoderCore:
     """An `EncoderCore` from a Piper VITS encoder graph's initializers, or `NotPiperVits`."""
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model))
@@ -340,4 +375,4 @@ def from_onnx(model: onnx.ModelProto | Path | str, device: torch.device) -> Enco
         raise NotPiperVits("the encoder graph does not keep the Piper VITS weight names")
     embedding = torch.from_numpy(np.array(arrays[embedding_name], dtype=np.float32)).to(device)
     exp_neg_logs = torch.from_numpy(np.array(arrays[affine], dtype=np.float32)).to(device)
-    return EncoderCore(weights, embedding, exp_neg_logs)
+    return EncoderCore(weights, embedding, exp_neg_logs, banded)

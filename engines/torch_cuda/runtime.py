@@ -38,6 +38,9 @@ DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 # VOXFLEET_ENCODER_BESIDE=1 (off by default): the encoder gets a CUDA stream and a graph
 # memory pool of its own, so that `encode_launch` can run it beside the windows.
 BESIDE_ENV = "VOXFLEET_ENCODER_BESIDE"
+# VOXFLEET_ENCODER_BANDED=0: the encoder's relative attention over all 2L - 1 relative
+# positions, as the ONNX graph computes it (the earlier form, for A/B measurements).
+BANDED_ENV = "VOXFLEET_ENCODER_BANDED"
 
 
 class TorchCudaError(RuntimeError):
@@ -276,7 +279,11 @@ class TorchCudaStages:
         self.encoder_core: EncoderCore | None = None
         self.encoder_stage: GraphedStage | None = None
         try:
-            self.encoder_core = acoustic.from_onnx(engine_dir / "encoder.onnx", self.device)
+            self.encoder_core = acoustic.from_onnx(
+                engine_dir / "encoder.onnx",
+                self.device,
+                banded=os.environ.get(BANDED_ENV, "1") != "0",
+            )
         except acoustic.NotPiperVits:
             pass
         beside = (
