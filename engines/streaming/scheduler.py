@@ -201,6 +201,11 @@ class StreamScheduler:
         # the planner leaves alone until their sentence is taken up, `_take_up_encoded`).
         self._encoding: deque[_Encoding] = deque()
         self._encoding_ids: set[int] = set()
+        # A backend may allow more (engines/torch_cuda/runtime.py: an encoder queued on the
+        # windows' own stream, whose calls do not slow each other down).
+        self._encoder_calls_in_flight = int(
+            getattr(self.backend, "encoder_calls_in_flight", ENCODER_CALLS_IN_FLIGHT)
+        )
 
     @property
     def _async(self) -> bool:
@@ -370,7 +375,7 @@ class StreamScheduler:
             self._close(stream)
         # Sentences to encode wait while the encoder calls beside the windows are at their
         # limit; the planner sees only streams it can serve this step.
-        encoder_busy = self._beside and len(self._encoding) >= ENCODER_CALLS_IN_FLIGHT
+        encoder_busy = self._beside and len(self._encoding) >= self._encoder_calls_in_flight
         return plan_step(
             [
                 s

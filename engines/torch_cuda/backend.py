@@ -117,6 +117,7 @@ class DeviceBackend:
         # but later first audio and more underruns at 500 (docs/benchmarks.md#gpu), so it is
         # off unless asked.
         self.encodes_beside = bool(async_calls and getattr(runtime, "encodes_beside", False))
+        self.encoder_calls_in_flight = int(getattr(runtime, "encoder_calls_in_flight", 1))
         self.sentence_flow_groups = os.environ.get(SENTENCE_FLOW_GROUPS_ENV, "1") != "0"
         self.pool = FramePool(initial_pages)
         frames = self.pool.capacity_frames

@@ -40,7 +40,14 @@ ENCODER_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 64)
 DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 # VOXFLEET_ENCODER_BESIDE=1 (off by default): the encoder gets a CUDA stream and a graph
 # memory pool of its own, so that `encode_launch` can run it beside the windows.
+# VOXFLEET_ENCODER_BESIDE=queued: `encode_launch` queues it on the windows' own stream, in
+# order with them, so that only the wait for its frame counts is gone.
 BESIDE_ENV = "VOXFLEET_ENCODER_BESIDE"
+# Encoder calls the scheduler keeps in flight when they are queued on the windows' stream:
+# they run one after another there, so more in flight only means that new sentences wait
+# less for a call. On the H100 through Triton, 3 gave more audio and a lower first-audio p95
+# than 1 or 6 (one to two runs each, docs/benchmarks.md).
+QUEUED_ENCODER_CALLS_IN_FLIGHT = 3
 # VOXFLEET_ENCODER_BANDED=0: the encoder's relative attention over all 2L - 1 relative
 # positions, as the ONNX graph computes it (the earlier form, for A/B measurements).
 BANDED_ENV = "VOXFLEET_ENCODER_BANDED"
@@ -289,11 +296,13 @@ class TorchCudaStages:
             )
         except acoustic.NotPiperVits:
             pass
-        beside = (
-            self.encoder_core is not None
-            and self.device.type == "cuda"
-            and os.environ.get(BESIDE_ENV, "0") == "1"
+        launched = (
+            os.environ.get(BESIDE_ENV, "0")
+            if self.encoder_core is not None and self.device.type == "cuda"
+            else "0"
         )
+        beside = launched == "1"
+        self._queued_launches = launched == "queued"
         if self.encoder_core is not None:
             core = self.encoder_core
 
@@ -404,20 +413,31 @@ class TorchCudaStages:
 
     @property
     def encodes_beside(self) -> bool:
-        """Whether `encode_launch` runs the encoder on a CUDA stream of its own (a graphed
-        encoder on a GPU, with VOXFLEET_ENCODER_BESIDE=1)."""
-        return self._encoder_stream is not None
+        """Whether the scheduler launches encoder calls (`encode_launch`) and takes their
+        sentences up once their frame counts are on the host, instead of waiting for them: a
+        graphed encoder on a GPU with VOXFLEET_ENCODER_BESIDE=1 (on a CUDA stream of its own)
+        or =queued (on the windows' stream)."""
+        return self._encoder_stream is not None or self._queued_launches
+
+    @property
+    def encoder_calls_in_flight(self) -> int:
+        """How many launched encoder calls the scheduler may wait on at once (1 beside)."""
+        return QUEUED_ENCODER_CALLS_IN_FLIGHT if self._queued_launches else 1
 
     def encode_launch(
         self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, speaker_ids=None
     ) -> EncoderCall:
         """`encode_tensor` queued on the encoder's own CUDA stream, beside the flow and vocoder
-        calls queued on the current one: its frame counts reach the host without waiting for
-        them, and `EncoderCall.finish()` queues the rest behind it (see `EncoderCall`)."""
+        calls queued on the current one (or, queued, on the current one behind them): its frame
+        counts reach the host without the host waiting for them, and `EncoderCall.finish()`
+        queues the rest behind it (see `EncoderCall`)."""
         stream = self._encoder_stream
+        if stream is None and self._queued_launches:
+            stream = torch.cuda.current_stream(self.device)
         if stream is None:
             raise TorchCudaError(
-                f"the encoder runs beside the windows only as a CUDA graph, with {BESIDE_ENV}=1"
+                "the scheduler launches encoder calls only for a CUDA graph, with "
+                f"{BESIDE_ENV}=1 or {BESIDE_ENV}=queued"
             )
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(stream):

@@ -80,9 +80,10 @@ def test_stream_scheduler_runs_on_the_gpu_runtime(entry_dir: Path, corpus_ids) -
 def test_the_encoder_beside_the_windows_gives_the_audio_of_the_encoder_in_the_step(
     entry_dir: Path, corpus_ids, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The encoder on its own CUDA stream (VOXFLEET_ENCODER_BESIDE=1: its own graph pool, its
-    tensors read on the other stream) must give every stream the audio it gets with the
-    encoder in the step."""
+    """The encoder launched and taken up later, on its own CUDA stream
+    (VOXFLEET_ENCODER_BESIDE=1: its own graph pool, its tensors read on the other stream) or
+    queued on the windows' stream (=queued), must give every stream the audio it gets with
+    the encoder in the step."""
     import threading
 
     from engines.frontend import Sentence
@@ -105,10 +106,10 @@ def test_the_encoder_beside_the_windows_gives_the_audio_of_the_encoder_in_the_st
     quiet = SynthesisParams(noise_scale=0.0, noise_w=0.0)
     texts = [[Sentence("", corpus_ids[i]), Sentence("", corpus_ids[i + 1])] for i in range(12)]
     audio: dict[str, list[np.ndarray]] = {}
-    for beside in ("0", "1"):
+    for beside in ("0", "1", "queued"):
         monkeypatch.setenv(BESIDE_ENV, beside)
         scheduler = StreamScheduler(TorchCudaStages(entry_dir, precision="fp32"), 22050)
-        assert scheduler.backend.encodes_beside is (beside == "1")  # type: ignore[attr-defined]
+        assert scheduler.backend.encodes_beside is (beside != "0")  # type: ignore[attr-defined]
         scheduler.start()
         try:
             sinks = [Sink() for _ in texts]
@@ -119,7 +120,8 @@ def test_the_encoder_beside_the_windows_gives_the_audio_of_the_encoder_in_the_st
         finally:
             scheduler.stop()
         audio[beside] = [np.concatenate(sink.chunks).astype(np.float64) for sink in sinks]
-    for inline, beside_audio in zip(audio["0"], audio["1"], strict=True):
-        assert inline.shape == beside_audio.shape
-        noise = np.sum((beside_audio - inline) ** 2)
-        assert 10 * np.log10(np.sum(inline**2) / max(noise, 1e-9)) > 50.0
+    for launched in ("1", "queued"):
+        for inline, beside_audio in zip(audio["0"], audio[launched], strict=True):
+            assert inline.shape == beside_audio.shape
+            noise = np.sum((beside_audio - inline) ** 2)
+            assert 10 * np.log10(np.sum(inline**2) / max(noise, 1e-9)) > 50.0

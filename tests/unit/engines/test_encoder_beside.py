@@ -207,3 +207,30 @@ def test_a_stream_cancelled_while_encoded_ends_and_gives_its_frames_back(stages,
     finally:
         backend.gate.set()
         scheduler.stop()
+
+
+def test_a_backend_may_keep_more_encoder_calls_in_flight_and_no_more(stages, sentences) -> None:
+    """New sentences get a call of their own while earlier calls run, up to the backend's
+    `encoder_calls_in_flight` (an encoder queued on the windows' stream); then they wait."""
+    runtime = Stages(stages, beside=True)
+    backend = runtime.backend
+    backend.encoder_calls_in_flight = 2
+    scheduler = StreamScheduler(runtime, 22050)
+    scheduler.start()
+    sinks = [Sink() for _ in range(3)]
+    try:
+        backend.gate.clear()  # no call is done until the gate opens
+        for count, sink in enumerate(sinks, start=1):
+            scheduler.submit(sentences[:1], QUIET, sink)
+            deadline = time.monotonic() + 5
+            while backend.launched < min(count, 2) and time.monotonic() < deadline:
+                time.sleep(0.005)
+        time.sleep(0.3)
+        assert backend.launched == 2, "a third call while two were in flight"
+        backend.gate.set()
+        for sink in sinks:
+            assert sink.done.wait(60) and sink.error is None and sink.chunks
+        assert backend.launched == backend.finished == 3
+    finally:
+        backend.gate.set()
+        scheduler.stop()
