@@ -29,6 +29,7 @@ from engines.engine_build import build_engines, resolve_voice_model
 from engines.torch_cuda import acoustic
 from engines.torch_cuda.backend import DeviceBackend
 from engines.torch_cuda.runtime import ENCODER_BATCH_BUCKETS, GraphedStage, TorchCudaStages
+from scripts.encoder_compile_probe import compare, random_inputs
 
 CALLS = 40
 # The server cuts sentences into phrases of at most 120 characters (engines/frontend.py);
@@ -102,47 +103,35 @@ def core_probe(stages: TorchCudaStages) -> dict:
     core = stages.encoder_core
     assert core is not None
     full = acoustic.EncoderCore(core.w, core.embedding, core.exp_neg_logs, banded=False)
-    graphs = {
-        name: GraphedStage(
+
+    def graphed(module: torch.nn.Module, buckets: tuple[int, ...]) -> GraphedStage:
+        return GraphedStage(
             None,
-            ENCODER_BATCH_BUCKETS,
+            buckets,
             True,
             pool=torch.cuda.graph_pool_handle(),
-            function=lambda i, module=module: list(module(i["ids"], i["lengths"], i["noise"])),
+            function=lambda i: list(module(i["ids"], i["lengths"], i["noise"])),
             device=stages.device,
         )
-        for name, module in (("banded", core), ("full", full))
+
+    graphs = {
+        "banded": graphed(core, ENCODER_BATCH_BUCKETS),
+        "full": graphed(full, ENCODER_BATCH_BUCKETS),
+        "banded_without_bucket_24": graphed(core, COARSER_BUCKETS),
     }
-    graphs["banded_without_bucket_24"] = GraphedStage(
-        None,
-        COARSER_BUCKETS,
-        True,
-        pool=torch.cuda.graph_pool_handle(),
-        function=lambda i: list(core(i["ids"], i["lengths"], i["noise"])),
-        device=stages.device,
-    )
     generator = torch.Generator(device="cuda").manual_seed(1)
     results: dict = {}
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     for rows, phonemes in CORE_SHAPES:
-        ids = torch.randint(1, 150, (rows, phonemes), device="cuda", generator=generator)
-        lengths = torch.randint(
-            phonemes // 3, phonemes + 1, (rows,), device="cuda", generator=generator
-        )
-        lengths[0] = phonemes
-        noise = torch.randn(rows, 2, phonemes, device="cuda", generator=generator) * 0.8
-        inputs = {"ids": ids, "lengths": lengths, "noise": noise}
+        inputs = random_inputs(generator, rows, phonemes, shortest=1 / 3)
+        ids, lengths, noise = inputs["ids"], inputs["lengths"], inputs["noise"]
         row: dict = {}
         outputs = {}
         for name, stage in graphs.items():
             row[f"{name}_ms"], outputs[name] = replay_ms(stage, inputs)
             row[f"{name}_ms"] = round(row[f"{name}_ms"], 3)
-        (m1, _, x1, w1), (m2, _, x2, w2) = outputs["banded"], outputs["full"]
-        row["m_p_max_abs_diff"] = float((m1 - m2).abs().max())
-        row["logw_max_abs_diff"] = float((w1 - w2).abs().max())
-        moved = torch.ceil(torch.exp(w1) * x1) != torch.ceil(torch.exp(w2) * x2)
-        row["durations_moved"] = int(moved.sum())
+        row.update(compare(outputs["banded"], outputs["full"]))
         row["phonemes"] = int(lengths.sum())
         # Eagerly, the text encoder against the duration predictor.
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]

@@ -39,6 +39,31 @@ def mean_ms(stage: GraphedStage, inputs: dict[str, torch.Tensor]) -> tuple[float
     return first, (time.perf_counter() - started) / CALLS * 1000, outputs
 
 
+def random_inputs(
+    generator: torch.Generator, batch: int, phonemes: int, shortest: float
+) -> dict[str, torch.Tensor]:
+    """Encoder inputs of random ids, the first row `phonemes` long, the others at least
+    `shortest` of that, and duration noise as at noise_w 0.8."""
+    ids = torch.randint(1, 150, (batch, phonemes), device="cuda", generator=generator)
+    lengths = torch.randint(
+        int(phonemes * shortest), phonemes + 1, (batch,), device="cuda", generator=generator
+    )
+    lengths[0] = phonemes
+    noise = torch.randn(batch, 2, phonemes, device="cuda", generator=generator) * 0.8
+    return {"ids": ids, "lengths": lengths, "noise": noise}
+
+
+def compare(ours: list[torch.Tensor], theirs: list[torch.Tensor]) -> dict[str, float | int]:
+    """How far two encoder cores' outputs are apart, and how many frame counts that moves."""
+    (m1, _, x1, w1), (m2, _, x2, w2) = ours, theirs
+    moved = torch.ceil(torch.exp(w1) * x1) != torch.ceil(torch.exp(w2) * x2)
+    return {
+        "m_p_max_abs_diff": float((m1 - m2).abs().max()),
+        "logw_max_abs_diff": float((w1 - w2).abs().max()),
+        "durations_changed": int(moved.sum()),
+    }
+
+
 def main() -> None:
     entry = build_engines(resolve_voice_model("joe"), "torch-cuda", "fp16", "/tmp/vc").path
     stages = TorchCudaStages(entry)
@@ -58,25 +83,15 @@ def main() -> None:
     generator = torch.Generator(device="cuda").manual_seed(1)
     results = {}
     for batch, phonemes in SHAPES:
-        ids = torch.randint(1, 150, (batch, phonemes), device="cuda", generator=generator)
-        lengths = torch.randint(
-            phonemes // 2, phonemes + 1, (batch,), device="cuda", generator=generator
-        )
-        lengths[0] = phonemes
-        noise = torch.randn(batch, 2, phonemes, device="cuda", generator=generator) * 0.8
-        inputs = {"ids": ids, "lengths": lengths, "noise": noise}
+        inputs = random_inputs(generator, batch, phonemes, shortest=0.5)
         row: dict[str, float | int] = {}
         outputs = {}
         for name, stage in (("graph", stages.encoder_stage), ("compiled", compiled_stage)):
             first, mean, outputs[name] = mean_ms(stage, inputs)
             row[f"{name}_ms"] = round(mean, 3)
             row[f"{name}_first_s"] = round(first, 2)
-        (m1, _, x1, w1), (m2, _, x2, w2) = outputs["graph"], outputs["compiled"]
-        row["m_p_max_abs_diff"] = float((m1 - m2).abs().max())
-        row["logw_max_abs_diff"] = float((w1 - w2).abs().max())
-        moved = torch.ceil(torch.exp(w1) * x1) != torch.ceil(torch.exp(w2) * x2)
-        row["durations_changed"] = int(moved.sum())
-        row["phonemes"] = int(lengths.sum())
+        row.update(compare(outputs["graph"], outputs["compiled"]))
+        row["phonemes"] = int(inputs["lengths"].sum())
         results[f"{batch}x{phonemes}"] = row
         print(batch, phonemes, json.dumps(row), flush=True)
     out = os.environ.get("OUT", ".")
