@@ -296,11 +296,11 @@ class TorchCudaStages:
             )
         except acoustic.NotPiperVits:
             pass
-        launched = (
-            os.environ.get(BESIDE_ENV, "0")
-            if self.encoder_core is not None and self.device.type == "cuda"
-            else "0"
-        )
+        launched = os.environ.get(BESIDE_ENV, "0")
+        if launched not in ("0", "1", "queued"):
+            raise TorchCudaError(f"{BESIDE_ENV} is 0, 1 or queued, not {launched!r}")
+        if self.encoder_core is None or self.device.type != "cuda":
+            launched = "0"  # only a graphed encoder on a GPU is launched
         beside = launched == "1"
         self._queued_launches = launched == "queued"
         if self.encoder_core is not None:
