@@ -29,7 +29,7 @@ from engines.engine_build import build_engines, resolve_voice_model
 from engines.torch_cuda import acoustic
 from engines.torch_cuda.backend import DeviceBackend
 from engines.torch_cuda.runtime import ENCODER_BATCH_BUCKETS, GraphedStage, TorchCudaStages
-from scripts.encoder_compile_probe import compare, random_inputs
+from scripts.encoder_compile_probe import compare, graphed, random_inputs
 
 CALLS = 40
 # The server cuts sentences into phrases of at most 120 characters (engines/frontend.py);
@@ -104,20 +104,10 @@ def core_probe(stages: TorchCudaStages) -> dict:
     assert core is not None
     full = acoustic.EncoderCore(core.w, core.embedding, core.exp_neg_logs, banded=False)
 
-    def graphed(module: torch.nn.Module, buckets: tuple[int, ...]) -> GraphedStage:
-        return GraphedStage(
-            None,
-            buckets,
-            True,
-            pool=torch.cuda.graph_pool_handle(),
-            function=lambda i: list(module(i["ids"], i["lengths"], i["noise"])),
-            device=stages.device,
-        )
-
     graphs = {
-        "banded": graphed(core, ENCODER_BATCH_BUCKETS),
-        "full": graphed(full, ENCODER_BATCH_BUCKETS),
-        "banded_without_bucket_24": graphed(core, COARSER_BUCKETS),
+        "banded": graphed(core, ENCODER_BATCH_BUCKETS, stages.device),
+        "full": graphed(full, ENCODER_BATCH_BUCKETS, stages.device),
+        "banded_without_bucket_24": graphed(core, COARSER_BUCKETS, stages.device),
     }
     generator = torch.Generator(device="cuda").manual_seed(1)
     results: dict = {}

@@ -176,9 +176,9 @@ def plan_step(
     encoder call), and nothing is added that would make a playing stream left for later
     run dry. A stream whose sentence is encoded this step also gets its first window. A
     stream with a lead takes a lead window (`rules`) where it fits the step, else the usual one.
-    With `encoder_beside` (a GPU's encoder on a stream of its own), a sentence to encode costs
-    the step nothing: its call runs beside the windows, and its first window comes in a later
-    step, once its frame counts are known.
+    With `encoder_beside` (a GPU's encoder launched, not waited for), a sentence to encode
+    costs the step nothing: its call runs beside or behind the windows, and its first window
+    comes in a later step, once its frame counts are known.
 
     Every stream passed in has a current sentence or one waiting to be encoded.
     """

@@ -197,10 +197,9 @@ class StreamScheduler:
         self._in_flight: deque[Any] = deque()
         self._last_launched: Any = None
         self._risk_counted_at = 0.0
-        # Encoder calls running beside the windows, in launch order, and their streams (which
+        # Encoder calls running beside the windows, in launch order, with their streams (which
         # the planner leaves alone until their sentence is taken up, `_take_up_encoded`).
         self._encoding: deque[_Encoding] = deque()
-        self._encoding_ids: set[int] = set()
         # A backend may allow more (engines/torch_cuda/runtime.py: an encoder queued on the
         # windows' own stream, whose calls do not slow each other down).
         self._encoder_calls_in_flight = int(
@@ -237,7 +236,7 @@ class StreamScheduler:
             self._finish(stream, RuntimeError("the server is shutting down"))
         self._incoming.clear()
         self._streams.clear()
-        self._forget_encodings()
+        self._encoding.clear()  # their streams are closed
         if self._delivery_thread is not None:
             self._deliveries.put(None)  # after everything queued
             self._delivery_thread.join(timeout=10)
@@ -326,7 +325,7 @@ class StreamScheduler:
                 LOGGER.exception("scheduler step failed")
                 for stream in list(self._streams.values()):
                     self._close(stream, RuntimeError(f"synthesis failed: {error}"))
-                self._forget_encodings()
+                self._encoding.clear()
                 self._publish_stats()
 
     def step(self) -> bool:
@@ -370,7 +369,8 @@ class StreamScheduler:
             self.costs.observe(stage, timing.seconds(), rows, width)
 
     def _plan(self) -> StepPlan:
-        streams = [s for s in self._streams.values() if s.stream_id not in self._encoding_ids]
+        encoding = {s.stream_id for call in self._encoding for s in call.streams}
+        streams = [s for s in self._streams.values() if s.stream_id not in encoding]
         for stream in [s for s in streams if s.current is None and not s.sentences]:
             self._close(stream)
         # Sentences to encode wait while the encoder calls beside the windows are at their
@@ -483,7 +483,6 @@ class StreamScheduler:
             # taken up once their frame counts are on the host (`_take_up_encoded`).
             call = self.backend.encode_launch(ids, lengths, scale_array, speakers)  # type: ignore[attr-defined]
             self._encoding.append(_Encoding(call, streams, speakers, longest))
-            self._encoding_ids.update(stream.stream_id for stream in streams)
             return
         started = time.perf_counter()
         # With asynchronous calls the device may still be decoding an earlier call: time the
@@ -505,7 +504,6 @@ class StreamScheduler:
         the planner plans their first windows from this step on."""
         while self._encoding and self._encoding[0].call.done():
             encoding = self._encoding.popleft()
-            self._encoding_ids.difference_update(s.stream_id for s in encoding.streams)
             timing = self.backend.timer()  # type: ignore[attr-defined]
             prior, frames = encoding.call.finish()
             self._start_sentences(encoding.streams, prior, frames, encoding.speakers)
@@ -539,11 +537,6 @@ class StreamScheduler:
                 pages=tables[row], frames=count, flowed=count if flowed else 0
             )
             stream.window_ready_at = now
-
-    def _forget_encodings(self) -> None:
-        """Drop the encoder calls beside the windows (their streams are closed)."""
-        self._encoding.clear()
-        self._encoding_ids.clear()
 
     # -- flow and vocoder calls for batches of same-sized windows --------------------------------
     def _run_windows(self, windows: list[Window]) -> None:

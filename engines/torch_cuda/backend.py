@@ -109,13 +109,13 @@ class DeviceBackend:
         if async_calls is None:
             async_calls = self.device.type == "cuda" and os.environ.get(ASYNC_ENV, "1") != "0"
         self.async_calls = async_calls
-        # With asynchronous calls, a runtime whose encoder has a CUDA stream of its own
-        # (TorchCudaStages.encodes_beside, VOXFLEET_ENCODER_BESIDE=1) runs it beside the
-        # windows: the scheduler launches it, goes on launching windows, and takes the
-        # sentences up once their frame counts are on the host (`encode_launch`). On the H100
-        # through Triton it gave 10 to 30 % more audio per second at 1,000 and 2,000 streams
-        # but later first audio and more underruns at 500 (docs/benchmarks.md#gpu), so it is
-        # off unless asked.
+        # With asynchronous calls, a runtime that launches its encoder
+        # (TorchCudaStages.encodes_beside: VOXFLEET_ENCODER_BESIDE=1 on a CUDA stream of its
+        # own, =queued on the windows' stream) lets the scheduler go on launching windows and
+        # take the sentences up once their frame counts are on the host (`encode_launch`),
+        # with up to `encoder_calls_in_flight` calls at once. On the H100 through Triton both
+        # gave more audio per second but later first audio (docs/benchmarks.md#gpu), so they
+        # are off unless asked.
         self.encodes_beside = bool(async_calls and getattr(runtime, "encodes_beside", False))
         self.encoder_calls_in_flight = int(getattr(runtime, "encoder_calls_in_flight", 1))
         self.sentence_flow_groups = os.environ.get(SENTENCE_FLOW_GROUPS_ENV, "1") != "0"
@@ -143,12 +143,17 @@ class DeviceBackend:
         where = self._upload(np.stack([rows, columns, index[keep]]))
         store[where[2]] = values[where[0], :, where[1]].to(store.dtype)
 
-    def encode(self, ids, lengths, scales, speakers):
-        prior, mask = self.runtime.encode_tensor(
+    @staticmethod
+    def _encoder_inputs(ids, lengths, scales) -> tuple[torch.Tensor, ...]:
+        return (
             torch.from_numpy(np.ascontiguousarray(ids)),
             torch.from_numpy(np.ascontiguousarray(lengths)),
             torch.from_numpy(np.asarray(scales, dtype=np.float32)),
-            speakers,
+        )
+
+    def encode(self, ids, lengths, scales, speakers):
+        prior, mask = self.runtime.encode_tensor(
+            *self._encoder_inputs(ids, lengths, scales), speakers
         )
         frames = mask[:, 0, :].sum(dim=1).to(torch.int64).cpu().numpy()
         return prior, frames
@@ -157,12 +162,7 @@ class DeviceBackend:
         """`encode` without waiting (where `encodes_beside`): a call whose `done()` says its
         frame counts are on the host and whose `finish()` gives (prior, frames) as `encode`
         does, the prior queued behind the call (engines.torch_cuda.runtime.EncoderCall)."""
-        return self.runtime.encode_launch(
-            torch.from_numpy(np.ascontiguousarray(ids)),
-            torch.from_numpy(np.ascontiguousarray(lengths)),
-            torch.from_numpy(np.asarray(scales, dtype=np.float32)),
-            speakers,
-        )
+        return self.runtime.encode_launch(*self._encoder_inputs(ids, lengths, scales), speakers)
 
     def flow_sentences(
         self, prior: torch.Tensor, tables: Sequence[np.ndarray], frames: np.ndarray, speakers

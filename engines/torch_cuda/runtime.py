@@ -5,8 +5,9 @@
   FP16 there would move frame boundaries (``ceil`` of durations) and so change the audio
   length; it is a small share of the work per second of audio. With
   VOXFLEET_ENCODER_BESIDE=1 (off by default) `encode_launch` runs it on a CUDA stream of its
-  own (its graphs in a memory pool of their own), so that the stream model can go on
-  launching windows while it runs; otherwise its graphs share the flow's and vocoder's pool.
+  own (its graphs in a memory pool of their own), and with =queued on the windows' stream
+  behind them, so that the stream model can go on launching windows while it runs;
+  otherwise its graphs share the flow's and vocoder's pool.
 - flow and vocoder: the entry's precision (FP16 by default). Their calls come from the
   stream model as batches of fixed-size windows, so each call is padded up to a batch bucket
   (1, 2, 4, ..., 256) and replayed from a CUDA graph captured once per (bucket, frames):
@@ -184,7 +185,8 @@ class GraphedStage:
 
 
 class EncoderCall:
-    """An encoder call queued on the encoder's CUDA stream (`TorchCudaStages.encode_launch`).
+    """An encoder call queued on the encoder's CUDA stream, or on the windows' stream
+    (`TorchCudaStages.encode_launch`).
 
     `done()` says, without waiting, whether its frame counts are on the host; `finish()` reads
     them and queues the expansion to prior frames on the caller's current stream behind the
