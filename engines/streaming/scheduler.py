@@ -157,7 +157,8 @@ class StreamScheduler:
         # as wide as their windows, and a stream with a lead takes windows twice the steady
         # size and flow chunks of four steady windows, and a sentence's short tail goes with the
         # window or flow chunk before it; engines built for fixed shapes (CUDA graphs, TensorRT
-        # profiles) keep the size classes. (planner.WindowRules)
+        # profiles) keep the size classes, and where their calls are padded to batch buckets
+        # (CUDA graphs) the padding rows take windows that are not due yet. (planner.WindowRules)
         if exact_widths is None:
             exact_widths = getattr(runtime, "name", "") == "onnxruntime"
         steady = self.windows.window_frames
@@ -170,7 +171,7 @@ class StreamScheduler:
                 deadline_margin_s=CPU_DEADLINE_MARGIN_S,
             )
             if exact_widths
-            else WindowRules()
+            else WindowRules(batch_buckets=tuple(getattr(self.backend, "batch_buckets", ())))
         )
         self.batching = cross_stream_batching
         self.stats = SchedulerStats()

@@ -28,6 +28,7 @@ ASYNC_ENV = "VOXFLEET_ASYNC_CALLS"
 # VOXFLEET_SENTENCE_FLOW_GROUPS=0 pads a whole encoder batch to its longest sentence's size in
 # one flow call (the earlier form, for A/B measurements) instead of one call per size.
 SENTENCE_FLOW_GROUPS_ENV = "VOXFLEET_SENTENCE_FLOW_GROUPS"
+FILL_BUCKETS_ENV = "VOXFLEET_FILL_BUCKETS"
 
 
 class PendingAudio:
@@ -119,6 +120,12 @@ class DeviceBackend:
         self.encodes_beside = bool(async_calls and getattr(runtime, "encodes_beside", False))
         self.encoder_calls_in_flight = int(getattr(runtime, "encoder_calls_in_flight", 1))
         self.sentence_flow_groups = os.environ.get(SENTENCE_FLOW_GROUPS_ENV, "1") != "0"
+        # The batch sizes the flow and vocoder calls are padded up to (CUDA graphs): the
+        # scheduler fills the padding rows with windows not due yet (planner.fill_buckets).
+        # VOXFLEET_FILL_BUCKETS=0 leaves them empty (for A/B measurements).
+        self.batch_buckets: tuple[int, ...] = ()
+        if os.environ.get(FILL_BUCKETS_ENV, "1") != "0":
+            self.batch_buckets = tuple(getattr(runtime, "padded_batch_buckets", ()))
         self.pool = FramePool(initial_pages)
         frames = self.pool.capacity_frames
         self._prior = torch.zeros(

@@ -422,6 +422,17 @@ class TorchCudaStages:
         return self._encoder_stream is not None or self._queued_launches
 
     @property
+    def padded_batch_buckets(self) -> tuple[int, ...]:
+        """The batch sizes the flow and vocoder calls are padded up to (their CUDA graphs'
+        buckets); empty where they run eagerly, as long as their batch."""
+        stages = (self.flow_stage, self.vocoder_stage)
+        if not all(stage.use_graphs for stage in stages) or self.flow_stage.buckets != (
+            self.vocoder_stage.buckets
+        ):
+            return ()
+        return tuple(self.vocoder_stage.buckets)
+
+    @property
     def encoder_calls_in_flight(self) -> int:
         """How many launched encoder calls the scheduler may wait on at once (1 beside)."""
         return QUEUED_ENCODER_CALLS_IN_FLIGHT if self._queued_launches else 1

@@ -10,8 +10,10 @@ from engines.frontend import Sentence
 from engines.plan import WindowConfig
 from engines.streaming.costs import CostModel
 from engines.streaming.planner import (
+    StepPlan,
     WindowRules,
     encoder_calls,
+    fill_buckets,
     next_window,
     plan_step,
     window_calls,
@@ -236,3 +238,43 @@ def test_every_playing_stream_about_to_run_dry_is_served_in_the_step() -> None:
     # Each of them would run dry before the next step: all go in this one, late as it gets;
     # the stream with seconds of audio left waits.
     assert sorted(w.stream.stream_id for w in plan.windows) == [1, 2, 3]
+
+
+def test_padding_rows_of_a_graphed_call_take_the_next_windows_not_yet_due() -> None:
+    cfg = WindowConfig()
+    costs = CostModel(fixed_part=False)
+    costs.per_frame.update(encoder=1e-4, vocoder=2e-4, flow=1e-5)  # as above
+    late = [make_stream(i, frames=1000, buffered_s=0.01 * i, windows_sent=4) for i in (1, 2, 3)]
+    ahead = [
+        make_stream(8, frames=1000, buffered_s=3.0, windows_sent=4),
+        make_stream(9, frames=1000, buffered_s=2.0, windows_sent=4),
+    ]
+    # More urgent than both, but its next window (its second) has a call of its own.
+    young = make_stream(7, frames=1000, buffered_s=1.0, windows_sent=1)
+    graphs = WindowRules(batch_buckets=(1, 2, 4, 8))
+    streams = [*ahead, young, *late]
+
+    plan = plan_step(streams, cfg, costs, True, NOW, graphs)
+
+    # Three windows are due; their calls are padded to 4 rows: the fourth row goes to the
+    # stream that would run dry soonest among those whose window has the same calls.
+    assert [w.stream.stream_id for w in plan.windows] == [1, 2, 3, 9]
+    assert len({tuple(window_calls(w, cfg, graphs)) for w in plan.windows}) == 1
+    # Without buckets (or without batching) nothing joins.
+    assert len(plan_step(streams, cfg, costs, True, NOW).windows) == 3
+    assert len(plan_step(streams, cfg, costs, False, NOW, graphs).windows) == 3
+
+
+def test_filling_the_padding_never_takes_a_step_past_its_window_limit() -> None:
+    graphs = WindowRules(batch_buckets=(1, 2, 4, 8))
+    due = [make_stream(i, frames=1000, buffered_s=0.01, windows_sent=4) for i in range(5)]
+    ahead = [make_stream(10 + i, frames=1000, buffered_s=3.0, windows_sent=4) for i in range(5)]
+    for limit, added in ((6, 1), (8, 3), (16, 3)):
+        plan = StepPlan(windows=[next_window(s, WindowConfig(), graphs) for s in due])
+        assert fill_buckets(plan, ahead, WindowConfig(), graphs, limit) == added
+        assert len(plan.windows) == 5 + added
+    # A stream gets one window per step, and one that has not started playing gets none.
+    plan = StepPlan(windows=[next_window(s, WindowConfig(), graphs) for s in due[:3]])
+    fresh = make_stream(20, frames=1000, windows_sent=4)
+    fresh.first_audio_at = None
+    assert fill_buckets(plan, [*due[:3], fresh], WindowConfig(), graphs, 16) == 0
