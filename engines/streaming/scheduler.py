@@ -119,6 +119,9 @@ class _Encoding:
     streams: list[Stream]
     speakers: np.ndarray
     width: int
+    # Windows were launched after it (on a backend whose encoder calls queue with the
+    # windows, `encoder_queued`, the device then has work behind it while the host waits).
+    followed: bool = False
 
 
 class _SummedTiming:
@@ -503,7 +506,13 @@ class StreamScheduler:
         """Start the sentences of the encoder calls beside the windows whose frame counts are
         on the host (in launch order): their prior (and flow) is queued behind the calls, and
         the planner plans their first windows from this step on."""
-        while self._encoding and self._encoding[0].call.done():
+        queued = bool(getattr(self.backend, "encoder_queued", False))
+        while self._encoding and (
+            self._encoding[0].call.done() or (queued and self._encoding[0].followed)
+        ):
+            # (A queued call with windows behind it is waited for: it ends soon after the
+            # windows before it, and checking only whether it is done put its sentences' first
+            # windows a step later, behind the windows launched meanwhile.)
             encoding = self._encoding.popleft()
             timing = self.backend.timer()  # type: ignore[attr-defined]
             prior, frames = encoding.call.finish()
@@ -611,6 +620,8 @@ class StreamScheduler:
                 ended.append(stream)
         self._deliveries.put(delivery)
         self._last_launched = pending
+        for encoding in self._encoding:
+            encoding.followed = True
         for stream in ended:
             self._close(stream)  # its final response follows its audio
 

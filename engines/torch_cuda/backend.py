@@ -119,6 +119,8 @@ class DeviceBackend:
         # are off unless asked.
         self.encodes_beside = bool(async_calls and getattr(runtime, "encodes_beside", False))
         self.encoder_calls_in_flight = int(getattr(runtime, "encoder_calls_in_flight", 1))
+        queued = bool(getattr(runtime, "encoder_queued", False))
+        self.encoder_queued = self.encodes_beside and queued
         self.sentence_flow_groups = os.environ.get(SENTENCE_FLOW_GROUPS_ENV, "1") != "0"
         # The batch sizes the flow and vocoder calls are padded up to (CUDA graphs): the
         # scheduler fills the padding rows with windows not due yet (planner.fill_buckets).

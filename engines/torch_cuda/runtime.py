@@ -433,6 +433,13 @@ class TorchCudaStages:
         return tuple(self.vocoder_stage.buckets)
 
     @property
+    def encoder_queued(self) -> bool:
+        """Whether launched encoder calls run on the windows' own stream, in order with them
+        (VOXFLEET_ENCODER_BESIDE=queued): a call with windows queued behind it may be waited
+        for without leaving the GPU idle."""
+        return self._queued_launches
+
+    @property
     def encoder_calls_in_flight(self) -> int:
         """How many launched encoder calls the scheduler may wait on at once (1 beside)."""
         return QUEUED_ENCODER_CALLS_IN_FLIGHT if self._queued_launches else 1

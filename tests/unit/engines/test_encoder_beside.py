@@ -264,3 +264,57 @@ def test_windows_run_early_in_a_calls_padding_rows_give_the_same_audio(stages, s
         noise = np.sum((np.concatenate(filled.chunks) - reference) ** 2)
         assert 10 * np.log10(np.sum(reference**2) / max(noise, 1e-9)) > 60.0
 
+
+class _Launched:
+    """A vocoder call's audio, there at once (`vocode_async` of a device backend)."""
+
+    def __init__(self, pcm: np.ndarray) -> None:
+        self.pcm = pcm
+
+    def result(self) -> tuple[np.ndarray, float]:
+        return self.pcm, 0.001
+
+    def wait(self) -> None:
+        return None
+
+
+class QueuedBackend(BesideBackend):
+    """Encoder calls queued on the windows' stream (VOXFLEET_ENCODER_BESIDE=queued), vocoder
+    calls launched without waiting: a GPU backend's asynchronous path."""
+
+    async_calls = True
+    encoder_queued = True
+
+    def vocode_async(self, *args: Any) -> _Launched:
+        return _Launched(self.vocode(*args))
+
+
+def test_a_queued_encoder_call_with_windows_behind_it_is_taken_up_without_polling(
+    stages, sentences
+) -> None:
+    """On a device stream a queued encoder call ends before the windows launched after it: the
+    scheduler takes its sentences up then, not only once a poll finds it done, so their first
+    windows go out a step sooner."""
+    runtime = Stages(stages, beside=True)
+    runtime.backend = QueuedBackend(stages, beside=True)
+    backend = runtime.backend
+    scheduler = StreamScheduler(runtime, 22050)
+    assert scheduler._async
+    scheduler.start()
+    try:
+        playing = Sink()
+        scheduler.submit(list(sentences) * 3, QUIET, playing)
+        deadline = time.monotonic() + 60
+        while not playing.chunks and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert playing.chunks, "no first audio"
+        backend.gate.clear()  # no poll finds the next encoder call done
+        late = Sink()
+        scheduler.submit(sentences[:1], QUIET, late)
+        assert late.done.wait(60), "the queued call was never taken up"
+        assert late.error is None and late.chunks
+        assert backend.windows_while_encoding > 0
+        assert backend.finished == backend.launched
+    finally:
+        backend.gate.set()
+        scheduler.stop()
