@@ -5,7 +5,8 @@ corpus sentences as the scheduler sends them; the flow both as one call padded t
 sentence (VOXFLEET_SENTENCE_FLOW_GROUPS=0) and as one call per size the sentences need.
 Then the encoder core alone: its relative-position attention over the window's diagonals
 (`EncoderCore.banded`, the default) against all 2L - 1 relative positions, each a CUDA graph
-on the same inputs, with the frame boundaries either moves; the text encoder against the
+on the same inputs, with the frame boundaries either moves; the core with TF32 and with FP16
+autocast against FP32 (time, and frame boundaries moved); the text encoder against the
 duration predictor; and the core's costliest operators (torch.profiler, run eagerly).
 
 Usage, on a CUDA machine with the joe voice installed (docs/gpu.md):
@@ -15,11 +16,13 @@ Writes $OUT/encode-split-probe.json.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -99,6 +102,24 @@ def replay_ms(stage: GraphedStage, inputs: dict[str, torch.Tensor]) -> tuple[flo
     return (time.perf_counter() - started) / REPLAYS * 1000, outputs
 
 
+@contextlib.contextmanager
+def arithmetic(name: str) -> Iterator[None]:
+    """TF32 convolutions and matrix products, or FP16 autocast, for the graphs so named
+    (their kernels are chosen at capture); FP32 for the others."""
+    if name == "tf32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=True):
+                yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
+    elif name == "fp16_autocast":
+        with torch.autocast("cuda", dtype=torch.float16):
+            yield
+    else:
+        yield
+
+
 def core_probe(stages: TorchCudaStages) -> dict:
     core = stages.encoder_core
     assert core is not None
@@ -108,6 +129,10 @@ def core_probe(stages: TorchCudaStages) -> dict:
         "banded": graphed(core, ENCODER_BATCH_BUCKETS, stages.device),
         "full": graphed(full, ENCODER_BATCH_BUCKETS, stages.device),
         "banded_without_bucket_24": graphed(core, COARSER_BUCKETS, stages.device),
+        # Captured with TF32 (or FP16 autocast) allowed: what a cheaper arithmetic would save,
+        # and how many frame boundaries it moves against the FP32 core.
+        "tf32": graphed(core, ENCODER_BATCH_BUCKETS, stages.device),
+        "fp16_autocast": graphed(core, ENCODER_BATCH_BUCKETS, stages.device),
     }
     generator = torch.Generator(device="cuda").manual_seed(1)
     results: dict = {}
@@ -119,9 +144,13 @@ def core_probe(stages: TorchCudaStages) -> dict:
         row: dict = {}
         outputs = {}
         for name, stage in graphs.items():
-            row[f"{name}_ms"], outputs[name] = replay_ms(stage, inputs)
+            with arithmetic(name):
+                row[f"{name}_ms"], outputs[name] = replay_ms(stage, inputs)
             row[f"{name}_ms"] = round(row[f"{name}_ms"], 3)
         row.update(compare(outputs["banded"], outputs["full"]))
+        for name in ("tf32", "fp16_autocast"):
+            moved = compare(outputs["banded"], [o.float() for o in outputs[name]])
+            row.update({f"{name}_{key}": value for key, value in moved.items()})
         row["phonemes"] = int(lengths.sum())
         # Eagerly, the text encoder against the duration predictor.
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
