@@ -15,10 +15,13 @@ builds the index on the host with a few vectorised NumPy operations.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
+
+from engines.names import LEAD_WINDOWS_ENV
 
 PAGE_FRAMES = 32
 LATENT_CHANNELS = 192
@@ -158,6 +161,11 @@ class HostBackend:
 
     def __init__(self, runtime: Any, initial_pages: int = 256) -> None:
         self.runtime = runtime
+        # Whether a stream with a lead takes longer windows (planner.WindowRules): fewer
+        # context frames, but a call that long delays a new stream's first audio. Measured on
+        # 2 cores (docs/streaming.md): first-audio p95 20 to 200 ms later at 2 to 10 streams
+        # for about 2 % more audio, so off unless VOXFLEET_LEAD_WINDOWS=1.
+        self.lead_windows = os.environ.get(LEAD_WINDOWS_ENV, "0") == "1"
         self.pool = FramePool(initial_pages)
         self._prior = np.zeros((self.pool.capacity_frames, LATENT_CHANNELS), np.float32)
         self._latent = np.zeros_like(self._prior)

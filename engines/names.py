@@ -71,3 +71,7 @@ RESTARTS_ENV = "VOXFLEET_MODEL_RESTARTS"  # JSON {model: restarts so far}
 # Threads per onnxruntime call (a pool pod sets it to its CPU request); unset or 0: the CPUs
 # the process may run on (engines.runtime.cpu_threads).
 THREADS_ENV = "VOXFLEET_THREADS"
+# =1: on the CPU a stream with a lead takes windows and flow chunks twice the usual size
+# (engines.frames.HostBackend.lead_windows); off by default, as it delays other streams' first
+# audio (docs/streaming.md).
+LEAD_WINDOWS_ENV = "VOXFLEET_LEAD_WINDOWS"

@@ -157,19 +157,20 @@ class StreamScheduler:
         self.hop = hop_length
         self.windows = windows or WindowConfig()
         # onnxruntime runs a window of any width at the same cost per frame, so its calls are
-        # as wide as their windows, and a stream with a lead takes windows twice the steady
-        # size and flow chunks of four steady windows, and a sentence's short tail goes with the
-        # window or flow chunk before it; engines built for fixed shapes (CUDA graphs, TensorRT
-        # profiles) keep the size classes, and where their calls are padded to batch buckets
-        # (CUDA graphs) the padding rows take windows that are not due yet. (planner.WindowRules)
+        # as wide as their windows, a sentence's short tail goes with the window or flow chunk
+        # before it, and where the backend asks for them (`lead_windows`) a stream with a lead
+        # takes windows twice the steady size and flow chunks of four steady windows; engines
+        # built for fixed shapes (CUDA graphs, TensorRT profiles) keep the size classes, and
+        # where their calls are padded to batch buckets (CUDA graphs) the padding rows take
+        # windows that are not due yet. (planner.WindowRules)
         if exact_widths is None:
             exact_widths = getattr(runtime, "name", "") == "onnxruntime"
-        steady = self.windows.window_frames
+        lead = self.windows.window_frames if getattr(self.backend, "lead_windows", False) else 0
         self.rules = (
             WindowRules(
                 True,
-                lead_window_frames=2 * steady,
-                lead_flow_frames=4 * steady,
+                lead_window_frames=2 * lead,
+                lead_flow_frames=4 * lead,
                 merge_tails=True,
                 deadline_margin_s=CPU_DEADLINE_MARGIN_S,
             )
