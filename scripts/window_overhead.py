@@ -100,9 +100,14 @@ def main() -> None:
                 2,
             ),
             (
-                "the same, short tails merged (the CPU now)",
+                "the same, short tails merged (VOXFLEET_LEAD_WINDOWS=1)",
                 WindowRules(True, 2 * cfg.window_frames, 4 * cfg.window_frames, merge_tails=True),
                 2,
+            ),
+            (
+                "exact widths, short tails merged (the CPU now)",
+                WindowRules(exact_widths=True, merge_tails=True),
+                10**9,
             ),
         ):
             flow, vocoder = count(texts, cfg, rules, lead_after)
