@@ -38,7 +38,7 @@ async def listen(url: str, listeners: int, seconds: float) -> list[StreamRecord]
     return load.records
 
 
-def late_chunks(record: StreamRecord) -> list[tuple[int, float, float]]:
+def late_chunks(record: StreamRecord) -> list[tuple[int, float, int]]:
     """(chunk index, ms the buffer had been empty, ms after first audio) per late chunk."""
     rate = record.sample_rate
     chunks = [c for c in record.chunks if c.samples > 0]
