@@ -20,7 +20,7 @@ from pathlib import Path
 from engines.bench import faults
 from engines.bench.loadgen import run_closed_loop
 from engines.bench.systems import TritonSystem
-from engines.bench.timeline import StreamRecord, analyse_stream
+from engines.bench.timeline import StreamRecord, analyse_stream, late_chunks
 from engines.corpus import load_corpus, sentence_order
 
 
@@ -36,26 +36,6 @@ async def listen(url: str, listeners: int, seconds: float) -> list[StreamRecord]
     load = await run_closed_loop(open_stream, sentences, listeners, seconds, drain_s=60)
     await system.close()
     return load.records
-
-
-def late_chunks(record: StreamRecord) -> list[tuple[int, float, int]]:
-    """(chunk index, ms the buffer had been empty, ms after first audio) per late chunk."""
-    rate = record.sample_rate
-    chunks = [c for c in record.chunks if c.samples > 0]
-    playing_until = chunks[0].arrival_s + chunks[0].samples / rate
-    late = []
-    for index, chunk in enumerate(chunks[1:], start=1):
-        if chunk.arrival_s > playing_until:
-            late.append(
-                (
-                    index,
-                    round((chunk.arrival_s - playing_until) * 1000, 1),
-                    round((chunk.arrival_s - chunks[0].arrival_s) * 1000),
-                )
-            )
-            playing_until = chunk.arrival_s
-        playing_until += chunk.samples / rate
-    return late
 
 
 def main() -> None:
@@ -74,10 +54,14 @@ def main() -> None:
             continue
         late_streams += 1
         frames = [c.samples // 256 for c in record.chunks if c.samples > 0]
+        late = [
+            (c.index, round(c.stall_s * 1000, 1), round(c.after_first_s * 1000))
+            for c in late_chunks(record)
+        ]
         print(
             f"started {record.sent_s - start:6.2f} s  first audio "
             f"{(stats.first_audio_s or 0) * 1000:4.0f} ms  chunks {frames}  "
-            f"late (index, ms empty, ms after first) {late_chunks(record)}"
+            f"late (index, ms empty, ms after first) {late}"
         )
     failed = len(records) - len(done)
     print(f"{late_streams} of {len(done)} streams had a late chunk; {failed} failed")

@@ -8,6 +8,7 @@ player does after a stall), so one late chunk counts once, not for every chunk a
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 
@@ -42,6 +43,34 @@ class StreamStats:
     duration_s: float | None
 
 
+@dataclass(frozen=True)
+class LateChunk:
+    """A chunk that arrived after the audio before it had finished playing."""
+
+    index: int  # among the chunks with audio; the first is 0
+    stall_s: float  # how long the listener heard silence before it
+    after_first_s: float  # its arrival, seconds after the first chunk's
+
+
+def late_chunks(record: StreamRecord, tolerance_s: float = 0.0) -> list[LateChunk]:
+    """The stream's underruns, chunk by chunk (see the module's docstring)."""
+    chunks = [chunk for chunk in record.chunks if chunk.samples > 0]
+    if not chunks or record.sample_rate <= 0:
+        return []
+    rate = float(record.sample_rate)
+    first = chunks[0]
+    playing_until = first.arrival_s + first.samples / rate
+    late = []
+    for index, chunk in enumerate(chunks[1:], start=1):
+        if chunk.arrival_s > playing_until + tolerance_s:
+            late.append(
+                LateChunk(index, chunk.arrival_s - playing_until, chunk.arrival_s - first.arrival_s)
+            )
+            playing_until = chunk.arrival_s
+        playing_until += chunk.samples / rate
+    return late
+
+
 def analyse_stream(record: StreamRecord, tolerance_s: float = 0.0) -> StreamStats:
     """Reduce a timeline to what a listener notices.
 
@@ -54,27 +83,16 @@ def analyse_stream(record: StreamRecord, tolerance_s: float = 0.0) -> StreamStat
         return StreamStats(completed, None, (), 0, 0.0, 0.0, None)
     rate = float(record.sample_rate)
     first = chunks[0]
-    playing_until = first.arrival_s + first.samples / rate
-    underruns = 0
-    stall_s = 0.0
-    gaps: list[float] = []
-    previous = first.arrival_s
-    for chunk in chunks[1:]:
-        gaps.append(chunk.arrival_s - previous)
-        previous = chunk.arrival_s
-        if chunk.arrival_s > playing_until + tolerance_s:
-            underruns += 1
-            stall_s += chunk.arrival_s - playing_until
-            playing_until = chunk.arrival_s
-        playing_until += chunk.samples / rate
+    gaps = [later.arrival_s - earlier.arrival_s for earlier, later in itertools.pairwise(chunks)]
+    late = late_chunks(record, tolerance_s)
     audio_s = sum(chunk.samples for chunk in chunks) / rate
     end = record.ended_s if record.ended_s is not None else chunks[-1].arrival_s
     return StreamStats(
         completed=completed,
         first_audio_s=first.arrival_s - record.sent_s,
         gaps_s=tuple(gaps),
-        underruns=underruns,
-        stall_s=stall_s,
+        underruns=len(late),
+        stall_s=sum(chunk.stall_s for chunk in late),
         audio_s=audio_s,
         duration_s=end - record.sent_s,
     )

@@ -53,10 +53,11 @@ class WindowRules:
     call's time varies by a quarter on a shared machine) and the response's way to the
     listener; without it the planner fills a step up to a stream's last moment, and a
     listener's second chunk, due 186 ms after its first, came 6 to 13 ms late now and then
-    (docs/reliability.md). `batch_buckets`: the batch sizes a fixed-shape engine pads its
-    calls up to (CUDA graphs captured per batch bucket); the rows of padding cost the device
-    as much as rows of windows, so the planner fills them with the next windows of playing
-    streams that were not due yet (`fill_buckets`). Empty: calls are as long as their windows.
+    (docs/reliability.md). `batch_buckets`: the batch sizes (ascending) a fixed-shape engine
+    pads its calls up to (CUDA graphs captured per batch bucket); the rows of padding cost the
+    device as much as rows of windows, so the planner fills them with the next windows of
+    playing streams that were not due yet (`fill_buckets`). Empty: calls are as long as their
+    windows.
     """
 
     exact_widths: bool = False
@@ -203,7 +204,8 @@ def plan_step(
     # The two playing streams closest to running dry: a lead window must leave every other
     # playing stream time for its own window (`_least_other_slack`).
     closest = _closest_playing(streams, now, rules) if rules.lead_window_frames else []
-    skipped: list[Stream] = []  # playing streams left for a later step
+    # The usual windows of playing streams left for a later step, in deadline order.
+    skipped: list[Window] = []
     for stream in streams:
         window: Window | None = None
         if stream.current is None:
@@ -226,7 +228,7 @@ def plan_step(
         else:
             if len(plan.windows) >= window_limit:
                 continue
-            window = next_window(stream, cfg, rules)
+            window = usual = next_window(stream, cfg, rules)
             calls = window_calls(window, cfg, rules)
             cost = _cost(costs, calls, planned)
             if rules.lead_window_frames and stream.buffered_seconds(now) >= LEAD_SECONDS:
@@ -252,7 +254,7 @@ def plan_step(
             if playing:
                 waiting_slack = min(waiting_slack, slack)
                 if window is not None:
-                    skipped.append(stream)
+                    skipped.append(usual)
             continue
         if window is None:
             plan.encodes.append(stream)
@@ -266,37 +268,36 @@ def plan_step(
     # the next step, which starts once this whole step is done: its window joins this step
     # (windows run before encoder calls). Without this, a listener's second chunk, due 186 ms
     # after its first, came late whenever a new stream's sentence was encoded in between.
-    for stream in skipped:
+    left_out: list[Window] = []  # (once the step is full, nothing more joins it anyway)
+    for window in skipped:
         if len(plan.windows) >= window_limit:
             break
-        window = next_window(stream, cfg, rules)
         calls = window_calls(window, cfg, rules)
         cost = _cost(costs, calls, planned)
-        if _time_left(stream, now, rules) < step_cost + cost:
+        if _time_left(window.stream, now, rules) < step_cost + cost:
             plan.windows.append(window)
             step_cost += cost
             planned.update(calls)
+        else:
+            left_out.append(window)
     if batching and rules.batch_buckets:
-        fill_buckets(plan, streams, cfg, rules, window_limit)
+        fill_buckets(plan, left_out, cfg, rules, window_limit)
     return plan
 
 
-def _bucket(rows: int, buckets: tuple[int, ...]) -> int:
-    """The smallest bucket holding `rows` (the largest, if none does: the call is split)."""
-    return next((bucket for bucket in sorted(buckets) if bucket >= rows), max(buckets))
-
-
 def fill_buckets(
-    plan: StepPlan, streams: list[Stream], cfg: WindowConfig, rules: WindowRules, limit: int
+    plan: StepPlan, candidates: list[Window], cfg: WindowConfig, rules: WindowRules, limit: int
 ) -> int:
-    """Fill the rows a step's calls are padded with (`rules.batch_buckets`) with the next
-    windows of playing streams left out of the step, most urgent first; returns how many.
+    """Fill the rows a step's calls are padded with (`rules.batch_buckets`, ascending) with
+    `candidates`, the next windows of playing streams left out of the step, most urgent
+    first; returns how many joined.
 
     A window joins only where every call it takes part in (its vocoder call, and its flow
     call if it needs a flow chunk) is already planned with padding rows to spare: it then
     costs the device nothing, its stream gets its audio early and later steps have less to
     do. Through Triton on the H100, 26 to 31 % of the vocoder rows computed were padding
-    before this (docs/benchmarks.md). The step never grows past `limit` windows.
+    before this (docs/benchmarks.md). The step never grows past `limit` windows, and a
+    stream already in the step or not yet playing gets no window here.
     """
     if not plan.windows:
         return 0
@@ -306,17 +307,16 @@ def fill_buckets(
     for window in plan.windows:
         for call in window_calls(window, cfg, rules):
             rows[call] = rows.get(call, 0) + 1
-    room = {call: _bucket(n, rules.batch_buckets) - n for call, n in rows.items()}
+    room = {
+        call: next((b for b in rules.batch_buckets if b >= n), n) - n for call, n in rows.items()
+    }
     added = 0
-    for stream in streams:
+    for window in candidates:
         if len(plan.windows) >= limit or not any(room.values()):
             break
-        state = stream.current
-        if stream.stream_id in planned or state is None or stream.first_audio_at is None:
+        stream = window.stream
+        if stream.stream_id in planned or stream.first_audio_at is None:
             continue
-        if state.vocoded >= state.frames:
-            continue
-        window = next_window(stream, cfg, rules)
         calls = window_calls(window, cfg, rules)
         if all(room.get(call, 0) > 0 for call in calls):
             for call in calls:

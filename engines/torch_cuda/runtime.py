@@ -423,14 +423,10 @@ class TorchCudaStages:
 
     @property
     def padded_batch_buckets(self) -> tuple[int, ...]:
-        """The batch sizes the flow and vocoder calls are padded up to (their CUDA graphs'
-        buckets); empty where they run eagerly, as long as their batch."""
-        stages = (self.flow_stage, self.vocoder_stage)
-        if not all(stage.use_graphs for stage in stages) or self.flow_stage.buckets != (
-            self.vocoder_stage.buckets
-        ):
-            return ()
-        return tuple(self.vocoder_stage.buckets)
+        """The batch sizes, ascending, the flow and vocoder calls are padded up to (their CUDA
+        graphs' buckets, the same for both); empty where they run eagerly, as long as their
+        batch."""
+        return self.vocoder_stage.buckets if self.vocoder_stage.use_graphs else ()
 
     @property
     def encoder_queued(self) -> bool:

@@ -271,10 +271,12 @@ def test_filling_the_padding_never_takes_a_step_past_its_window_limit() -> None:
     ahead = [make_stream(10 + i, frames=1000, buffered_s=3.0, windows_sent=4) for i in range(5)]
     for limit, added in ((6, 1), (8, 3), (16, 3)):
         plan = StepPlan(windows=[next_window(s, WindowConfig(), graphs) for s in due])
-        assert fill_buckets(plan, ahead, WindowConfig(), graphs, limit) == added
+        candidates = [next_window(s, WindowConfig(), graphs) for s in ahead]
+        assert fill_buckets(plan, candidates, WindowConfig(), graphs, limit) == added
         assert len(plan.windows) == 5 + added
     # A stream gets one window per step, and one that has not started playing gets none.
     plan = StepPlan(windows=[next_window(s, WindowConfig(), graphs) for s in due[:3]])
     fresh = make_stream(20, frames=1000, windows_sent=4)
     fresh.first_audio_at = None
-    assert fill_buckets(plan, [*due[:3], fresh], WindowConfig(), graphs, 16) == 0
+    candidates = [next_window(s, WindowConfig(), graphs) for s in [*due[:3], fresh]]
+    assert fill_buckets(plan, candidates, WindowConfig(), graphs, 16) == 0
