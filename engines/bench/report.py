@@ -48,7 +48,7 @@ METHOD = """\
 - **Machine limit**: 1 / RTF of one-shot, single-stream synthesis (the monolithic voice, whole
   sentences, one after another), measured at the start of the same run.
 - **Real-time streams** of a system: the highest measured concurrency with zero underruns, no
-  errors and first-audio p95 under the bound.
+  errors and first-audio p95 under the bound, at it and at every measured concurrency below it.
 """
 
 

@@ -93,6 +93,18 @@ def test_capacity_is_the_highest_concurrency_without_underruns_within_the_bound(
     assert real_time_capacity(runs, "piper", 300) == 0
 
 
+def test_capacity_stops_at_the_first_level_that_does_not_hold() -> None:
+    runs = [
+        _run("voxfleet", 1, 120),
+        _run("voxfleet", 4, 320),  # first audio over the bound at 4 ...
+        _run("voxfleet", 8, 250),  # ... so holding 8 does not count
+        _run("triton-naive", 4, 200, underruns=1),
+        _run("triton-naive", 1, 200),  # order of the runs does not matter
+    ]
+    assert real_time_capacity(runs, "voxfleet", 300) == 1
+    assert real_time_capacity(runs, "triton-naive", 300) == 1
+
+
 def test_a_run_with_failed_requests_does_not_hold_real_time() -> None:
     assert real_time_capacity([_run("voxfleet", 4, 100, errors=1)], "voxfleet", 300) == 0
 
