@@ -15,7 +15,7 @@ import pytest
 from engines.frames import HostBackend
 from engines.frontend import Sentence, text_to_sentences
 from engines.runtime import OnnxStages
-from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
+from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, planner
 from engines.voice import Voice
 
 TEXT = "Streaming speech arrives chunk by chunk. A second sentence follows the first."
@@ -236,11 +236,21 @@ def test_a_backend_may_keep_more_encoder_calls_in_flight_and_no_more(stages, sen
         scheduler.stop()
 
 
-def test_windows_run_early_in_a_calls_padding_rows_give_the_same_audio(stages, sentences) -> None:
+def test_windows_run_early_in_a_calls_padding_rows_give_the_same_audio(
+    stages, sentences, monkeypatch
+) -> None:
     """A backend whose calls are padded to batch buckets (CUDA graphs) gets windows that are
     not due yet in its padding rows (planner.fill_buckets): every stream's chunks and audio
     stay those of a backend without buckets."""
-    results, calls = {}, {}
+    joined: list[int] = []
+    fill = planner.fill_buckets
+
+    def counted(*args: Any) -> int:
+        joined.append(fill(*args))
+        return joined[-1]
+
+    monkeypatch.setattr(planner, "fill_buckets", counted)
+    results, windows = {}, {}
     for buckets in ((), (4, 8)):
         runtime = Stages(stages, beside=False)
         runtime.backend.batch_buckets = buckets
@@ -253,10 +263,15 @@ def test_windows_run_early_in_a_calls_padding_rows_give_the_same_audio(stages, s
         finally:
             scheduler.stop()
         results[buckets] = sinks
-        calls[buckets] = sum(scheduler.stats.vocoder_batches.values())
-    # The windows run early went in rows that were padding: the same audio in fewer calls
-    # (about half as many, measured; within a few per cent of each other without the fill).
-    assert calls[(4, 8)] < 0.75 * calls[()]
+        batches = scheduler.stats.vocoder_batches
+        windows[buckets] = sum(size * count for size, count in batches.items())
+    # Windows went early into rows that were padding (8 to 16 of the 60 here), and the audio
+    # below is the same. The calls saved are not asserted: how many calls the plain run makes
+    # depends on how its windows line up, which moves with the machine's speed (27 to 43 in
+    # runs on one machine, against 24 to 27 with the fill); the GPU benchmarks measure the
+    # saving (docs/benchmarks.md).
+    assert windows[(4, 8)] == windows[()]
+    assert sum(joined) > 0
     for plain, filled in zip(results[()], results[(4, 8)], strict=True):
         assert filled.error is None
         assert [len(c) for c in filled.chunks] == [len(c) for c in plain.chunks]

@@ -108,8 +108,10 @@ def test_a_cancelled_stream_is_freed_and_others_finish(stages, sentences) -> Non
     quitter, stayer = CollectingSink(cancel_after_chunks=1), CollectingSink()
     scheduler.start()
     try:
-        scheduler.submit(list(sentences), QUIET, quitter)
-        scheduler.submit(list(sentences), QUIET, stayer)
+        # Long enough that the quitter still has audio to come when the scheduler next looks
+        # for cancelled streams (every CANCEL_CHECK_S), however fast the machine.
+        scheduler.submit(list(sentences) * 6, QUIET, quitter)
+        scheduler.submit(list(sentences) * 6, QUIET, stayer)
         assert stayer.done.wait(120)
         deadline = time.monotonic() + 10
         while scheduler.live_streams() and time.monotonic() < deadline:
