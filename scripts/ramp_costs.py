@@ -4,9 +4,9 @@ phrase and the calls of its window ramp, timed alone on onnxruntime (median of 1
     .venv/bin/python scripts/ramp_costs.py
 
 The phrase is the median (in phoneme ids) of the phrases of the corpus's first 40 texts, as
-the frontend cuts them. The ramp is what `engines.streaming.planner.next_window` cuts for a
-long sentence: windows of 16, 32, 64 and 128 frames with their vocoder context, and the flow
-chunk each needs (twice the window, with flow context). docs/benchmarks.md quotes a run.
+the frontend cuts them. The ramp is what the planner (`next_window`, `window_calls`, with the
+CPU's rules) cuts for a long sentence: windows of 16, 32, 64 and 128 frames and the flow
+chunks they need, context included. docs/benchmarks.md quotes a run.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -25,6 +26,8 @@ from engines.engine_build import build_engines
 from engines.frontend import text_to_sentences
 from engines.plan import WindowConfig
 from engines.runtime import OnnxStages
+from engines.streaming.planner import WindowRules, next_window, window_calls
+from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams
 from engines.voice import load_voice
 
 LATENT_CHANNELS = 192
@@ -62,18 +65,25 @@ def main() -> None:
         ms = median_ms(partial(stages.encode, ids, lengths, scales))
         print(f"| encoder | {ids.shape[1]} ids | {threads} | {ms:.1f} |")
     stages = OnnxStages(entry.path, threads=2)
-    size = cfg.first_window_frames
-    while size <= cfg.window_frames:
-        vocoder = size + 2 * cfg.vocoder_context_frames
-        flow = 2 * size + 2 * cfg.flow_context_frames
-        latent = rng.standard_normal((1, LATENT_CHANNELS, vocoder)).astype(np.float32)
-        prior = rng.standard_normal((1, LATENT_CHANNELS, flow)).astype(np.float32)
-        mask = np.ones((1, 1, flow), dtype=np.float32)
-        ms = median_ms(partial(stages.vocode, latent))
-        print(f"| vocoder, window of {size} | {vocoder} | 2 | {ms:.1f} |")
-        ms = median_ms(partial(stages.flow, prior, mask))
-        print(f"| flow, chunk of {2 * size} | {flow} | 2 | {ms:.1f} |")
-        size *= 2
+    rules = WindowRules(exact_widths=True, merge_tails=True)  # the CPU's cut, no lead windows
+    stream = Stream(0, deque(), SynthesisParams(), StreamSink(), 0.0)
+    stream.current = state = SentenceState(pages=np.zeros(1, np.int64), frames=10**6)
+    size = 0
+    while size < cfg.window_frames:
+        window = next_window(stream, cfg, rules)
+        size = window.decode[1] - window.decode[0]
+        for stage, width in window_calls(window, cfg, rules):
+            latent = rng.standard_normal((1, LATENT_CHANNELS, width)).astype(np.float32)
+            if stage == "vocoder":
+                ms = median_ms(partial(stages.vocode, latent))
+                label = f"vocoder, window of {size}"
+            else:
+                mask = np.ones((1, 1, width), dtype=np.float32)
+                ms = median_ms(partial(stages.flow, latent, mask))
+                label = f"flow, chunk of {window.flow[1] - window.flow[0]}"
+            print(f"| {label} | {width} | 2 | {ms:.1f} |")
+        state.flowed, state.vocoded = max(state.flowed, window.flow[1]), window.decode[1]
+        stream.windows_sent += 1
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ vocoder context ahead, so the vocoder always has real right context.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from engines.plan import WindowConfig
@@ -195,6 +196,7 @@ def plan_step(
     step_cost, budget = 0.0, step_s
     waiting_slack = float("inf")  # the least slack of a playing stream left for later
     planned: set[tuple[str, int]] = set()  # calls the step makes so far
+    rows: Counter[tuple[str, int]] = Counter()  # windows in each of the step's calls
     hold = 0.0
     if batching and len(streams) >= ENCODE_HOLD_MIN_STREAMS:
         hold = min(cfg.max_encoder_wait_ms / 1000, ENCODE_HOLD_CALLS * costs.per_call["encoder"])
@@ -260,6 +262,7 @@ def plan_step(
             plan.encodes.append(stream)
         else:
             plan.windows.append(window)
+            rows.update(calls)
         step_cost += cost
         planned.update(calls)
         budget = max(MIN_STEP_BUDGET_S, min(budget, slack))
@@ -276,17 +279,23 @@ def plan_step(
         cost = _cost(costs, calls, planned)
         if _time_left(window.stream, now, rules) < step_cost + cost:
             plan.windows.append(window)
+            rows.update(calls)
             step_cost += cost
             planned.update(calls)
         else:
             left_out.append(window)
     if batching and rules.batch_buckets:
-        fill_buckets(plan, left_out, cfg, rules, window_limit)
+        fill_buckets(plan, left_out, cfg, rules, window_limit, rows)
     return plan
 
 
 def fill_buckets(
-    plan: StepPlan, candidates: list[Window], cfg: WindowConfig, rules: WindowRules, limit: int
+    plan: StepPlan,
+    candidates: list[Window],
+    cfg: WindowConfig,
+    rules: WindowRules,
+    limit: int,
+    rows: Mapping[tuple[str, int], int] | None = None,
 ) -> int:
     """Fill the rows a step's calls are padded with (`rules.batch_buckets`, ascending) with
     `candidates`, the next windows of playing streams left out of the step, most urgent
@@ -297,16 +306,15 @@ def fill_buckets(
     costs the device nothing, its stream gets its audio early and later steps have less to
     do. Through Triton on the H100, 26 to 31 % of the vocoder rows computed were padding
     before this (docs/benchmarks.md). The step never grows past `limit` windows, and a
-    stream already in the step or not yet playing gets no window here.
+    stream already in the step or not yet playing gets no window here. `rows`: the windows in
+    each of the step's calls, where the caller counted them as it planned (`plan_step`).
     """
     if not plan.windows:
         return 0
     planned = {w.stream.stream_id for w in plan.windows}
     planned.update(s.stream_id for s in plan.encodes)
-    rows: dict[tuple[str, int], int] = {}
-    for window in plan.windows:
-        for call in window_calls(window, cfg, rules):
-            rows[call] = rows.get(call, 0) + 1
+    if rows is None:
+        rows = Counter(call for w in plan.windows for call in window_calls(w, cfg, rules))
     room = {
         call: next((b for b in rules.batch_buckets if b >= n), n) - n for call, n in rows.items()
     }
