@@ -118,9 +118,10 @@ class WindowConfig:
 
     Defaults come from measurements on the joe voice (docs/streaming.md,
     `scripts/measure_windows.py`): a 16-frame first window for first-audio latency, windows
-    doubling up to 128 frames so the context overhead stays small, and enough context for
-    > 50 dB SNR against a one-shot decode (8 vocoder and 24 flow frames; fewer flow frames
-    fall below 40 dB).
+    growing up to 128 frames so the context overhead stays small (doubling on fixed-shape
+    engines, by half on the CPU: `engines.streaming.planner.WindowRules.ramp`), and enough
+    context for > 50 dB SNR against a one-shot decode (8 vocoder and 24 flow frames; fewer
+    flow frames fall below 40 dB).
     """
 
     first_window_frames: int = 16
@@ -155,7 +156,7 @@ class WindowConfig:
             )
 
     def window_sizes(self) -> list[int]:
-        """The window sizes in use: first, doubled, ..., steady."""
+        """The window sizes of fixed-shape engines: first, doubled, ..., steady."""
         sizes, size = [], self.first_window_frames
         while size < self.window_frames:
             sizes.append(size)

@@ -1,17 +1,19 @@
 """What a new stream costs the CPU before its steady windows: the encoder call of a median
 phrase and the calls of its window ramp, timed alone on onnxruntime (median of 15 calls).
 
-    .venv/bin/python scripts/ramp_costs.py
+    .venv/bin/python scripts/ramp_costs.py [--doubling]
 
 The phrase is the median (in phoneme ids) of the phrases of the corpus's first 40 texts, as
 the frontend cuts them. The ramp is what the planner (`next_window`, `window_calls`, with the
-CPU's rules) cuts for a long sentence: windows of 16, 32, 64 and 128 frames and the flow
-chunks they need, context included. docs/benchmarks.md quotes a run.
+CPU's rules) cuts for a long sentence: windows of 16, 24, 36, 54, 81, 121 and 128 frames (with
+`--doubling`: 16, 32, 64 and 128) and the flow chunks they need, context included.
+docs/benchmarks.md quotes a run.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 import tempfile
 import time
 from collections import deque
@@ -26,7 +28,7 @@ from engines.engine_build import build_engines
 from engines.frontend import text_to_sentences
 from engines.plan import WindowConfig
 from engines.runtime import OnnxStages
-from engines.streaming.planner import WindowRules, next_window, window_calls
+from engines.streaming.planner import CPU_RAMP, WindowRules, next_window, window_calls
 from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams
 from engines.voice import load_voice
 
@@ -65,7 +67,9 @@ def main() -> None:
         ms = median_ms(partial(stages.encode, ids, lengths, scales))
         print(f"| encoder | {ids.shape[1]} ids | {threads} | {ms:.1f} |")
     stages = OnnxStages(entry.path, threads=2)
-    rules = WindowRules(exact_widths=True, merge_tails=True)  # the CPU's cut, no lead windows
+    # The CPU's cut, no lead windows; `--doubling` times the ramp the CPU took before 2026-11-24.
+    ramp = 2.0 if "--doubling" in sys.argv[1:] else CPU_RAMP
+    rules = WindowRules(exact_widths=True, merge_tails=True, ramp=ramp)
     stream = Stream(0, deque(), SynthesisParams(), StreamSink(), 0.0)
     stream.current = state = SentenceState(pages=np.zeros(1, np.int64), frames=10**6)
     size = 0

@@ -22,7 +22,7 @@ from engines.engine_build import build_engines
 from engines.frontend import text_to_sentences
 from engines.plan import WindowConfig
 from engines.runtime import OnnxStages
-from engines.streaming.planner import WindowRules, call_frames, next_window
+from engines.streaming.planner import CPU_RAMP, WindowRules, call_frames, next_window
 from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams
 from engines.voice import VoiceConfig, load_voice
 
@@ -105,8 +105,13 @@ def main() -> None:
                 2,
             ),
             (
-                "exact widths, short tails merged (the CPU now)",
+                "exact widths, short tails merged (the CPU before 2026-11-24)",
                 WindowRules(exact_widths=True, merge_tails=True),
+                10**9,
+            ),
+            (
+                "the same, windows growing by half (the CPU now)",
+                WindowRules(exact_widths=True, merge_tails=True, ramp=CPU_RAMP),
                 10**9,
             ),
         ):

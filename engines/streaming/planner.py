@@ -4,7 +4,8 @@ Pure: the planner reads streams, the window settings and the cost model, and cal
 so it is tested without a runtime. The scheduler (engines/streaming/scheduler.py) runs what
 it plans.
 
-A stream's windows grow from `first_window_frames` (short, for first audio) by doubling up to
+A stream's windows grow from `first_window_frames` (short, for first audio) by a fixed ratio
+(`WindowRules.ramp`: doubling where engines are built for fixed sizes, 1.5 on the CPU) up to
 `window_frames`, so the second chunk is due soon after the first and steady windows keep the
 context overhead small. Window k decodes frames [start, end); its flow chunk is computed one
 vocoder context ahead, so the vocoder always has real right context.
@@ -35,6 +36,13 @@ ENCODE_HOLD_MIN_STREAMS = 16
 # (`WindowRules`) and pay the context frames once where it would pay them twice or more. The
 # planner takes the longer window only where its cost still fits the step.
 LEAD_SECONDS = 0.5
+
+# How much longer each window of a stream's ramp is than the one before, where calls take any
+# width (onnxruntime). Each window must be decoded while the one before it plays, so during its
+# ramp a stream needs its audio this many times faster than it plays; with doubling, listeners
+# arriving together needed more than two cores have (docs/benchmarks.md, 2026-11-24). 1.5 takes
+# a few more calls: windows of 16, 24, 36, 54, 81, 121 and then 128 frames.
+CPU_RAMP = 1.5
 
 Scales = tuple[float, float, float]
 
@@ -67,6 +75,11 @@ class WindowRules:
     merge_tails: bool = False
     deadline_margin_s: float = 0.0
     batch_buckets: tuple[int, ...] = ()
+    ramp: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.ramp > 1.0:
+            raise ValueError(f"ramp must be more than 1, got {self.ramp}")
 
 
 @dataclass
@@ -95,7 +108,8 @@ def next_window(
     """
     state = stream.current
     assert state is not None
-    size = min(cfg.window_frames, cfg.first_window_frames << min(stream.windows_sent, 16))
+    grown = cfg.first_window_frames * rules.ramp ** min(stream.windows_sent, 64)
+    size = min(cfg.window_frames, int(grown))
     chunk = 2 * size
     if lead:
         size, chunk = max(size, rules.lead_window_frames), max(chunk, rules.lead_flow_frames)

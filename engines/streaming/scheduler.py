@@ -36,6 +36,7 @@ from engines.plan import WindowConfig
 from engines.stages import StageRuntime
 from engines.streaming.costs import CostModel
 from engines.streaming.planner import (
+    CPU_RAMP,
     StepPlan,
     WindowRules,
     call_frames,
@@ -173,6 +174,7 @@ class StreamScheduler:
                 lead_flow_frames=4 * lead,
                 merge_tails=True,
                 deadline_margin_s=CPU_DEADLINE_MARGIN_S,
+                ramp=CPU_RAMP,
             )
             if exact_widths
             else WindowRules(batch_buckets=tuple(getattr(self.backend, "batch_buckets", ())))

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
+import pytest
 
 from engines.frontend import Sentence
 from engines.plan import WindowConfig
 from engines.streaming.costs import CostModel
 from engines.streaming.planner import (
+    CPU_RAMP,
     StepPlan,
     WindowRules,
     encoder_calls,
@@ -53,6 +55,19 @@ def test_windows_grow_from_the_first_window_to_the_steady_window() -> None:
         window = next_window(stream, cfg)
         sizes.append(window.decode[1] - window.decode[0])
     assert sizes == [16, 32, 64, 128, 128]
+    # The CPU's ramp grows by half: more calls, but each is due while a shorter one plays.
+    cpu = WindowRules(exact_widths=True, ramp=CPU_RAMP)
+    sizes = []
+    for sent in range(8):
+        stream.windows_sent = sent
+        window = next_window(stream, cfg, cpu)
+        sizes.append(window.decode[1] - window.decode[0])
+    assert sizes == [16, 24, 36, 54, 81, 121, 128, 128]
+    stream.windows_sent = 10_000  # a long-lived stream's ramp does not overflow
+    window = next_window(stream, cfg, cpu)
+    assert window.decode[1] - window.decode[0] == 128
+    with pytest.raises(ValueError, match="ramp must be more than 1"):
+        WindowRules(ramp=1.0)
     # The flow runs ahead of the vocoder by at least its context.
     window = next_window(stream, cfg)
     assert window.flow[1] >= window.decode[1] + cfg.vocoder_context_frames
