@@ -22,7 +22,7 @@ from engines.engine_build import build_engines
 from engines.frontend import text_to_sentences
 from engines.plan import WindowConfig
 from engines.runtime import OnnxStages
-from engines.streaming.planner import CPU_RAMP, WindowRules, call_frames, next_window
+from engines.streaming.planner import CPU_RAMP, WindowRules, next_window, window_calls
 from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams
 from engines.voice import VoiceConfig, load_voice
 
@@ -62,12 +62,12 @@ def count(
             stream.current = state = SentenceState(pages=np.zeros(1, np.int64), frames=total)
             while state.vocoded < total:
                 window = next_window(stream, cfg, rules, lead=stream.windows_sent >= lead_after)
-                if window.flow[1] > window.flow[0]:
-                    chunk = call_frames(window.flow[1] - window.flow[0], cfg, rules, flow=True)
-                    flow += chunk + 2 * cfg.flow_context_frames
-                    state.flowed = window.flow[1]
-                size = call_frames(window.decode[1] - window.decode[0], cfg, rules)
-                vocoder += size + 2 * cfg.vocoder_context_frames
+                for stage, width in window_calls(window, cfg, rules):
+                    if stage == "flow":
+                        flow += width
+                    else:
+                        vocoder += width
+                state.flowed = max(state.flowed, window.flow[1])
                 state.vocoded = window.decode[1]
                 stream.windows_sent += 1
     return flow, vocoder
@@ -110,8 +110,13 @@ def main() -> None:
                 10**9,
             ),
             (
-                "the same, windows growing by half (the CPU now)",
+                "the same, windows growing by half",
                 WindowRules(exact_widths=True, merge_tails=True, ramp=CPU_RAMP),
+                10**9,
+            ),
+            (
+                "the same, no context past a sentence's edges (the CPU now)",
+                WindowRules(exact_widths=True, merge_tails=True, ramp=CPU_RAMP, trim_edges=True),
                 10**9,
             ),
         ):

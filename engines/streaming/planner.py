@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from engines.plan import WindowConfig
@@ -66,7 +66,12 @@ class WindowRules:
     pads its calls up to (CUDA graphs captured per batch bucket); the rows of padding cost the
     device as much as rows of windows, so the planner fills them with the next windows of
     playing streams that were not due yet (`fill_buckets`). Empty: calls are as long as their
-    windows.
+    windows. `ramp`: each window of a stream's ramp is this many times the one before (rounded
+    down), from `first_window_frames` up to `window_frames`; fixed-shape engines keep 2, the
+    sizes they are built for (`CPU_RAMP` says why the CPU takes less). `trim_edges` (with exact
+    widths): a call takes no context frames past the sentence's edges. The conv layers pad a
+    call's edges with zeros as they pad the sentence's in a one-shot decode, so the audio
+    there is the one-shot decode's, from fewer frames.
     """
 
     exact_widths: bool = False
@@ -76,10 +81,13 @@ class WindowRules:
     deadline_margin_s: float = 0.0
     batch_buckets: tuple[int, ...] = ()
     ramp: float = 2.0
+    trim_edges: bool = False
 
     def __post_init__(self) -> None:
         if not self.ramp > 1.0:
             raise ValueError(f"ramp must be more than 1, got {self.ramp}")
+        if self.trim_edges and not self.exact_widths:
+            raise ValueError("trim_edges needs exact_widths: a fixed-shape call has one width")
 
 
 @dataclass
@@ -149,24 +157,43 @@ def window_shape(
     return (call_frames(flow_frames, cfg, rules, flow=True) if flow_frames else 0, decode)
 
 
+def call_key(
+    window: Window, cfg: WindowConfig, rules: WindowRules, flow: bool = False
+) -> tuple[int, int]:
+    """(width, context frames before the window) of the window's vocoder call, or of its flow
+    call with `flow`: windows with the same key share a call.
+
+    The context is `cfg`'s on both sides; with `rules.trim_edges`, none past the sentence's
+    edges, so a call at an edge is narrower (and its key differs)."""
+    span, frames, context = (
+        (window.flow, window_shape(window, cfg, rules)[0], cfg.flow_context_frames)
+        if flow
+        else (window.decode, window_shape(window, cfg, rules)[1], cfg.vocoder_context_frames)
+    )
+    if not rules.trim_edges:
+        return frames + 2 * context, context
+    before = min(context, span[0])
+    after = min(context, window.state.frames - span[1])
+    return frames + before + after, before
+
+
 def window_calls(
     window: Window, cfg: WindowConfig, rules: WindowRules = WindowRules()
 ) -> list[tuple[str, int]]:
     """The (stage, width) calls a window takes part in; same-width windows share one."""
-    flow_width, decode_width = window_shape(window, cfg, rules)
-    calls = [("vocoder", decode_width + 2 * cfg.vocoder_context_frames)]
-    if flow_width:
-        calls.append(("flow", flow_width + 2 * cfg.flow_context_frames))
+    calls = [("vocoder", call_key(window, cfg, rules)[0])]
+    if window.flow[1] > window.flow[0]:
+        calls.append(("flow", call_key(window, cfg, rules, flow=True)[0]))
     return calls
 
 
 def group_calls(
-    windows: list[Window], size: Callable[[Window], int], batching: bool
+    windows: list[Window], size: Callable[[Window], Hashable], batching: bool
 ) -> list[list[Window]]:
     """One call per size; one call per window when cross-stream batching is off."""
     if not batching:
         return [[window] for window in windows]
-    groups: dict[int, list[Window]] = {}
+    groups: dict[Hashable, list[Window]] = {}
     for window in windows:
         groups.setdefault(size(window), []).append(window)
     return list(groups.values())
@@ -238,7 +265,8 @@ def plan_step(
                     "encoder", len(stream.sentences[0].ids), calls[0] not in planned
                 ) + costs.estimate(
                     "vocoder",
-                    cfg.first_window_frames + 2 * cfg.vocoder_context_frames,
+                    cfg.first_window_frames
+                    + (1 if rules.trim_edges else 2) * cfg.vocoder_context_frames,
                     calls[1] not in planned,
                 )
         else:

@@ -6,8 +6,11 @@ drive the same scheduler in-process.
 
 Per stream and sentence, the encoder runs once (ids → prior frames); then the flow and the
 vocoder run in windows (engines/streaming/planner.py chooses them). Every window carries
-context on both sides, zero-padded (mask 0) outside the sentence exactly as a one-shot decode
-pads its edges, so a window's shape is one of a few sizes.
+context on both sides, zero-padded (mask 0) outside the sentence, so a window's shape is one
+of a few sizes. The flow's layers mask those frames, so its edges are a one-shot decode's; the
+vocoder's zero frames come close to its edges but not exactly. On onnxruntime, which takes
+any width, a call at a sentence's edge takes no context past it instead, and both stages'
+edges are the one-shot decode's.
 
 Each step, the planner picks windows earliest-deadline-first by the cost model
 (engines/streaming/costs.py); then one batched flow call and one batched vocoder call run per
@@ -39,12 +42,11 @@ from engines.streaming.planner import (
     CPU_RAMP,
     StepPlan,
     WindowRules,
-    call_frames,
+    call_key,
     encoder_calls,
     group_calls,
     next_window,
     plan_step,
-    window_shape,
 )
 from engines.streaming.types import (
     SchedulerStats,
@@ -158,7 +160,8 @@ class StreamScheduler:
         self.hop = hop_length
         self.windows = windows or WindowConfig()
         # onnxruntime runs a window of any width at the same cost per frame, so its calls are
-        # as wide as their windows, a sentence's short tail goes with the window or flow chunk
+        # as wide as their windows, take no context past a sentence's edges, and a stream's
+        # windows grow by half; a sentence's short tail goes with the window or flow chunk
         # before it, and where the backend asks for them (`lead_windows`) a stream with a lead
         # takes windows twice the steady size and flow chunks of four steady windows; engines
         # built for fixed shapes (CUDA graphs, TensorRT profiles) keep the size classes, and
@@ -175,6 +178,7 @@ class StreamScheduler:
                 merge_tails=True,
                 deadline_margin_s=CPU_DEADLINE_MARGIN_S,
                 ramp=CPU_RAMP,
+                trim_edges=True,
             )
             if exact_widths
             else WindowRules(batch_buckets=tuple(getattr(self.backend, "batch_buckets", ())))
@@ -400,11 +404,11 @@ class StreamScheduler:
     def _run(self, windows: list[Window]) -> None:
         flows = [w for w in windows if w.flow[1] > w.flow[0]]
         for batch in group_calls(
-            flows, lambda w: window_shape(w, self.windows, self.rules)[0], self.batching
+            flows, lambda w: call_key(w, self.windows, self.rules, flow=True), self.batching
         ):
             self._flow(batch)
         for batch in group_calls(
-            windows, lambda w: window_shape(w, self.windows, self.rules)[1], self.batching
+            windows, lambda w: call_key(w, self.windows, self.rules), self.batching
         ):
             self._run_windows(batch)
 
@@ -633,17 +637,20 @@ class StreamScheduler:
         synchronous and the asynchronous call take the same ones)."""
         context = self.windows.vocoder_context_frames
         sizes = [w.decode[1] - w.decode[0] for w in windows]
-        width = max(call_frames(size, self.windows, self.rules) for size in sizes) + 2 * context
+        # The windows of one call share its context before them (`call_key`); with size
+        # classes, the widest window's class is the call's width.
+        keys = [call_key(w, self.windows, self.rules) for w in windows]
+        width, before = max(width for width, _ in keys), keys[0][1]
         states = [w.state for w in windows]
         ends = np.array([w.decode[1] for w in windows], dtype=np.int64)
         limits = np.minimum(np.array([s.frames for s in states], dtype=np.int64), ends + context)
         args = (
             [s.pages for s in states],
-            np.array([w.decode[0] - context for w in windows], dtype=np.int64),
+            np.array([w.decode[0] - before for w in windows], dtype=np.int64),
             limits,
             width,
             self._speakers(windows),
-            (context * self.hop, (context + max(sizes)) * self.hop),
+            (before * self.hop, (before + max(sizes)) * self.hop),
         )
         return sizes, width, args
 
@@ -661,9 +668,8 @@ class StreamScheduler:
         if not windows:
             return
         context = self.windows.flow_context_frames
-        width = 2 * context + max(
-            call_frames(w.flow[1] - w.flow[0], self.windows, self.rules, flow=True) for w in windows
-        )
+        keys = [call_key(w, self.windows, self.rules, flow=True) for w in windows]
+        width, before = max(width for width, _ in keys), keys[0][1]
         states = [w.state for w in windows]
         ends = np.array([w.flow[1] for w in windows], dtype=np.int64)
         limits = np.minimum(np.array([s.frames for s in states], dtype=np.int64), ends + context)
@@ -671,10 +677,10 @@ class StreamScheduler:
         timing = self.backend.timer() if self._async else None  # type: ignore[attr-defined]
         self.backend.flow(
             [s.pages for s in states],
-            np.array([w.flow[0] - context for w in windows], dtype=np.int64),
+            np.array([w.flow[0] - before for w in windows], dtype=np.int64),
             limits,
             width,
-            context,
+            before,
             ends,
             self._speakers(windows),
         )

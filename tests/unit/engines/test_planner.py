@@ -14,6 +14,7 @@ from engines.streaming.planner import (
     CPU_RAMP,
     StepPlan,
     WindowRules,
+    call_key,
     encoder_calls,
     fill_buckets,
     next_window,
@@ -239,6 +240,36 @@ def test_exact_widths_decode_a_sentence_tail_without_padding() -> None:
     assert window.decode == (0, 100)
     assert window_calls(window, cfg, WindowRules(exact_widths=True)) == [("vocoder", 116)]
     assert window_calls(window, cfg) == [("vocoder", 128 + 16)]
+
+
+def test_calls_at_a_sentences_edges_take_no_context_past_them_where_edges_are_trimmed() -> None:
+    cfg = WindowConfig()  # vocoder context 8, flow context 24
+    cpu = WindowRules(exact_widths=True, ramp=CPU_RAMP, trim_edges=True)
+    stream = make_stream(1, frames=400)
+    state = stream.current
+    assert state is not None
+
+    first = next_window(stream, cfg, cpu)  # frames 0-16, its flow chunk 0-32
+    assert (first.decode, first.flow) == ((0, 16), (0, 32))
+    assert call_key(first, cfg, cpu) == (16 + 8, 0)
+    assert call_key(first, cfg, cpu, flow=True) == (32 + 24, 0)
+    # Without trimming, the same window's calls carry the context on both sides.
+    assert window_calls(first, cfg, WindowRules(exact_widths=True)) == [
+        ("vocoder", 16 + 16),
+        ("flow", 32 + 48),
+    ]
+
+    state.flowed, state.vocoded, stream.windows_sent = 32, 16, 1
+    middle = next_window(stream, cfg, cpu)  # frames 16-40: context on both sides
+    assert call_key(middle, cfg, cpu) == (24 + 16, 8)
+
+    state.flowed, state.vocoded, stream.windows_sent = 400, 300, 6
+    last = next_window(stream, cfg, cpu)  # frames 300-400, the sentence's end
+    assert last.decode == (300, 400)
+    assert window_calls(last, cfg, cpu) == [("vocoder", 100 + 8)]
+
+    with pytest.raises(ValueError, match="trim_edges needs exact_widths"):
+        WindowRules(trim_edges=True)
 
 
 def test_every_playing_stream_about_to_run_dry_is_served_in_the_step() -> None:
