@@ -148,15 +148,6 @@ def call_frames(frames: int, cfg: WindowConfig, rules: WindowRules, flow: bool =
     return frames if rules.exact_widths else cfg.size_class(frames, flow=flow)
 
 
-def window_shape(
-    window: Window, cfg: WindowConfig, rules: WindowRules = WindowRules()
-) -> tuple[int, int]:
-    """(flow call frames, or 0 without a flow chunk; vocoder call frames) of a window."""
-    flow_frames = window.flow[1] - window.flow[0]
-    decode = call_frames(window.decode[1] - window.decode[0], cfg, rules)
-    return (call_frames(flow_frames, cfg, rules, flow=True) if flow_frames else 0, decode)
-
-
 def call_key(
     window: Window, cfg: WindowConfig, rules: WindowRules, flow: bool = False
 ) -> tuple[int, int]:
@@ -165,11 +156,12 @@ def call_key(
 
     The context is `cfg`'s on both sides; with `rules.trim_edges`, none past the sentence's
     edges, so a call at an edge is narrower (and its key differs)."""
-    span, frames, context = (
-        (window.flow, window_shape(window, cfg, rules)[0], cfg.flow_context_frames)
+    span, context = (
+        (window.flow, cfg.flow_context_frames)
         if flow
-        else (window.decode, window_shape(window, cfg, rules)[1], cfg.vocoder_context_frames)
+        else (window.decode, cfg.vocoder_context_frames)
     )
+    frames = call_frames(span[1] - span[0], cfg, rules, flow=flow)
     if not rules.trim_edges:
         return frames + 2 * context, context
     before = min(context, span[0])
