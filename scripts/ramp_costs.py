@@ -5,8 +5,9 @@ phrase and the calls of its window ramp, timed alone on onnxruntime (median of 1
 
 The phrase is the median (in phoneme ids) of the phrases of the corpus's first 40 texts, as
 the frontend cuts them. The ramp is what the planner (`next_window`, `window_calls`, with the
-CPU's rules) cuts for a long sentence: windows of 16, 24, 36, 54, 81, 121 and 128 frames (with
-`--doubling`: 16, 32, 64 and 128) and the flow chunks they need, context included.
+CPU's rules, `cpu_rules`) cuts for a long sentence: windows of 16, 24, 36, 54, 81, 121 and 128
+frames (with `--doubling`: 16, 32, 64 and 128) and the flow chunks they need, context
+included.
 docs/benchmarks.md quotes a run.
 """
 
@@ -18,18 +19,20 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import numpy as np
+from window_overhead import cut_sentence  # scripts/, beside this one
 
 from engines.corpus import load_corpus, sentence_order
 from engines.engine_build import build_engines
 from engines.frontend import text_to_sentences
 from engines.plan import WindowConfig
 from engines.runtime import OnnxStages
-from engines.streaming.planner import CPU_RAMP, WindowRules, next_window, window_calls
-from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams
+from engines.streaming.planner import cpu_rules, window_calls
+from engines.streaming.types import Stream, StreamSink, SynthesisParams
 from engines.voice import load_voice
 
 LATENT_CHANNELS = 192
@@ -67,14 +70,13 @@ def main() -> None:
         ms = median_ms(partial(stages.encode, ids, lengths, scales))
         print(f"| encoder | {ids.shape[1]} ids | {threads} | {ms:.1f} |")
     stages = OnnxStages(entry.path, threads=2)
-    # The CPU's cut, no lead windows; `--doubling` times the ramp the CPU took before 2026-11-24.
-    ramp = 2.0 if "--doubling" in sys.argv[1:] else CPU_RAMP
-    rules = WindowRules(exact_widths=True, merge_tails=True, ramp=ramp)
+    # The CPU's cut, no lead windows; `--doubling`: the CPU's cut before 2026-11-24 (doubling,
+    # context past the sentence's edges).
+    rules = cpu_rules()
+    if "--doubling" in sys.argv[1:]:
+        rules = replace(rules, ramp=2.0, trim_edges=False)
     stream = Stream(0, deque(), SynthesisParams(), StreamSink(), 0.0)
-    stream.current = state = SentenceState(pages=np.zeros(1, np.int64), frames=10**6)
-    size = 0
-    while size < cfg.window_frames:
-        window = next_window(stream, cfg, rules)
+    for window in cut_sentence(stream, 10**6, cfg, rules):
         size = window.decode[1] - window.decode[0]
         for stage, width in window_calls(window, cfg, rules):
             latent = rng.standard_normal((1, LATENT_CHANNELS, width)).astype(np.float32)
@@ -86,8 +88,8 @@ def main() -> None:
                 ms = median_ms(partial(stages.flow, latent, mask))
                 label = f"flow, chunk of {window.flow[1] - window.flow[0]}"
             print(f"| {label} | {width} | 2 | {ms:.1f} |")
-        state.flowed, state.vocoded = max(state.flowed, window.flow[1]), window.decode[1]
-        stream.windows_sent += 1
+        if size == cfg.window_frames:
+            break
 
 
 if __name__ == "__main__":

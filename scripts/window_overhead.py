@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import tempfile
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +23,14 @@ from engines.engine_build import build_engines
 from engines.frontend import text_to_sentences
 from engines.plan import WindowConfig
 from engines.runtime import OnnxStages
-from engines.streaming.planner import CPU_RAMP, WindowRules, next_window, window_calls
-from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams
+from engines.streaming.planner import (
+    CPU_RAMP,
+    WindowRules,
+    cpu_rules,
+    next_window,
+    window_calls,
+)
+from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams, Window
 from engines.voice import VoiceConfig, load_voice
 
 QUIET = np.array([0.0, 1.0, 0.0], dtype=np.float32)
@@ -49,6 +56,20 @@ def sentence_frames(
     return frames_of_texts
 
 
+def cut_sentence(
+    stream: Stream, frames: int, cfg: WindowConfig, rules: WindowRules, lead_after: int = 10**9
+) -> Iterator[Window]:
+    """The windows the planner cuts `stream`'s next sentence of `frames` frames into, as if
+    each ran as soon as it was cut; from the stream's window `lead_after` on, lead windows."""
+    stream.current = state = SentenceState(pages=np.zeros(1, np.int64), frames=frames)
+    while state.vocoded < frames:
+        window = next_window(stream, cfg, rules, lead=stream.windows_sent >= lead_after)
+        yield window
+        state.flowed = max(state.flowed, window.flow[1])
+        state.vocoded = window.decode[1]
+        stream.windows_sent += 1
+
+
 def count(
     texts: list[list[int]], cfg: WindowConfig, rules: WindowRules, lead_after: int
 ) -> tuple[int, int]:
@@ -59,17 +80,12 @@ def count(
     for sentences in texts:
         stream = Stream(0, deque(), SynthesisParams(), StreamSink(), 0.0)
         for total in sentences:
-            stream.current = state = SentenceState(pages=np.zeros(1, np.int64), frames=total)
-            while state.vocoded < total:
-                window = next_window(stream, cfg, rules, lead=stream.windows_sent >= lead_after)
+            for window in cut_sentence(stream, total, cfg, rules, lead_after):
                 for stage, width in window_calls(window, cfg, rules):
                     if stage == "flow":
                         flow += width
                     else:
                         vocoder += width
-                state.flowed = max(state.flowed, window.flow[1])
-                state.vocoded = window.decode[1]
-                stream.windows_sent += 1
     return flow, vocoder
 
 
@@ -116,7 +132,7 @@ def main() -> None:
             ),
             (
                 "the same, no context past a sentence's edges (the CPU now)",
-                WindowRules(exact_widths=True, merge_tails=True, ramp=CPU_RAMP, trim_edges=True),
+                cpu_rules(),
                 10**9,
             ),
         ):

@@ -43,6 +43,8 @@ LEAD_SECONDS = 0.5
 # arriving together needed more than two cores have (docs/benchmarks.md, 2026-11-24). 1.5 takes
 # a few more calls: windows of 16, 24, 36, 54, 81, 121 and then 128 frames.
 CPU_RAMP = 1.5
+# The margin the CPU planner keeps before each stream's deadline (`WindowRules`).
+CPU_DEADLINE_MARGIN_S = 0.04
 
 Scales = tuple[float, float, float]
 
@@ -88,6 +90,22 @@ class WindowRules:
             raise ValueError(f"ramp must be more than 1, got {self.ramp}")
         if self.trim_edges and not self.exact_widths:
             raise ValueError("trim_edges needs exact_widths: a fixed-shape call has one width")
+
+
+def cpu_rules(lead_frames: int = 0) -> WindowRules:
+    """How windows are cut where calls take any width (onnxruntime): exact widths, short tails
+    merged, the CPU's deadline margin and ramp, no context past a sentence's edges; with
+    `lead_frames`, a stream with a lead takes windows of twice and flow chunks of four times
+    that many frames."""
+    return WindowRules(
+        True,
+        lead_window_frames=2 * lead_frames,
+        lead_flow_frames=4 * lead_frames,
+        merge_tails=True,
+        deadline_margin_s=CPU_DEADLINE_MARGIN_S,
+        ramp=CPU_RAMP,
+        trim_edges=True,
+    )
 
 
 @dataclass

@@ -39,10 +39,10 @@ from engines.plan import WindowConfig
 from engines.stages import StageRuntime
 from engines.streaming.costs import CostModel
 from engines.streaming.planner import (
-    CPU_RAMP,
     StepPlan,
     WindowRules,
     call_key,
+    cpu_rules,
     encoder_calls,
     group_calls,
     next_window,
@@ -73,8 +73,6 @@ STEPS_IN_FLIGHT = 1
 WARMUP_PHONEMES = 96
 WARMUP_PHONEME_ID = 20
 WARMUP_MAX_STEPS = 200
-# The margin the CPU planner keeps before each stream's deadline (planner.WindowRules).
-CPU_DEADLINE_MARGIN_S = 0.04
 # With the encoder beside the windows (a GPU), at most this many encoder calls run at once:
 # an encoder call's cost is mostly fixed (hundreds of small kernels), so the sentences that
 # arrive while one runs wait for the next and share it, and the calls grow with the load
@@ -171,15 +169,7 @@ class StreamScheduler:
             exact_widths = getattr(runtime, "name", "") == "onnxruntime"
         lead = self.windows.window_frames if getattr(self.backend, "lead_windows", False) else 0
         self.rules = (
-            WindowRules(
-                True,
-                lead_window_frames=2 * lead,
-                lead_flow_frames=4 * lead,
-                merge_tails=True,
-                deadline_margin_s=CPU_DEADLINE_MARGIN_S,
-                ramp=CPU_RAMP,
-                trim_edges=True,
-            )
+            cpu_rules(lead)
             if exact_widths
             else WindowRules(batch_buckets=tuple(getattr(self.backend, "batch_buckets", ())))
         )
@@ -637,10 +627,9 @@ class StreamScheduler:
         synchronous and the asynchronous call take the same ones)."""
         context = self.windows.vocoder_context_frames
         sizes = [w.decode[1] - w.decode[0] for w in windows]
-        # The windows of one call share its context before them (`call_key`); with size
-        # classes, the widest window's class is the call's width.
-        keys = [call_key(w, self.windows, self.rules) for w in windows]
-        width, before = max(width for width, _ in keys), keys[0][1]
+        # The windows of one call share its width and its context before them (`_run` groups
+        # them by `call_key`).
+        width, before = call_key(windows[0], self.windows, self.rules)
         states = [w.state for w in windows]
         ends = np.array([w.decode[1] for w in windows], dtype=np.int64)
         limits = np.minimum(np.array([s.frames for s in states], dtype=np.int64), ends + context)
@@ -668,8 +657,7 @@ class StreamScheduler:
         if not windows:
             return
         context = self.windows.flow_context_frames
-        keys = [call_key(w, self.windows, self.rules, flow=True) for w in windows]
-        width, before = max(width for width, _ in keys), keys[0][1]
+        width, before = call_key(windows[0], self.windows, self.rules, flow=True)  # as above
         states = [w.state for w in windows]
         ends = np.array([w.flow[1] for w in windows], dtype=np.int64)
         limits = np.minimum(np.array([s.frames for s in states], dtype=np.int64), ends + context)
