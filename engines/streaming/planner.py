@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from engines.plan import WindowConfig
 from engines.streaming.costs import CostModel
-from engines.streaming.types import Stream, Window
+from engines.streaming.types import FIRST_AUDIO_TARGET_S, Stream, Window
 
 # Never shrink a step below this on account of streams that are already late: a late stream
 # is best helped by a step that still makes progress for everyone.
@@ -45,6 +45,14 @@ LEAD_SECONDS = 0.5
 CPU_RAMP = 1.5
 # The margin the CPU planner keeps before each stream's deadline (`WindowRules`).
 CPU_DEADLINE_MARGIN_S = 0.04
+# When a new stream's first audio is due on the CPU (`WindowRules.first_audio_s`): playing
+# streams whose audio runs out sooner go first. Well inside the 300 ms first-audio bound that
+# `make bench` holds the CPU to; where nothing else is due, first audio is as soon as before.
+# Listeners arriving together (a level of `voxfleet bench` starts with one per 1/N s) otherwise
+# took the steps their playing neighbours' windows needed: in an A/B of fresh servers at 20
+# listeners (docs/benchmarks.md, 2026-11-24), 20 held in 4 of 8 runs with 50 ms, 9 of 11 with
+# 200 ms.
+CPU_FIRST_AUDIO_S = 0.2
 
 Scales = tuple[float, float, float]
 
@@ -73,7 +81,9 @@ class WindowRules:
     sizes they are built for (`CPU_RAMP` says why the CPU takes less). `trim_edges` (with exact
     widths): a call takes no context frames past the sentence's edges. The conv layers pad a
     call's edges with zeros as they pad the sentence's in a one-shot decode, so the audio
-    there is the one-shot decode's, from fewer frames.
+    there is the one-shot decode's, from fewer frames. `first_audio_s`: a new stream's first
+    audio is planned as due this long after it arrived (`Stream.deadline`); the CPU's is later
+    than a GPU's (`CPU_FIRST_AUDIO_S` says why).
     """
 
     exact_widths: bool = False
@@ -84,19 +94,22 @@ class WindowRules:
     batch_buckets: tuple[int, ...] = ()
     ramp: float = 2.0
     trim_edges: bool = False
+    first_audio_s: float = FIRST_AUDIO_TARGET_S
 
     def __post_init__(self) -> None:
         if not self.ramp > 1.0:
             raise ValueError(f"ramp must be more than 1, got {self.ramp}")
+        if not self.first_audio_s > 0:
+            raise ValueError(f"first_audio_s must be positive, got {self.first_audio_s}")
         if self.trim_edges and not self.exact_widths:
             raise ValueError("trim_edges needs exact_widths: a fixed-shape call has one width")
 
 
 def cpu_rules(lead_frames: int = 0) -> WindowRules:
     """How windows are cut where calls take any width (onnxruntime): exact widths, short tails
-    merged, the CPU's deadline margin and ramp, no context past a sentence's edges; with
-    `lead_frames`, a stream with a lead takes windows of twice and flow chunks of four times
-    that many frames."""
+    merged, the CPU's deadline margin, ramp and first-audio due time, no context past a
+    sentence's edges; with `lead_frames`, a stream with a lead takes windows of twice and flow
+    chunks of four times that many frames."""
     return WindowRules(
         True,
         lead_window_frames=2 * lead_frames,
@@ -105,6 +118,7 @@ def cpu_rules(lead_frames: int = 0) -> WindowRules:
         deadline_margin_s=CPU_DEADLINE_MARGIN_S,
         ramp=CPU_RAMP,
         trim_edges=True,
+        first_audio_s=CPU_FIRST_AUDIO_S,
     )
 
 
@@ -239,7 +253,7 @@ def plan_step(
 
     Every stream passed in has a current sentence or one waiting to be encoded.
     """
-    streams = sorted(streams, key=Stream.deadline)
+    streams = sorted(streams, key=lambda stream: stream.deadline(rules.first_audio_s))
     encode_limit = cfg.max_encoder_batch if batching else len(streams)
     window_limit = cfg.max_batch_windows if batching else len(streams)
     plan = StepPlan()
@@ -389,7 +403,7 @@ def fill_buckets(
 
 def _time_left(stream: Stream, now: float, rules: WindowRules) -> float:
     """Seconds until the stream's deadline, less the rules' margin."""
-    return stream.deadline() - now - rules.deadline_margin_s
+    return stream.deadline(rules.first_audio_s) - now - rules.deadline_margin_s
 
 
 def _closest_playing(

@@ -15,6 +15,7 @@ from engines.streaming.planner import (
     StepPlan,
     WindowRules,
     call_key,
+    cpu_rules,
     encoder_calls,
     fill_buckets,
     next_window,
@@ -118,6 +119,41 @@ def test_a_playing_stream_about_to_run_dry_is_served_before_a_new_stream() -> No
     assert [w.stream.stream_id for w in plan.windows] == [1]
     # The newcomer's encoder call would push the playing stream past its buffer: it waits.
     assert plan.encodes == []
+
+
+def test_on_the_cpu_a_new_stream_waits_for_a_playing_stream_due_before_its_first_audio() -> None:
+    # A listener 150 ms from running dry and one who just arrived; the step holds one of them.
+    costs = CostModel(fixed_part=False)
+    costs.per_frame.update(encoder=3e-4, vocoder=3e-4, flow=3e-5)
+    playing = make_stream(1, frames=600, buffered_s=0.15, windows_sent=2)
+    newcomer = make_stream(2, ids=200)  # a 60 ms encoder call, then its first window
+
+    def planned(rules: WindowRules) -> tuple[list[int], list[int]]:
+        plan = plan_step(
+            [newcomer, playing], WindowConfig(), costs, batching=True, now=NOW, rules=rules
+        )
+        return [s.stream_id for s in plan.encodes], [w.stream.stream_id for w in plan.windows]
+
+    # Where first audio is due 50 ms after arrival (a GPU's rules), the newcomer goes first and
+    # the playing stream, which can still wait a step, waits.
+    assert planned(WindowRules()) == ([2], [])
+    # On the CPU first audio is due 200 ms after arrival: the playing stream's window goes
+    # first, and the newcomer's encoder call would take the step past the playing stream's
+    # time: it waits for the next step.
+    assert planned(cpu_rules()) == ([], [1])
+
+
+def test_a_new_stream_is_served_at_once_on_the_cpu_where_nothing_else_is_due() -> None:
+    costs = CostModel(fixed_part=False)
+    costs.per_frame.update(encoder=3e-4, vocoder=3e-4, flow=3e-5)
+    playing = make_stream(1, frames=600, buffered_s=2.0, windows_sent=6)
+    newcomer = make_stream(2, ids=100)
+
+    plan = plan_step(
+        [playing, newcomer], WindowConfig(), costs, batching=True, now=NOW, rules=cpu_rules()
+    )
+
+    assert [s.stream_id for s in plan.encodes] == [2]
 
 
 def test_a_playing_stream_is_not_left_to_run_dry_behind_a_new_streams_encoder_call() -> None:
