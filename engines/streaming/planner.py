@@ -48,10 +48,10 @@ CPU_DEADLINE_MARGIN_S = 0.04
 # When a new stream's first audio is due on the CPU (`WindowRules.first_audio_s`): playing
 # streams whose audio runs out sooner go first. Well inside the 300 ms first-audio bound that
 # `make bench` holds the CPU to; where nothing else is due, first audio is as soon as before.
-# Listeners arriving together (a level of `voxfleet bench` starts with one per 1/N s) otherwise
-# took the steps their playing neighbours' windows needed: in an A/B of fresh servers at 20
-# listeners (docs/benchmarks.md, 2026-11-24), 20 held in 4 of 8 runs with 50 ms, 9 of 11 with
-# 200 ms.
+# Listeners arriving together (each level of `voxfleet bench` starts its N listeners within a
+# second) otherwise took the steps their playing neighbours' windows needed: in an A/B of fresh
+# servers (docs/benchmarks.md, 2026-11-24), 20 listeners held in 4 of 8 runs with 50 ms and 9 of
+# 11 with 200 ms, and `make bench` then held half the machine limit in 7 runs of 7.
 CPU_FIRST_AUDIO_S = 0.2
 
 Scales = tuple[float, float, float]
