@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from engines.plan import WindowConfig
 from engines.streaming.costs import CostModel
-from engines.streaming.types import FIRST_AUDIO_TARGET_S, Stream, Window
+from engines.streaming.types import Stream, Window
 
 # Never shrink a step below this on account of streams that are already late: a late stream
 # is best helped by a step that still makes progress for everyone.
@@ -45,9 +45,12 @@ LEAD_SECONDS = 0.5
 CPU_RAMP = 1.5
 # The margin the CPU planner keeps before each stream's deadline (`WindowRules`).
 CPU_DEADLINE_MARGIN_S = 0.04
-# When a new stream's first audio is due on the CPU (`WindowRules.first_audio_s`): playing
-# streams whose audio runs out sooner go first. Well inside the 300 ms first-audio bound that
-# `make bench` holds the CPU to; where nothing else is due, first audio is as soon as before.
+# A new stream's first audio is due this long after it arrives (after its encoder call), as
+# the planner orders it among the playing streams (`WindowRules.first_audio_s`).
+FIRST_AUDIO_S = 0.05
+# The same on the CPU: playing streams whose audio runs out sooner go first. Well inside the
+# 300 ms first-audio bound that `make bench` holds the CPU to; where nothing else is due, first
+# audio is as soon as before.
 # Listeners arriving together (each level of `voxfleet bench` starts its N listeners within a
 # second) otherwise took the steps their playing neighbours' windows needed: in an A/B of fresh
 # servers (docs/benchmarks.md, 2026-11-24), 20 listeners held in 4 of 8 runs with 50 ms and 9 of
@@ -94,7 +97,7 @@ class WindowRules:
     batch_buckets: tuple[int, ...] = ()
     ramp: float = 2.0
     trim_edges: bool = False
-    first_audio_s: float = FIRST_AUDIO_TARGET_S
+    first_audio_s: float = FIRST_AUDIO_S
 
     def __post_init__(self) -> None:
         if not self.ramp > 1.0:
@@ -188,17 +191,28 @@ def call_key(
 
     The context is `cfg`'s on both sides; with `rules.trim_edges`, none past the sentence's
     edges, so a call at an edge is narrower (and its key differs)."""
-    span, context = (
-        (window.flow, cfg.flow_context_frames)
-        if flow
-        else (window.decode, cfg.vocoder_context_frames)
-    )
+    span = window.flow if flow else window.decode
+    return _span_call(span, window.state.frames, cfg, rules, flow)
+
+
+def _span_call(
+    span: tuple[int, int], sentence_frames: int, cfg: WindowConfig, rules: WindowRules, flow: bool
+) -> tuple[int, int]:
+    """`call_key` of frames `span` of a sentence of `sentence_frames` frames."""
+    context = cfg.flow_context_frames if flow else cfg.vocoder_context_frames
     frames = call_frames(span[1] - span[0], cfg, rules, flow=flow)
     if not rules.trim_edges:
         return frames + 2 * context, context
     before = min(context, span[0])
-    after = min(context, window.state.frames - span[1])
+    after = min(context, sentence_frames - span[1])
     return frames + before + after, before
+
+
+def first_call_width(cfg: WindowConfig, rules: WindowRules) -> int:
+    """The width of a new stream's first vocoder call, for a sentence longer than its first
+    window and that window's context (its frame count is known only once it is encoded)."""
+    first = cfg.first_window_frames
+    return _span_call((0, first), first + cfg.vocoder_context_frames, cfg, rules, False)[0]
 
 
 def window_calls(
@@ -287,12 +301,7 @@ def plan_step(
             if not encoder_beside:
                 cost = costs.estimate(
                     "encoder", len(stream.sentences[0].ids), calls[0] not in planned
-                ) + costs.estimate(
-                    "vocoder",
-                    cfg.first_window_frames
-                    + (1 if rules.trim_edges else 2) * cfg.vocoder_context_frames,
-                    calls[1] not in planned,
-                )
+                ) + costs.estimate("vocoder", first_call_width(cfg, rules), calls[1] not in planned)
         else:
             if len(plan.windows) >= window_limit:
                 continue

@@ -10,10 +10,6 @@ import numpy as np
 
 from engines.frontend import Sentence
 
-# A new stream's first audio is due this long after it arrives (after its encoder call),
-# unless the planner's rules say otherwise (`WindowRules.first_audio_s`; the CPU's is later).
-FIRST_AUDIO_TARGET_S = 0.05
-
 
 class StreamCancelled(Exception):
     """The client went away; the stream is closed without audio."""
@@ -76,9 +72,9 @@ class Stream:
             return 0.0
         return self.audio_seconds_sent - (now - self.first_audio_at)
 
-    def deadline(self, first_audio_s: float = FIRST_AUDIO_TARGET_S) -> float:
+    def deadline(self, first_audio_s: float) -> float:
         """When the listener's audio runs out; a new stream's first audio is due
-        `first_audio_s` after it arrived."""
+        `first_audio_s` after it arrived (the planner's `WindowRules.first_audio_s`)."""
         if self.first_audio_at is None:
             return self.arrived + first_audio_s
         return self.first_audio_at + self.audio_seconds_sent
