@@ -1,9 +1,11 @@
 """`TorchCudaStages`: the `StageRuntime` of the torch-cuda engines.
 
-- encoder (text encoder + stochastic duration predictor): FP32 always, run eagerly on the
-  GPU. Its output length depends on the predicted durations (a device read per call), and
-  FP16 there would move frame boundaries (``ceil`` of durations) and so change the audio
-  length; it is a small share of the work per second of audio. With
+- encoder (text encoder + stochastic duration predictor): FP32, its fixed-shape core
+  replayed from CUDA graphs. Its output length depends on the predicted durations (a device
+  read per call), and FP16 or TF32 there moves frame boundaries (``ceil`` of durations).
+  VOXFLEET_ENCODER_TF32=1 and VOXFLEET_ENCODER_COMPILE=1 (off by default) capture the core
+  with TF32 allowed and compiled by torch.compile: on the H100 2.2 times faster alone, but
+  through Triton the encoder call's time is mostly the host's (docs/benchmarks.md). With
   VOXFLEET_ENCODER_BESIDE=1 (off by default) `encode_launch` runs it on a CUDA stream of its
   own (its graphs in a memory pool of their own), and with =queued on the windows' stream
   behind them, so that the stream model can go on launching windows while it runs;
@@ -18,10 +20,11 @@ Weights are the stage ONNX files' initializers (engines.torch_cuda.convert).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,10 +55,27 @@ QUEUED_ENCODER_CALLS_IN_FLIGHT = 3
 # VOXFLEET_ENCODER_BANDED=0: the encoder's relative attention over all 2L - 1 relative
 # positions, as the ONNX graph computes it (the earlier form, for A/B measurements).
 BANDED_ENV = "VOXFLEET_ENCODER_BANDED"
+# VOXFLEET_ENCODER_COMPILE=1: the encoder core compiled by torch.compile (inductor, dynamic
+# shapes: one compile for every batch bucket and phoneme count) before its CUDA graphs are
+# captured. VOXFLEET_ENCODER_TF32=1: the core's graphs captured with TF32 convolutions and
+# matrix products allowed (some frame boundaries move: durations are ceil()ed).
+COMPILE_ENV = "VOXFLEET_ENCODER_COMPILE"
+TF32_ENV = "VOXFLEET_ENCODER_TF32"
 
 
 class TorchCudaError(RuntimeError):
     """The torch-cuda runtime cannot run here or was asked for something it cannot do."""
+
+
+@contextlib.contextmanager
+def _matmul_tf32() -> Iterator[None]:
+    """TF32 matrix products for the calls (and graph captures) inside."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def bucket_for(batch: int, buckets: Sequence[int]) -> int:
@@ -305,8 +325,13 @@ class TorchCudaStages:
             launched = "0"  # only a graphed encoder on a GPU is launched
         beside = launched == "1"
         self._queued_launches = launched == "queued"
+        self._encoder_tf32 = os.environ.get(TF32_ENV, "0") == "1"
+        self._compiled = False
         if self.encoder_core is not None:
-            core = self.encoder_core
+            core: Callable[..., Any] = self.encoder_core
+            if os.environ.get(COMPILE_ENV, "0") == "1" and self.device.type == "cuda":
+                core = torch.compile(core, dynamic=True)
+                self._compiled = True
 
             def encoder_function(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
                 return list(core(inputs["ids"], inputs["lengths"], inputs["noise"]))
@@ -385,15 +410,19 @@ class TorchCudaStages:
         self._speaker(self.encoder, ids.shape[0], speaker_ids)  # refuses speaker ids != 0
         noise_scale, length_scale, noise_w = (float(v) for v in scales.reshape(-1)[:3])
         noise = torch.randn(ids.shape[0], 2, ids.shape[1], device=self.device) * noise_w
-        with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False):
-            # Durations are ceil()ed: TF32 convolutions could move frame boundaries.
-            outputs = self.encoder_stage.run(
-                {
-                    "ids": self._upload(ids.to(torch.int64)),
-                    "lengths": self._upload(lengths.to(torch.int64)),
-                    "noise": noise,
-                }
-            )
+        inputs = {
+            "ids": self._upload(ids.to(torch.int64)),
+            "lengths": self._upload(lengths.to(torch.int64)),
+            "noise": noise,
+        }
+        # Durations are ceil()ed: TF32 convolutions move some frame boundaries, so the core
+        # is FP32 unless VOXFLEET_ENCODER_TF32=1 (its graphs keep the kernels of their capture).
+        tf32 = self._encoder_tf32
+        with (
+            torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=tf32),
+            _matmul_tf32() if tf32 else contextlib.nullcontext(),
+        ):
+            outputs = self.encoder_stage.run(inputs)
         return outputs, length_scale, noise_scale
 
     def encode_tensor(
@@ -552,6 +581,12 @@ class TorchCudaStages:
             # cuDNN's autotuning tries algorithms with large workspaces; hand the cached
             # blocks back so that other processes on this GPU (another voice) can load.
             torch.cuda.empty_cache()
+        if self._compiled:
+            # Every shape is captured: inductor's compile workers (a process per core) are
+            # not needed again.
+            from torch._inductor import async_compile
+
+            async_compile.shutdown_compile_workers()
         encoder_graphs = len(self.encoder_stage.graphs) if self.encoder_stage else 0
         return len(self.flow_stage.graphs) + len(self.vocoder_stage.graphs) + encoder_graphs
 
