@@ -31,7 +31,12 @@ import torch
 from engines.engine_build import build_engines, resolve_voice_model
 from engines.torch_cuda import acoustic
 from engines.torch_cuda.backend import DeviceBackend
-from engines.torch_cuda.runtime import ENCODER_BATCH_BUCKETS, GraphedStage, TorchCudaStages
+from engines.torch_cuda.runtime import (
+    ENCODER_BATCH_BUCKETS,
+    GraphedStage,
+    TorchCudaStages,
+    encoder_arithmetic,
+)
 from scripts.encoder_compile_probe import compare, graphed, random_inputs
 
 CALLS = 40
@@ -107,12 +112,8 @@ def arithmetic(name: str) -> Iterator[None]:
     """TF32 convolutions and matrix products, or FP16 autocast, for the graphs so named
     (their kernels are chosen at capture); FP32 for the others."""
     if name == "tf32":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        try:
-            with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=True):
-                yield
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = False
+        with encoder_arithmetic(True):
+            yield
     elif name == "fp16_autocast":
         with torch.autocast("cuda", dtype=torch.float16):
             yield

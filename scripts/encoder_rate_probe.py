@@ -30,9 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engines.bench.gpu_bench import padded_ids
 from engines.engine_build import build_engines, resolve_voice_model
 from engines.torch_cuda.backend import DeviceBackend
-from engines.torch_cuda.runtime import ENCODER_BATCH_BUCKETS, TorchCudaStages
+from engines.torch_cuda.runtime import ENCODER_BATCH_BUCKETS, TorchCudaStages, padded_phonemes
 from scripts.encode_split_probe import PARTS, arithmetic, corpus_ids, one_call, replay_ms
 from scripts.encoder_compile_probe import compare, graphed
 
@@ -44,13 +45,11 @@ VOCODER_WIDTH, VOCODER_PLAYED, LATENT_CHANNELS = 144, 128, 192
 
 
 def core_inputs(rows: list[list[int]], generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """The core's inputs for these sentences, padded to a multiple of 32 phonemes as the
-    runtime pads them, with duration noise as at noise_w 0.8."""
-    padded = -(-max(len(r) for r in rows) // 32) * 32
-    ids = torch.zeros((len(rows), padded), dtype=torch.int64)
-    for row, sentence in enumerate(rows):
-        ids[row, : len(sentence)] = torch.tensor(sentence)
-    lengths = torch.tensor([len(r) for r in rows], dtype=torch.int64)
+    """The core's inputs for these sentences, padded as the runtime pads them, with duration
+    noise as at noise_w 0.8."""
+    ids, lengths = padded_ids(rows)
+    padded = padded_phonemes(ids.shape[1])
+    ids = torch.nn.functional.pad(ids, (0, padded - ids.shape[1]))
     noise = torch.randn(len(rows), 2, padded, device="cuda", generator=generator) * 0.8
     return {"ids": ids.cuda(), "lengths": lengths.cuda(), "noise": noise}
 
@@ -85,15 +84,13 @@ def main() -> None:
     generator = torch.Generator(device="cuda").manual_seed(1)
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
+    compiled = torch.compile(core, dynamic=False)
+    # Each its own graphs: the arithmetic is chosen at capture (`arithmetic` below).
     stages_of = {
-        "fp32": graphed(core, ENCODER_BATCH_BUCKETS, stages.device),
-        "tf32": graphed(core, ENCODER_BATCH_BUCKETS, stages.device),
-        "compiled": graphed(
-            torch.compile(core, dynamic=False), ENCODER_BATCH_BUCKETS, stages.device
-        ),
-        "compiled_tf32": graphed(
-            torch.compile(core, dynamic=False), ENCODER_BATCH_BUCKETS, stages.device
-        ),
+        name: graphed(
+            compiled if name.startswith("compiled") else core, ENCODER_BATCH_BUCKETS, stages.device
+        )
+        for name in CORE_VARIANTS
     }
     results: dict = {"gpu": torch.cuda.get_device_name(), "calls_per_size": CALLS, "sizes": {}}
     for size in sizes:
@@ -108,7 +105,7 @@ def main() -> None:
             part: round(statistics.median(c[part] for c in calls), 3) for part in (*PARTS, "wall")
         }
         row["phonemes_padded_median"] = statistics.median(
-            -(-max(len(r) for r in b) // 32) * 32 for b in batches
+            padded_phonemes(max(len(r) for r in b)) for b in batches
         )
         row["frames_per_sentence_median"] = statistics.median(f for c in calls for f in c["frames"])
         # The core alone on one of these batches (its phonemes padded as the call pads them).

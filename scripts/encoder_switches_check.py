@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engines.bench.gpu_bench import padded_ids
 from engines.engine_build import build_engines, resolve_voice_model
 from engines.torch_cuda.runtime import COMPILE_ENV, TF32_ENV, TorchCudaStages
 from scripts.encode_split_probe import corpus_ids
@@ -51,20 +52,14 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in variants}
     moved = phonemes = 0
     for call in range(CALLS):
-        batch = [pool[i] for i in rng.choice(len(pool), ROWS)]
-        ids = np.zeros((ROWS, max(len(r) for r in batch)), np.int64)
-        for row, sentence in enumerate(batch):
-            ids[row, : len(sentence)] = sentence
-        lengths = np.array([len(r) for r in batch], np.int64)
+        ids, lengths = padded_ids([pool[i] for i in rng.choice(len(pool), ROWS)])
         frames = {}
         for name, stages in variants.items():
             torch.manual_seed(call)  # the same duration noise for both
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
             start.record()
-            (_, _, x_mask, logw), _, _ = stages._encode_core(
-                torch.from_numpy(ids), torch.from_numpy(lengths), SCALES, None
-            )
+            (_, _, x_mask, logw), _, _ = stages._encode_core(ids, lengths, SCALES, None)
             end.record()
             torch.cuda.synchronize()
             times[name].append(start.elapsed_time(end))

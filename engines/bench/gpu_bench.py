@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engines.torch_cuda.runtime import TorchCudaStages
+from engines.torch_cuda.runtime import TorchCudaStages, encoder_arithmetic, padded_phonemes
 
 SAMPLE_RATE = 22050
 HOP = 256
@@ -61,7 +61,8 @@ def load_corpus_ids(path: Path) -> list[list[int]]:
     return [entry["ids"] for entry in json.loads(path.read_text())["sentences"]]
 
 
-def _padded(sentences: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+def padded_ids(sentences: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sentences' phoneme ids as one zero-padded batch, and their lengths."""
     longest = max(len(ids) for ids in sentences)
     ids = torch.zeros(len(sentences), longest, dtype=torch.int64)
     for row, sentence in enumerate(sentences):
@@ -116,7 +117,7 @@ def bench_stages(
     scales = torch.tensor([0.667, 1.0, 0.8])
     for batch in encoder_batches:
         picked = [corpus[i % len(corpus)] for i in range(batch)]
-        ids, lengths = _padded(picked)
+        ids, lengths = padded_ids(picked)
         frames_out: list[int] = []
 
         def encode(
@@ -159,7 +160,7 @@ def fp16_quality(
     per_sentence: list[float] = []
     references, tests = [], []
     for ids_list in corpus[:sentences]:
-        ids, lengths = _padded([ids_list])
+        ids, lengths = padded_ids([ids_list])
         prior, mask = fp32.encode_tensor(ids, lengths, scales)
         reference = fp32.vocode_tensor(fp32.flow_tensor(prior, mask)).float().cpu().numpy()[0]
         test = fp16.vocode_tensor(fp16.flow_tensor(prior, mask)).float().cpu().numpy()[0]
@@ -335,12 +336,12 @@ def profile_encoder(
     core = stages.encoder_core
     if core is None:
         return {"error": "this voice has no captured encoder core"}
-    ids, lengths = _padded([corpus[i % len(corpus)] for i in range(batch)])
-    padded = -(-ids.shape[1] // 32) * 32
+    ids, lengths = padded_ids([corpus[i % len(corpus)] for i in range(batch)])
+    padded = padded_phonemes(ids.shape[1])
     ids = torch.nn.functional.pad(ids, (0, padded - ids.shape[1])).to(stages.device)
     lengths = lengths.to(stages.device)
     noise = torch.randn(batch, 2, padded, device=stages.device) * 0.8
-    with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False):
+    with encoder_arithmetic(False):
         for _ in range(3):
             outputs = core(ids, lengths, noise)
         m_p, logs_p, x_mask, logw = outputs

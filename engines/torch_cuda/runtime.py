@@ -68,14 +68,26 @@ class TorchCudaError(RuntimeError):
 
 
 @contextlib.contextmanager
-def _matmul_tf32() -> Iterator[None]:
-    """TF32 matrix products for the calls (and graph captures) inside."""
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+def encoder_arithmetic(tf32: bool) -> Iterator[None]:
+    """The encoder core's arithmetic for the calls (and graph captures) inside: cuDNN timing
+    its algorithms, and TF32 convolutions and matrix products only with `tf32` (durations
+    are ceil()ed, so TF32 moves some frame boundaries; a graph keeps its capture's kernels)."""
+    with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=tf32):
+        if not tf32:
+            yield
+            return
+        before = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def padded_phonemes(count: int) -> int:
+    """Phoneme ids an encoder call of sentences up to `count` ids is padded to: a multiple of
+    32 (exact: the encoder masks by length), so that calls repeat shapes."""
+    return -(-count // 32) * 32
 
 
 def bucket_for(batch: int, buckets: Sequence[int]) -> int:
@@ -402,9 +414,9 @@ class TorchCudaStages:
     ) -> tuple[list[torch.Tensor], float, float]:
         """The graphed encoder: ([m_p, logs_p, x_mask, logw], length scale, noise scale)."""
         assert self.encoder_stage is not None
-        # Pad phonemes to a multiple of 32 (exact: the encoder masks by length) so that
-        # calls repeat shapes and the uploads of shape-derived indices hit their cache.
-        padded = -(-ids.shape[1] // 32) * 32
+        # Padded phonemes: calls repeat shapes, and the uploads of shape-derived indices hit
+        # their cache.
+        padded = padded_phonemes(ids.shape[1])
         if padded != ids.shape[1]:
             ids = torch.nn.functional.pad(ids, (0, padded - ids.shape[1]))
         self._speaker(self.encoder, ids.shape[0], speaker_ids)  # refuses speaker ids != 0
@@ -415,13 +427,7 @@ class TorchCudaStages:
             "lengths": self._upload(lengths.to(torch.int64)),
             "noise": noise,
         }
-        # Durations are ceil()ed: TF32 convolutions move some frame boundaries, so the core
-        # is FP32 unless VOXFLEET_ENCODER_TF32=1 (its graphs keep the kernels of their capture).
-        tf32 = self._encoder_tf32
-        with (
-            torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=tf32),
-            _matmul_tf32() if tf32 else contextlib.nullcontext(),
-        ):
+        with encoder_arithmetic(self._encoder_tf32):  # FP32 unless VOXFLEET_ENCODER_TF32=1
             outputs = self.encoder_stage.run(inputs)
         return outputs, length_scale, noise_scale
 
