@@ -1,0 +1,156 @@
+"""How much audio one stream-model scheduler thread can plan and launch when the device costs
+nothing: the host's own ceiling on the GPU path (docs/benchmarks.md: at 2,000 streams through
+Triton the H100 is busy 60 % of the time while the scheduler thread plans, launches and waits).
+
+The scheduler runs as on a GPU (`DeviceBackend`: asynchronous vocoder calls, fixed window
+sizes, calls padded to batch buckets) over stages that do no arithmetic: the encoder gives
+zero prior frames, 2.2 frames per phoneme id, the flow and vocoder zeros of their shapes, all
+on the CPU with PyTorch. N closed-loop listeners each ask for one corpus sentence at a time
+(ids from tests/gpu/data/corpus_ids.json), as `voxfleet bench` does. What it reports is
+the host's work alone: steps, sentences finished and audio per second of wall time after the
+first second, and the scheduler thread's CPU time per step (there is no device to wait
+for). It runs the scheduler's Python and PyTorch's CPU tensor calls (the frame stores'
+gathers and scatters move real bytes here), not CUDA's launches, Triton's response path or a
+GPU, so it compares host-side changes with each other, not with the server.
+
+Needs PyTorch; the CPU build is enough (the project's CPU environment has none, so for
+example `pip install --no-deps --target /tmp/torch torch==2.13.0+cpu` and add /tmp/torch to
+PYTHONPATH). Usage:
+    PYTHONPATH=. python3 scripts/scheduler_host_probe.py [STREAMS] [SECONDS]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engines.frontend import Sentence
+from engines.plan import WindowConfig
+from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
+from engines.torch_cuda.backend import DeviceBackend
+from engines.torch_cuda.runtime import DEFAULT_BATCH_BUCKETS
+
+HOP = 256
+SAMPLE_RATE = 22050
+CHANNELS = 192
+FRAMES_PER_ID = 2.2  # about the joe voice's: 305 frames for a sentence of 136 ids
+PAGES_PER_STREAM = 48  # of 32 frames: the longest corpus sentence (647 ids, 1,424 frames)
+
+
+class NoArithmetic:
+    """The device tensor API of `TorchCudaStages` (engines/torch_cuda/runtime.py) on the CPU,
+    computing nothing: zeros of each stage's output shape."""
+
+    name = "torch-cuda"
+    device = torch.device("cpu")
+    flow_dtype = torch.float32
+    vocoder_dtype = torch.float32
+    padded_batch_buckets = DEFAULT_BATCH_BUCKETS
+
+    def encode_tensor(self, ids, lengths, scales, speaker_ids=None):
+        frames = np.ceil(lengths.numpy() * FRAMES_PER_ID).astype(np.int64)
+        longest = int(frames.max())
+        mask = torch.from_numpy(np.arange(longest)[None, :] < frames[:, None]).float()
+        return torch.zeros(len(frames), CHANNELS, longest), mask[:, None, :]
+
+    def flow_tensor(self, prior, mask, speaker_ids=None):
+        return torch.zeros_like(prior)
+
+    def vocode_tensor(self, latent, speaker_ids=None):
+        return torch.zeros(latent.shape[0], latent.shape[-1] * HOP)
+
+    def __init__(self, pages: int) -> None:
+        self.pages = pages
+
+    def stream_backend(self) -> DeviceBackend:
+        return DeviceBackend(self, initial_pages=self.pages, async_calls=True)
+
+
+class Listener(StreamSink):
+    """A closed-loop listener: its next sentence as soon as the last one has ended."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+
+    def audio(self, pcm: np.ndarray) -> None:
+        self.probe.samples += len(pcm)
+
+    def finish(self, error: Exception | None = None) -> None:
+        if error is not None:
+            self.probe.errors += 1
+        self.probe.finished += 1
+        self.probe.submit(self)
+
+
+class Probe:
+    def __init__(self, streams: int, corpus: list[list[int]]) -> None:
+        windows = WindowConfig(max_batch_windows=128, max_encoder_batch=32)
+        # Frame stores for every listener's sentence from the start: growing them copies the
+        # stores, which costs the CPU far more than a GPU.
+        stages = NoArithmetic(pages=streams * PAGES_PER_STREAM)
+        self.scheduler = StreamScheduler(stages, SAMPLE_RATE, HOP, windows=windows)
+        self.corpus = corpus
+        self.streams = streams
+        self.samples = self.finished = self.errors = self.submitted = 0
+        self.running = True
+        self.steps = 0
+        self.step_cpu = 0.0
+
+    def submit(self, listener: Listener) -> None:
+        if not self.running:
+            return
+        ids = self.corpus[self.submitted % len(self.corpus)]
+        self.submitted += 1
+        self.scheduler.submit([Sentence("", ids)], SynthesisParams(), listener)
+
+    def run(self, seconds: float) -> dict[str, Any]:
+        step = self.scheduler.step
+
+        def counted() -> bool:  # on the scheduler thread: its CPU time, step by step
+            started = time.thread_time()
+            try:
+                return step()
+            finally:
+                self.step_cpu += time.thread_time() - started
+                self.steps += 1
+
+        self.scheduler.step = counted  # type: ignore[method-assign]
+        self.scheduler.start()
+        for _ in range(self.streams):
+            self.submit(Listener(self))
+        time.sleep(1.0)  # past the first burst
+        samples, steps, cpu, finished = self.samples, self.steps, self.step_cpu, self.finished
+        started = time.perf_counter()
+        time.sleep(seconds)
+        wall = time.perf_counter() - started
+        result = {
+            "streams": self.streams,
+            "seconds": round(wall, 2),
+            "steps_per_s": round((self.steps - steps) / wall, 1),
+            "step_cpu_ms": round((self.step_cpu - cpu) / max(1, self.steps - steps) * 1e3, 3),
+            "sentences_per_s": round((self.finished - finished) / wall, 1),
+            "audio_s_per_s": round((self.samples - samples) / SAMPLE_RATE / wall, 1),
+            "errors": self.errors,
+        }
+        self.running = False
+        self.scheduler.stop()
+        return result
+
+
+def main() -> None:
+    streams = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
+    seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
+    torch.set_num_threads(1)
+    data = json.loads(Path("tests/gpu/data/corpus_ids.json").read_text())
+    corpus = [s["ids"] for s in data["sentences"]]
+    print(json.dumps(Probe(streams, corpus).run(seconds)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
