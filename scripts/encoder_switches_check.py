@@ -24,6 +24,7 @@ from engines.bench.gpu_bench import padded_ids
 from engines.engine_build import build_engines, resolve_voice_model
 from engines.torch_cuda.runtime import COMPILE_ENV, TF32_ENV, TorchCudaStages
 from scripts.encode_split_probe import corpus_ids
+from scripts.encoder_compile_probe import compare
 
 CALLS, ROWS, WARM = 30, 24, 5
 PHONEMES = list(range(32, 641, 32))
@@ -53,18 +54,17 @@ def main() -> None:
     moved = phonemes = 0
     for call in range(CALLS):
         ids, lengths = padded_ids([pool[i] for i in rng.choice(len(pool), ROWS)])
-        frames = {}
+        outputs = {}
         for name, stages in variants.items():
             torch.manual_seed(call)  # the same duration noise for both
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
             start.record()
-            (_, _, x_mask, logw), _, _ = stages._encode_core(ids, lengths, SCALES, None)
+            outputs[name], _, _ = stages._encode_core(ids, lengths, SCALES, None)
             end.record()
             torch.cuda.synchronize()
             times[name].append(start.elapsed_time(end))
-            frames[name] = torch.ceil(torch.exp(logw) * x_mask)
-        moved += int((frames["default"] != frames["compiled_tf32"]).sum())
+        moved += int(compare(outputs["default"], outputs["compiled_tf32"])["durations_changed"])
         phonemes += int(lengths.sum())
     results["core_ms_median"] = {
         name: round(statistics.median(values[WARM:]), 3) for name, values in times.items()

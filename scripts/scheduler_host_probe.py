@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engines.bench.gpu_bench import load_corpus_ids
 from engines.frontend import Sentence
 from engines.plan import WindowConfig
 from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
@@ -147,8 +148,7 @@ def main() -> None:
     streams = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
     seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
     torch.set_num_threads(1)
-    data = json.loads(Path("tests/gpu/data/corpus_ids.json").read_text())
-    corpus = [s["ids"] for s in data["sentences"]]
+    corpus = load_corpus_ids(Path("tests/gpu/data/corpus_ids.json"))
     print(json.dumps(Probe(streams, corpus).run(seconds)), flush=True)
 
 

@@ -587,9 +587,10 @@ class TorchCudaStages:
             # cuDNN's autotuning tries algorithms with large workspaces; hand the cached
             # blocks back so that other processes on this GPU (another voice) can load.
             torch.cuda.empty_cache()
-        if self._compiled:
-            # Every shape is captured: inductor's compile workers (a process per core) are
-            # not needed again.
+        if self._compiled and encoder_phonemes and self.encoder_stage is not None:
+            # The encoder's shapes are captured: inductor's compile workers (a process per
+            # core) are not needed again. (A warmup of the flow and vocoder alone compiles
+            # nothing.)
             from torch._inductor import async_compile
 
             async_compile.shutdown_compile_workers()
