@@ -8,10 +8,12 @@ zero prior frames, 2.2 frames per phoneme id, the flow and vocoder zeros of thei
 on the CPU with PyTorch. N closed-loop listeners each ask for one corpus sentence at a time
 (ids from tests/gpu/data/corpus_ids.json), as `voxfleet bench` does. What it reports is
 the host's work alone: steps, sentences finished and audio per second of wall time after the
-first second, and the scheduler thread's CPU time per step (there is no device to wait
-for). It runs the scheduler's Python and PyTorch's CPU tensor calls (the frame stores'
-gathers and scatters move real bytes here), not CUDA's launches, Triton's response path or a
-GPU, so it compares host-side changes with each other, not with the server.
+first second, the scheduler thread's CPU time per step (there is no device to wait for),
+and its wall time per step by part (`StreamScheduler.step_times`, which a server reports in
+its call log with VOXFLEET_COSTS_LOG_S). It runs the scheduler's Python and PyTorch's CPU
+tensor calls (the frame stores' gathers and scatters move real bytes here), not CUDA's
+launches, Triton's response path or a GPU, so it compares host-side changes with each other,
+not with the server.
 
 Needs PyTorch; the CPU build is enough (the project's CPU environment has none, so for
 example `pip install --no-deps --target /tmp/torch torch==2.13.0+cpu` and add /tmp/torch to
@@ -100,8 +102,6 @@ class Probe:
         self.streams = streams
         self.samples = self.finished = self.errors = self.submitted = 0
         self.running = True
-        self.steps = 0
-        self.step_cpu = 0.0
 
     def submit(self, listener: Listener) -> None:
         if not self.running:
@@ -111,30 +111,27 @@ class Probe:
         self.scheduler.submit([Sentence("", ids)], SynthesisParams(), listener)
 
     def run(self, seconds: float) -> dict[str, Any]:
-        step = self.scheduler.step
-
-        def counted() -> bool:  # on the scheduler thread: its CPU time, step by step
-            started = time.thread_time()
-            try:
-                return step()
-            finally:
-                self.step_cpu += time.thread_time() - started
-                self.steps += 1
-
-        self.scheduler.step = counted  # type: ignore[method-assign]
+        times = self.scheduler.step_times  # the scheduler thread's own accounting
         self.scheduler.start()
         for _ in range(self.streams):
             self.submit(Listener(self))
         time.sleep(1.0)  # past the first burst
-        samples, steps, cpu, finished = self.samples, self.steps, self.step_cpu, self.finished
+        samples, steps, cpu, finished = self.samples, times.steps, times.cpu, self.finished
+        parts = dict(times.wall)
         started = time.perf_counter()
         time.sleep(seconds)
         wall = time.perf_counter() - started
+        count = max(1, times.steps - steps)
         result = {
             "streams": self.streams,
             "seconds": round(wall, 2),
-            "steps_per_s": round((self.steps - steps) / wall, 1),
-            "step_cpu_ms": round((self.step_cpu - cpu) / max(1, self.steps - steps) * 1e3, 3),
+            "steps_per_s": round((times.steps - steps) / wall, 1),
+            "step_cpu_ms": round((times.cpu - cpu) / count * 1e3, 3),
+            # Wall time per step by part (engines.streaming.types.StepTimes).
+            "step_ms": {
+                part: round((total - parts[part]) / count * 1e3, 3)
+                for part, total in times.wall.items()
+            },
             "sentences_per_s": round((self.finished - finished) / wall, 1),
             "audio_s_per_s": round((self.samples - samples) / SAMPLE_RATE / wall, 1),
             "errors": self.errors,

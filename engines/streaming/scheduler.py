@@ -51,6 +51,7 @@ from engines.streaming.planner import (
 from engines.streaming.types import (
     SchedulerStats,
     SentenceState,
+    StepTimes,
     Stream,
     StreamCancelled,
     StreamSink,
@@ -125,6 +126,19 @@ class _Encoding:
     followed: bool = False
 
 
+class _PartClock:
+    """Adds the wall time since the last mark to a part of `StepTimes`."""
+
+    def __init__(self, times: StepTimes) -> None:
+        self._wall = times.wall
+        self._last = time.perf_counter()
+
+    def part(self, name: str) -> None:
+        now = time.perf_counter()
+        self._wall[name] += now - self._last
+        self._last = now
+
+
 class _SummedTiming:
     """Device times of the parts of one call (an encoder call beside the windows, then its
     sentences' prior and flow), observed as one."""
@@ -175,6 +189,8 @@ class StreamScheduler:
         )
         self.batching = cross_stream_batching
         self.stats = SchedulerStats()
+        # Read by profiling runs' call log (engines/triton_model/model.py, VOXFLEET_COSTS_LOG_S).
+        self.step_times = StepTimes()
         # Only a device backend's calls have a fixed cost worth planning around; the CPU keeps
         # the proportional model its benchmark figures were measured with (docs/streaming.md).
         self.costs = CostModel(fixed_part=getattr(self.backend, "fixed_call_costs", False))
@@ -320,8 +336,10 @@ class StreamScheduler:
             try:
                 if not self.step():
                     # Only held new streams (see planner.plan_step): wait for them or for more.
+                    idle = time.perf_counter()
                     with self._wake:
                         self._wake.wait(timeout=IDLE_WAIT_S)
+                    self.step_times.wall["idle"] += time.perf_counter() - idle
             except Exception as error:  # a broken step must not take the model down
                 LOGGER.exception("scheduler step failed")
                 for stream in list(self._streams.values()):
@@ -331,18 +349,26 @@ class StreamScheduler:
 
     def step(self) -> bool:
         """Plan and run one step; False when there was nothing to run yet."""
+        times, cpu = self.step_times, time.thread_time()
+        clock = _PartClock(times)
         self._observe_timings()
         self._drop_cancelled()
         self._take_up_encoded()
+        clock.part("prepare")
         plan = self._plan()
+        clock.part("plan")
         if not plan:
             self._publish_stats()
+            clock.part("publish")
+            times.cpu += time.thread_time() - cpu
             return False
         # Streams already playing go first: an encoder call (the longest call there is) must
         # not stand between a stream and the window it needs before its buffer runs out.
         self._run(plan.windows)
+        clock.part("windows")
         for scales, streams in encoder_calls(plan.encodes, self.costs, self.batching):
             self._encode(streams, scales)
+        clock.part("encode")
         self._run(
             [
                 next_window(stream, self.windows, self.rules)
@@ -350,7 +376,9 @@ class StreamScheduler:
                 if stream.current
             ]
         )
+        clock.part("windows")
         self._publish_stats()
+        clock.part("publish")
         if self._async:
             # The next step is planned while this one runs on the device; wait for the one
             # before it, so the device's queue stays short and new streams' calls come soon.
@@ -359,6 +387,9 @@ class StreamScheduler:
                 self._last_launched = None
             while len(self._in_flight) > STEPS_IN_FLIGHT:
                 self._in_flight.popleft().wait()
+        clock.part("wait")
+        times.steps += 1
+        times.cpu += time.thread_time() - cpu
         return True
 
     def _observe_timings(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -93,6 +94,30 @@ class Window:
         state = self.stream.current
         assert state is not None
         return state
+
+
+STEP_PARTS = ("prepare", "plan", "windows", "encode", "publish", "wait", "idle")
+
+
+@dataclass
+class StepTimes:
+    """Where the scheduler thread's wall time goes, summed over its steps (seconds): taking up
+    finished calls and cancelled streams (prepare), planning, launching or running windows,
+    encoding (with its wait for the frame counts), publishing stats, waiting for the step in
+    flight on the device (wait), and waiting for work (idle); with the thread's own CPU time
+    over its steps (cpu). Wall time a part spends off the CPU is a wait: for the device, or
+    for the GIL."""
+
+    steps: int = 0
+    cpu: float = 0.0
+    wall: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PARTS, 0.0))
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "cpu_s": round(self.cpu, 3),
+            **{f"{part}_s": round(seconds, 3) for part, seconds in self.wall.items()},
+        }
 
 
 @dataclass

@@ -186,6 +186,8 @@ class TritonPythonModel:
                 }
                 for stage, (calls, seconds, rows, frames) in costs.totals.items()
             }
+            # Where the scheduler thread's time went (engines.streaming.types.StepTimes).
+            line["scheduler"] = self.scheduler.step_times.report()
             print(f"voxfleet-costs {self.name} {json.dumps(line)}", file=sys.stderr, flush=True)
 
     def finalize(self) -> None:

@@ -188,3 +188,25 @@ def test_serve_stops_cleanly_on_ctrl_c(engine_cache: Path) -> None:
         served.process.send_signal(signal.SIGINT)
         assert served.process.wait(timeout=60) == 0
     assert "Traceback" not in "".join(served.output)
+
+
+def test_the_call_log_says_where_the_scheduler_threads_time_went(engine_cache: Path) -> None:
+    """VOXFLEET_COSTS_LOG_S: the server log's call totals carry the scheduler thread's steps,
+    its CPU time and its wall time by part of the step, for profiling runs."""
+    command, ports = serve_command(str(engine_cache))
+    with running(command, ports, env={"VOXFLEET_COSTS_LOG_S": "0.5"}) as served:
+        assert synthesize(served.grpc_url, "Hello from voxfleet. Twice.").audio_seconds > 0.5
+
+        def scheduler() -> dict | None:
+            lines = [line for line in served.output if "voxfleet-costs joe " in line]
+            if not lines:
+                return None
+            report = json.loads(lines[-1].split("voxfleet-costs joe ", 1)[1])["scheduler"]
+            return report if report["steps"] > 0 else None
+
+        assert served.wait_for(lambda: scheduler() is not None, 30) is not None
+        report = scheduler()
+        assert report is not None
+        parts = ("prepare", "plan", "windows", "encode", "publish", "wait", "idle")
+        assert {f"{part}_s" for part in parts} <= set(report)
+        assert report["cpu_s"] > 0 and report["windows_s"] > 0 and report["encode_s"] > 0

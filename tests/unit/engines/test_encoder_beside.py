@@ -11,34 +11,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from host_device import QUIET, TEXT, HostStages, Sink, Timing
 
 from engines.frames import HostBackend
 from engines.frontend import Sentence, text_to_sentences
 from engines.runtime import OnnxStages
-from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, planner
+from engines.streaming import StreamScheduler, planner
 from engines.voice import Voice
-
-TEXT = "Streaming speech arrives chunk by chunk. A second sentence follows the first."
-QUIET = SynthesisParams(noise_scale=0.0, noise_w=0.0)
-
-
-class Sink(StreamSink):
-    def __init__(self) -> None:
-        self.chunks: list[np.ndarray] = []
-        self.error: Exception | None = None
-        self.cancel = False
-        self.done = threading.Event()
-
-    def audio(self, pcm: np.ndarray) -> None:
-        assert not self.done.is_set(), "audio after the final response"
-        self.chunks.append(np.array(pcm))
-
-    def finish(self, error: Exception | None = None) -> None:
-        self.error = error
-        self.done.set()
-
-    def cancelled(self) -> bool:
-        return self.cancel
 
 
 class _Call:
@@ -53,17 +32,6 @@ class _Call:
     def finish(self) -> tuple[Any, np.ndarray]:
         self.backend.finished += 1
         return HostBackend.encode(self.backend, *self.args)
-
-    def seconds(self) -> float:
-        return 0.001
-
-
-class _Timing:
-    def stop(self) -> _Timing:
-        return self
-
-    def done(self) -> bool:
-        return True
 
     def seconds(self) -> float:
         return 0.001
@@ -88,25 +56,12 @@ class BesideBackend(HostBackend):
             self.windows_while_encoding += 1
         return self._vocode(self, *args)
 
-    def timer(self) -> _Timing:
-        return _Timing()
+    def timer(self) -> Timing:
+        return Timing()
 
 
-class Stages:
-    """The joe voice's onnxruntime stages with the test's backend, cut in the fixed window
-    sizes of a GPU runtime (the same chunks whatever the timing)."""
-
-    name = "host-stores"
-
-    def __init__(self, stages: OnnxStages, beside: bool) -> None:
-        self.stages = stages
-        self.backend = BesideBackend(stages, beside)
-
-    def stream_backend(self) -> BesideBackend:
-        return self.backend
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.stages, name)
+def beside_stages(stages: OnnxStages, beside: bool) -> HostStages:
+    return HostStages(stages, BesideBackend(stages, beside))
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +82,7 @@ def test_sentences_encoded_beside_the_windows_give_the_inline_encoders_audio(
     assert len(sentences) == 2
     results = {}
     for beside in (False, True):
-        runtime = Stages(stages, beside)
+        runtime = beside_stages(stages, beside)
         scheduler = StreamScheduler(runtime, 22050)
         scheduler.start()
         try:
@@ -152,7 +107,7 @@ def test_sentences_encoded_beside_the_windows_give_the_inline_encoders_audio(
 
 
 def test_playing_streams_get_windows_while_an_encoder_call_runs(stages, sentences) -> None:
-    runtime = Stages(stages, beside=True)
+    runtime = beside_stages(stages, beside=True)
     backend = runtime.backend
     scheduler = StreamScheduler(runtime, 22050)
     scheduler.start()
@@ -179,7 +134,7 @@ def test_playing_streams_get_windows_while_an_encoder_call_runs(stages, sentence
 
 
 def test_a_stream_cancelled_while_encoded_ends_and_gives_its_frames_back(stages, sentences) -> None:
-    runtime = Stages(stages, beside=True)
+    runtime = beside_stages(stages, beside=True)
     backend = runtime.backend
     free = backend.pool.free_pages()
     scheduler = StreamScheduler(runtime, 22050)
@@ -212,7 +167,7 @@ def test_a_stream_cancelled_while_encoded_ends_and_gives_its_frames_back(stages,
 def test_a_backend_may_keep_more_encoder_calls_in_flight_and_no_more(stages, sentences) -> None:
     """New sentences get a call of their own while earlier calls run, up to the backend's
     `encoder_calls_in_flight` (an encoder queued on the windows' stream); then they wait."""
-    runtime = Stages(stages, beside=True)
+    runtime = beside_stages(stages, beside=True)
     backend = runtime.backend
     backend.encoder_calls_in_flight = 2
     scheduler = StreamScheduler(runtime, 22050)
@@ -252,7 +207,7 @@ def test_windows_run_early_in_a_calls_padding_rows_give_the_same_audio(
     monkeypatch.setattr(planner, "fill_buckets", counted)
     results, windows = {}, {}
     for buckets in ((), (4, 8)):
-        runtime = Stages(stages, beside=False)
+        runtime = beside_stages(stages, beside=False)
         runtime.backend.batch_buckets = buckets
         scheduler = StreamScheduler(runtime, 22050)
         assert scheduler.rules.batch_buckets == buckets
@@ -310,7 +265,7 @@ def test_a_queued_encoder_call_with_windows_behind_it_is_taken_up_without_pollin
     """On a device stream a queued encoder call ends before the windows launched after it: the
     scheduler takes its sentences up then, not only once a poll finds it done, so their first
     windows go out a step sooner."""
-    runtime = Stages(stages, beside=True)
+    runtime = beside_stages(stages, beside=True)
     runtime.backend = QueuedBackend(stages, beside=True)
     backend = runtime.backend
     scheduler = StreamScheduler(runtime, 22050)

@@ -1,0 +1,65 @@
+"""Test doubles for the scheduler's GPU path on the CPU: the joe voice's onnxruntime stages
+with host frame stores standing in for a GPU backend (cut in the fixed window sizes of a GPU
+runtime, so the chunks are the same whatever the timing), and a sink that records a stream."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from engines.frames import HostBackend
+from engines.runtime import OnnxStages
+from engines.streaming import StreamSink, SynthesisParams
+
+TEXT = "Streaming speech arrives chunk by chunk. A second sentence follows the first."
+QUIET = SynthesisParams(noise_scale=0.0, noise_w=0.0)  # repeatable audio
+
+
+class Sink(StreamSink):
+    def __init__(self) -> None:
+        self.chunks: list[np.ndarray] = []
+        self.error: Exception | None = None
+        self.cancel = False
+        self.done = threading.Event()
+
+    def audio(self, pcm: np.ndarray) -> None:
+        assert not self.done.is_set(), "audio after the final response"
+        self.chunks.append(np.array(pcm))
+
+    def finish(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.done.set()
+
+    def cancelled(self) -> bool:
+        return self.cancel
+
+
+class Timing:
+    """A device timing that is over at once (`DeviceBackend.timer`)."""
+
+    def stop(self) -> Timing:
+        return self
+
+    def done(self) -> bool:
+        return True
+
+    def seconds(self) -> float:
+        return 0.001
+
+
+class HostStages:
+    """The onnxruntime stages with the test's backend."""
+
+    name = "host-stores"
+
+    def __init__(self, stages: OnnxStages, backend: HostBackend) -> None:
+        self.stages = stages
+        self.backend: Any = backend  # the test's subclass, with its own attributes
+
+    def stream_backend(self) -> Any:
+        return self.backend
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stages, name)
