@@ -56,6 +56,36 @@ def summarise_raw(text: str, top: int = 12) -> dict[str, Any]:
     }
 
 
+# The files `tests/gpu/triton_session.sh` writes with PROFILE_DELAY, by what `server_profile`
+# calls them: py-spy's raw samples of the stub (every busy thread, the thread holding the GIL,
+# every thread idle or not), nvidia-smi's utilisation lines, top's process and thread views.
+PROFILE_SAMPLES = {"stub": "stub.txt", "stub_gil": "stub-gil.txt", "stub_idle": "stub-idle.txt"}
+PROFILE_TEXTS = {"processes": "profile-processes.txt", "stub_threads": "profile-stub-threads.txt"}
+GPU_UTILIZATION = "gpu-utilization.txt"
+
+
+def server_profile(directory: Path, top: int = 30) -> dict[str, Any]:
+    """One record of a server profiled under load (the files above, where present): each
+    py-spy view summarised (`summarise_raw`), the GPU's utilisation samples and their mean,
+    and top's views as text; a file that is missing or empty is None."""
+    profile: dict[str, Any] = {}
+    for key, name in PROFILE_SAMPLES.items():
+        path = directory / name
+        text = path.read_text(errors="replace") if path.is_file() else ""
+        profile[key] = summarise_raw(text, top) if text.strip() else None
+    path = directory / GPU_UTILIZATION
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    utilisation = [int(m.group(1)) for line in lines if (m := re.match(r"\s*(\d+)\s*%", line))]
+    profile["gpu_utilization_percent"] = utilisation
+    profile["gpu_utilization_mean_percent"] = (
+        round(sum(utilisation) / len(utilisation), 1) if utilisation else None
+    )
+    for key, name in PROFILE_TEXTS.items():
+        path = directory / name
+        profile[key] = path.read_text(errors="replace") if path.is_file() else None
+    return profile
+
+
 def _name(function: str, file: str) -> str:
     path = file.replace("\\", "/")
     if "onnxruntime/" in path:

@@ -130,10 +130,10 @@ if [[ -n "${PROFILE_DELAY:-}" ]]; then
         py-spy record --pid "$stub" --duration 5 --rate 100 --format raw --nonblocking --idle \
             --output "$OUT/stub-idle.txt" >>"$OUT/py-spy.log" 2>&1
         wait
-        for name in stub stub-gil stub-idle; do
-            python3 -c 'import json, sys; from engines.bench.profile import summarise_raw; print(json.dumps(summarise_raw(open(sys.argv[1]).read(), top=30), indent=1))' \
-                "$OUT/$name.txt" >"$OUT/$name-summary.json"
-        done
+        # All of it in one file ($OUT/profile.json): each py-spy view summarised, the GPU's
+        # utilisation, top's views (engines.bench.profile.server_profile).
+        python3 -c 'import json, sys, pathlib; from engines.bench.profile import server_profile; print(json.dumps(server_profile(pathlib.Path(sys.argv[1])), indent=1))' \
+            "$OUT" >"$OUT/profile.json"
     ) &
 fi
 timeout "${BENCH_TIMEOUT:-380}" python3 -m engines.cli bench --url 127.0.0.1:18000 "${NOBATCH_URL[@]}" \
