@@ -68,21 +68,24 @@ def server_profile(directory: Path, top: int = 30) -> dict[str, Any]:
     """One record of a server profiled under load (the files above, where present): each
     py-spy view summarised (`summarise_raw`), the GPU's utilisation samples and their mean,
     and top's views as text; a file that is missing or empty is None."""
+
+    def text(name: str) -> str | None:
+        path = directory / name
+        content = path.read_text(errors="replace") if path.is_file() else ""
+        return content if content.strip() else None
+
     profile: dict[str, Any] = {}
     for key, name in PROFILE_SAMPLES.items():
-        path = directory / name
-        text = path.read_text(errors="replace") if path.is_file() else ""
-        profile[key] = summarise_raw(text, top) if text.strip() else None
-    path = directory / GPU_UTILIZATION
-    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+        samples = text(name)
+        profile[key] = summarise_raw(samples, top) if samples is not None else None
+    lines = (text(GPU_UTILIZATION) or "").splitlines()
     utilisation = [int(m.group(1)) for line in lines if (m := re.match(r"\s*(\d+)\s*%", line))]
     profile["gpu_utilization_percent"] = utilisation
     profile["gpu_utilization_mean_percent"] = (
         round(sum(utilisation) / len(utilisation), 1) if utilisation else None
     )
     for key, name in PROFILE_TEXTS.items():
-        path = directory / name
-        profile[key] = path.read_text(errors="replace") if path.is_file() else None
+        profile[key] = text(name)
     return profile
 
 

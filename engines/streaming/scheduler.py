@@ -127,16 +127,23 @@ class _Encoding:
 
 
 class _PartClock:
-    """Adds the wall time since the last mark to a part of `StepTimes`."""
+    """One step's clock: `part` adds the wall time since the last mark to a part of
+    `StepTimes`, `done` the thread's CPU time since the start (and the step, if it ran)."""
 
     def __init__(self, times: StepTimes) -> None:
-        self._wall = times.wall
+        self._times = times
+        self._cpu = time.thread_time()
         self._last = time.perf_counter()
 
     def part(self, name: str) -> None:
         now = time.perf_counter()
-        self._wall[name] += now - self._last
+        self._times.wall[name] += now - self._last
         self._last = now
+
+    def done(self, ran: bool) -> bool:
+        self._times.cpu += time.thread_time() - self._cpu
+        self._times.steps += int(ran)
+        return ran
 
 
 class _SummedTiming:
@@ -349,8 +356,7 @@ class StreamScheduler:
 
     def step(self) -> bool:
         """Plan and run one step; False when there was nothing to run yet."""
-        times, cpu = self.step_times, time.thread_time()
-        clock = _PartClock(times)
+        clock = _PartClock(self.step_times)
         self._observe_timings()
         self._drop_cancelled()
         self._take_up_encoded()
@@ -360,8 +366,7 @@ class StreamScheduler:
         if not plan:
             self._publish_stats()
             clock.part("publish")
-            times.cpu += time.thread_time() - cpu
-            return False
+            return clock.done(ran=False)
         # Streams already playing go first: an encoder call (the longest call there is) must
         # not stand between a stream and the window it needs before its buffer runs out.
         self._run(plan.windows)
@@ -388,9 +393,7 @@ class StreamScheduler:
             while len(self._in_flight) > STEPS_IN_FLIGHT:
                 self._in_flight.popleft().wait()
         clock.part("wait")
-        times.steps += 1
-        times.cpu += time.thread_time() - cpu
-        return True
+        return clock.done(ran=True)
 
     def _observe_timings(self) -> None:
         """Device times of asynchronous calls that have finished, into the cost model."""
