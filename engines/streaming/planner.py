@@ -18,6 +18,8 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from engines.plan import WindowConfig
 from engines.streaming.costs import CostModel
 from engines.streaming.types import Stream, Window
@@ -56,6 +58,14 @@ FIRST_AUDIO_S = 0.05
 # servers (docs/benchmarks.md, 2026-11-24), 20 listeners held in 4 of 8 runs with 50 ms and 9 of
 # 11 with 200 ms, and `make bench` then held half the machine limit in 7 runs of 7.
 CPU_FIRST_AUDIO_S = 0.2
+# A step looks at no more playing streams than this many times the windows it may take: the
+# ones whose audio runs out first (`_most_urgent`). A step full by its estimated time (a GPU
+# at 2,000 streams takes about 100 windows) worked out the next window of every other stream
+# only to leave it for later: 7.8 ms of the scheduler thread's 31 ms per step in
+# `scripts/scheduler_host_probe.py`, 2.5 ms with this (docs/benchmarks.md, 2026-11-24 r10).
+# The others have more audio buffered than all of these; the padding rows a step fills
+# (`fill_buckets`) still have three candidates for each window the step may take.
+PLAN_SCAN_WINDOWS = 4
 
 Scales = tuple[float, float, float]
 
@@ -265,11 +275,17 @@ def plan_step(
     costs the step nothing: its call runs beside or behind the windows, and its first window
     comes in a later step, once its frame counts are known.
 
+    With cross-stream batching a step looks at every stream with a sentence to encode but
+    only the `PLAN_SCAN_WINDOWS` x `max_batch_windows` playing streams whose audio runs out
+    first: the others have more audio buffered than any of these, and their turn comes in a
+    later step.
+
     Every stream passed in has a current sentence or one waiting to be encoded.
     """
-    streams = sorted(streams, key=lambda stream: stream.deadline(rules.first_audio_s))
     encode_limit = cfg.max_encoder_batch if batching else len(streams)
     window_limit = cfg.max_batch_windows if batching else len(streams)
+    scan = PLAN_SCAN_WINDOWS * window_limit if batching else len(streams)
+    streams = _most_urgent(streams, scan, rules.first_audio_s)
     plan = StepPlan()
     step_s = cfg.max_step_ms / 1000
     step_cost, budget = 0.0, step_s
@@ -408,6 +424,17 @@ def fill_buckets(
             planned.add(stream.stream_id)
             added += 1
     return added
+
+
+def _most_urgent(streams: list[Stream], playing: int, first_audio_s: float) -> list[Stream]:
+    """In deadline order: every stream with a sentence to encode, and the `playing` streams
+    with a current sentence whose audio runs out first."""
+    decoding = [s for s in streams if s.current is not None]
+    if len(decoding) > playing:
+        deadlines = np.fromiter((s.deadline(first_audio_s) for s in decoding), float, len(decoding))
+        decoding = [decoding[i] for i in np.argpartition(deadlines, playing)[:playing]]
+        streams = [s for s in streams if s.current is None] + decoding
+    return sorted(streams, key=lambda stream: stream.deadline(first_audio_s))
 
 
 def _time_left(stream: Stream, now: float, rules: WindowRules) -> float:

@@ -9,6 +9,7 @@ import pytest
 
 from engines.frontend import Sentence
 from engines.plan import WindowConfig
+from engines.streaming import planner
 from engines.streaming.costs import CostModel
 from engines.streaming.planner import (
     CPU_RAMP,
@@ -362,3 +363,71 @@ def test_filling_the_padding_never_takes_a_step_past_its_window_limit() -> None:
     fresh.first_audio_at = None
     candidates = [next_window(s, WindowConfig(), graphs) for s in [*due[:3], fresh]]
     assert fill_buckets(plan, candidates, WindowConfig(), graphs, 16) == 0
+
+
+def busy_scheduler(count: int, seed: int) -> list[Stream]:
+    """`count` streams as a busy GPU scheduler has them: most playing, at every point of their
+    ramp and sentence, a few about to run dry, most up to two seconds ahead; a few waiting to
+    be encoded."""
+    rng = np.random.default_rng(seed)
+    streams = []
+    for i in range(count):
+        if rng.random() < 0.05:
+            stream = make_stream(i + 1, ids=int(rng.integers(20, 300)))
+            stream.arrived = NOW - float(rng.uniform(0.0, 0.5))
+        else:
+            frames = int(rng.integers(60, 700))
+            late = rng.random() < 0.02
+            buffered = rng.uniform(-0.3, 0.05) if late else rng.uniform(0.05, 2.0)
+            stream = make_stream(
+                i + 1,
+                frames=frames,
+                buffered_s=float(buffered),
+                windows_sent=int(rng.integers(0, 6)),
+            )
+            assert stream.current is not None
+            stream.current.flowed = frames  # a GPU's whole-sentence flow
+            stream.current.vocoded = int(rng.integers(0, frames - 1))
+        streams.append(stream)
+    return streams
+
+
+def gpu_costs() -> CostModel:
+    """A GPU's cost model (the H100's call log through Triton): a fixed cost per call."""
+    costs = CostModel(fixed_part=True)
+    costs.per_call.update(encoder=12.7e-3, flow=1.3e-3, vocoder=0.23e-3)
+    costs.per_frame.update(encoder=1.25e-6, flow=0.15e-6, vocoder=2.0e-6)
+    return costs
+
+
+def test_a_step_looks_only_at_the_playing_streams_due_first(monkeypatch) -> None:
+    cfg = WindowConfig(max_batch_windows=128, max_encoder_batch=32)
+    graphs = WindowRules(batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+    costs = gpu_costs()
+    looked_at = []
+    original = planner.next_window
+
+    def counted(stream, *args, **kwargs):
+        looked_at.append(stream.stream_id)
+        return original(stream, *args, **kwargs)
+
+    for seed in range(6):
+        streams = busy_scheduler(2000, seed)
+        looked_at.clear()
+        with monkeypatch.context() as patch:
+            patch.setattr(planner, "next_window", counted)
+            plan = plan_step(streams, cfg, costs, True, NOW, graphs)
+        # The step is full by its estimated time, not by its 128 windows: the case where
+        # every other stream used to be looked at and left for later.
+        assert len(plan.windows) < cfg.max_batch_windows
+        # 2,000 streams, of which the step works out the windows of the 512 due first only ...
+        assert 0 < len(set(looked_at)) <= planner.PLAN_SCAN_WINDOWS * cfg.max_batch_windows
+        due = sorted((s for s in streams if s.current is not None), key=lambda s: s.deadline(0.05))
+        assert set(looked_at) <= {s.stream_id for s in due[: len(set(looked_at))]}
+        # ... and plans what it would plan looking at all of them.
+        with monkeypatch.context() as patch:
+            patch.setattr(planner, "PLAN_SCAN_WINDOWS", 10**6)
+            everything = plan_step(streams, cfg, costs, True, NOW, graphs)
+        assert plan.encodes == everything.encodes
+        assert plan.windows == everything.windows
+        assert plan.windows and plan.encodes
