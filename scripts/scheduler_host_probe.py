@@ -15,6 +15,14 @@ tensor calls (the frame stores' gathers and scatters move real bytes here), not 
 launches, Triton's response path or a GPU, so it compares host-side changes with each other,
 not with the server.
 
+The scheduler's cost model is held at the H100's figures (`H100_COSTS`, from a server's call
+log), so the planner fills its steps as it does on that GPU: by their estimated device time
+(about 105 windows a step at 2,000 streams, padding rows filled included), not only by the
+128-window limit, which is all that calls costing nothing ever reach. Before it was held, the
+probe's steps were all full by their window limit, and the planner's cost per step when a
+step is full by its time (7.8 ms of 31 at 2,000 streams, before `PLAN_SCAN_WINDOWS`) did not
+show.
+
 Needs PyTorch; the CPU build is enough (the project's CPU environment has none, so for
 example `pip install --no-deps --target /tmp/torch torch==2.13.0+cpu` and add /tmp/torch to
 PYTHONPATH). Usage:
@@ -36,6 +44,7 @@ from engines.bench.gpu_bench import load_corpus_ids
 from engines.frontend import Sentence
 from engines.plan import WindowConfig
 from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
+from engines.streaming.costs import CostModel
 from engines.torch_cuda.backend import DeviceBackend
 from engines.torch_cuda.runtime import DEFAULT_BATCH_BUCKETS
 
@@ -44,6 +53,30 @@ SAMPLE_RATE = 22050
 CHANNELS = 192
 FRAMES_PER_ID = 2.2  # about the joe voice's: 305 frames for a sentence of 136 ids
 PAGES_PER_STREAM = 48  # of 32 frames: the longest corpus sentence (647 ids, 1,424 frames)
+# Seconds per call and per frame (phoneme id for the encoder) of each stage through Triton on
+# the H100, the last line of a server's call log at 2,000 streams (VOXFLEET_COSTS_LOG_S,
+# 2026-11-24, the default mode).
+H100_COSTS = {
+    "encoder": (12.73e-3, 1.2482e-6),
+    "flow": (1.292e-3, 0.1541e-6),
+    "vocoder": (0.226e-3, 2.0288e-6),
+}
+
+
+class HeldCosts(CostModel):
+    """A cost model held at `H100_COSTS`: calls are counted, never fitted."""
+
+    def __init__(self) -> None:
+        super().__init__(fixed_part=True)
+        for stage, (per_call, per_frame) in H100_COSTS.items():
+            self.per_call[stage], self.per_frame[stage] = per_call, per_frame
+
+    def observe(self, stage: str, seconds: float, rows: int, width: int) -> None:
+        total = self.totals[stage]
+        total[0] += 1
+        total[1] += seconds
+        total[2] += rows
+        total[3] += rows * width
 
 
 class NoArithmetic:
@@ -98,6 +131,7 @@ class Probe:
         # stores, which costs the CPU far more than a GPU.
         stages = NoArithmetic(pages=streams * PAGES_PER_STREAM)
         self.scheduler = StreamScheduler(stages, SAMPLE_RATE, HOP, windows=windows)
+        self.scheduler.costs = HeldCosts()
         self.corpus = corpus
         self.streams = streams
         self.samples = self.finished = self.errors = self.submitted = 0
@@ -117,6 +151,7 @@ class Probe:
             self.submit(Listener(self))
         time.sleep(1.0)  # past the first burst
         samples, steps, cpu, finished = self.samples, times.steps, times.cpu, self.finished
+        rows = self.scheduler.costs.totals["vocoder"][2]
         parts = dict(times.wall)
         started = time.perf_counter()
         time.sleep(seconds)
@@ -132,6 +167,10 @@ class Probe:
                 part: round((total - parts[part]) / count * 1e3, 3)
                 for part, total in times.wall.items()
             },
+            # Vocoder rows per step, padding rows filled with windows not yet due included.
+            "windows_per_step": round(
+                (self.scheduler.costs.totals["vocoder"][2] - rows) / count, 1
+            ),
             "sentences_per_s": round((self.finished - finished) / wall, 1),
             "audio_s_per_s": round((self.samples - samples) / SAMPLE_RATE / wall, 1),
             "errors": self.errors,
