@@ -7,6 +7,7 @@ the `engines` package and onnxruntime's `Session.run`, plus the busiest leaf fra
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -87,6 +88,47 @@ def server_profile(directory: Path, top: int = 30) -> dict[str, Any]:
     for key, name in PROFILE_TEXTS.items():
         profile[key] = text(name)
     return profile
+
+
+def call_log_steps(text: str, intervals: int = 7) -> dict[str, Any]:
+    """The scheduler thread's steps over the last `intervals` intervals of a server's call log
+    (VOXFLEET_COSTS_LOG_S) before its last line: the last level of a `voxfleet bench` run, up
+    to the server's stop. Per step: wall milliseconds by part and the thread's CPU; windows
+    (vocoder rows, padding rows filled included) and sentences encoded; and the share of the
+    wall time the encoder's and the vocoder's calls spanned on the device (their CUDA events:
+    an encoder call's span also holds the device's wait for the host inside it). Only the
+    first model's lines are read where a log has several (instances, voices)."""
+    logged = [
+        line.split(" ", 2) for line in text.splitlines() if line.startswith("voxfleet-costs ")
+    ]
+    lines = (
+        [json.loads(fields[2]) for fields in logged if fields[1] == logged[0][1]] if logged else []
+    )
+    if len(lines) < intervals + 2:
+        raise ValueError(f"the call log has {len(lines)} lines, fewer than {intervals + 2}")
+    first, last = lines[-intervals - 2], lines[-2]
+    before, after = first["scheduler"], last["scheduler"]
+    steps = after["steps"] - before["steps"]
+    if steps < 1:
+        raise ValueError("the scheduler ran no step in those intervals")
+    wall = sum(after[k] - before[k] for k in after if k.endswith("_s") and k != "cpu_s")
+
+    def change(stage: str, field: int) -> float:
+        keys = ("calls", "seconds", "rows", "frames")
+        return float(last[stage][keys[field]] - first[stage][keys[field]])
+
+    return {
+        "steps_per_s": round(steps / wall, 1),
+        "ms_per_step": {
+            key.removesuffix("_s"): round((after[key] - before[key]) / steps * 1e3, 1)
+            for key in after
+            if key.endswith("_s")
+        },
+        "windows_per_step": round(change("vocoder", 2) / steps, 1),
+        "sentences_per_step": round(change("encoder", 2) / steps, 1),
+        "encoder_span_share": round(change("encoder", 1) / wall, 2),
+        "vocoder_span_share": round(change("vocoder", 1) / wall, 2),
+    }
 
 
 def _name(function: str, file: str) -> str:
@@ -178,3 +220,8 @@ class Profiler:
         summary = summarise_raw("\n".join(texts))
         summary["duration_s"] = self.duration_s
         return summary
+
+
+if __name__ == "__main__":  # python -m engines.bench.profile CALL_LOG...
+    for name in sys.argv[1:]:
+        print(name, json.dumps(call_log_steps(Path(name).read_text())))

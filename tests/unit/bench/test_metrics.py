@@ -83,3 +83,46 @@ def test_a_profiled_server_is_one_record_with_what_was_sampled(tmp_path) -> None
     assert profile["gpu_utilization_percent"] == [64, 31, 35]
     assert profile["gpu_utilization_mean_percent"] == 43.3
     assert profile["processes"] == "server 1 stub 2\n" and profile["stub_threads"] is None
+
+
+def test_a_call_log_says_what_each_step_of_the_last_level_took() -> None:
+    """The per-step figures of docs/benchmarks.md's GPU runs come from the server's call log
+    (VOXFLEET_COSTS_LOG_S): totals that only grow, differenced over the last level."""
+    import json
+
+    import pytest
+
+    from engines.bench.profile import call_log_steps
+
+    def line(model: str, n: int, steps: int) -> str:
+        stages = {
+            "encoder": {"calls": n, "seconds": 0.9 * n, "rows": 25 * n, "frames": 0},
+            "vocoder": {"calls": 3 * n, "seconds": 0.8 * n, "rows": 120 * n, "frames": 0},
+        }
+        parts = dict.fromkeys(("prepare_s", "publish_s", "wait_s", "idle_s"), 0.0)
+        parts.update(plan_s=0.2 * n, windows_s=0.3 * n, encode_s=1.5 * n)
+        scheduler = {"steps": steps, "cpu_s": 1.6 * n, **parts}
+        return f"voxfleet-costs {model} " + json.dumps({**stages, "scheduler": scheduler})
+
+    # Two seconds and 40 steps an interval; a second instance's lines are left out, and so is
+    # the last line (the server stopping part-way through an interval).
+    log = [line("joe", n, 40 * n) for n in range(12)]
+    log.insert(5, line("joe_2", 99, 1))
+    log.append("I1124 some other server output")
+    log.append(line("joe", 12, 40 * 11 + 3))
+    steps = call_log_steps("\n".join(log), intervals=7)
+    assert steps["steps_per_s"] == 20.0
+    assert steps["ms_per_step"] == {
+        "cpu": 40.0,
+        "prepare": 0.0,
+        "plan": 5.0,
+        "windows": 7.5,
+        "encode": 37.5,
+        "publish": 0.0,
+        "wait": 0.0,
+        "idle": 0.0,
+    }
+    assert steps["windows_per_step"] == 3.0 and steps["sentences_per_step"] == 0.6
+    assert steps["encoder_span_share"] == 0.45 and steps["vocoder_span_share"] == 0.4
+    with pytest.raises(ValueError, match="fewer than 9"):
+        call_log_steps("\n".join(log[:6]), intervals=7)
