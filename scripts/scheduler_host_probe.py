@@ -64,19 +64,19 @@ H100_COSTS = {
 
 
 class HeldCosts(CostModel):
-    """A cost model held at `H100_COSTS`: calls are counted, never fitted."""
+    """A cost model held at `H100_COSTS`: calls are counted in its totals, never fitted."""
 
     def __init__(self) -> None:
         super().__init__(fixed_part=True)
-        for stage, (per_call, per_frame) in H100_COSTS.items():
-            self.per_call[stage], self.per_frame[stage] = per_call, per_frame
+        self._hold()
 
     def observe(self, stage: str, seconds: float, rows: int, width: int) -> None:
-        total = self.totals[stage]
-        total[0] += 1
-        total[1] += seconds
-        total[2] += rows
-        total[3] += rows * width
+        super().observe(stage, seconds, rows, width)
+        self._hold()
+
+    def _hold(self) -> None:
+        for stage, (per_call, per_frame) in H100_COSTS.items():
+            self.per_call[stage], self.per_frame[stage] = per_call, per_frame
 
 
 class NoArithmetic:

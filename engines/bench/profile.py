@@ -113,9 +113,8 @@ def call_log_steps(text: str, intervals: int = 7) -> dict[str, Any]:
         raise ValueError("the scheduler ran no step in those intervals")
     wall = sum(after[k] - before[k] for k in after if k.endswith("_s") and k != "cpu_s")
 
-    def change(stage: str, field: int) -> float:
-        keys = ("calls", "seconds", "rows", "frames")
-        return float(last[stage][keys[field]] - first[stage][keys[field]])
+    def change(stage: str, total: str) -> float:
+        return float(last[stage][total] - first[stage][total])
 
     return {
         "steps_per_s": round(steps / wall, 1),
@@ -124,10 +123,10 @@ def call_log_steps(text: str, intervals: int = 7) -> dict[str, Any]:
             for key in after
             if key.endswith("_s")
         },
-        "windows_per_step": round(change("vocoder", 2) / steps, 1),
-        "sentences_per_step": round(change("encoder", 2) / steps, 1),
-        "encoder_span_share": round(change("encoder", 1) / wall, 2),
-        "vocoder_span_share": round(change("vocoder", 1) / wall, 2),
+        "windows_per_step": round(change("vocoder", "rows") / steps, 1),
+        "sentences_per_step": round(change("encoder", "rows") / steps, 1),
+        "encoder_span_share": round(change("encoder", "seconds") / wall, 2),
+        "vocoder_span_share": round(change("vocoder", "seconds") / wall, 2),
     }
 
 

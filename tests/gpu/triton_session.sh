@@ -63,7 +63,9 @@ done
 # each) on the GPU.
 INSTANCE_ARGS=()
 [[ "${INSTANCES:-1}" != 1 ]] && INSTANCE_ARGS=(--instances "$INSTANCES")
-python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch 32 --voice joe --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 "${INSTANCE_ARGS[@]}" >"$OUT/triton-batched.log" 2>&1 &
+# SENTENCES=N lets an encoder call (a step's new sentences) take up to N sentences (32).
+SENTENCES=${SENTENCES:-32}
+python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch "$SENTENCES" --voice joe --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 "${INSTANCE_ARGS[@]}" >"$OUT/triton-batched.log" 2>&1 &
 P1=$!
 trap 'kill -TERM $P1 ${P2:-} 2>/dev/null; wait 2>/dev/null; keep_logs' EXIT
 # One server warms up at a time: cuDNN's autotuning of two at once can take the whole GPU.
@@ -139,6 +141,6 @@ fi
 timeout "${BENCH_TIMEOUT:-380}" python3 -m engines.cli bench --url 127.0.0.1:18000 "${NOBATCH_URL[@]}" \
     --systems "$SYSTEMS" --concurrency "$CONCURRENCY" --duration "${DURATION:-10}" --drain 15 \
     --p95-bound-ms 150 --json "$OUT/bench-gpu.json" \
-    --note "torch-cuda runtime, FP16 flow+vocoder, CUDA graphs; scheduler 128 windows / 32 sentences per step" \
+    --note "torch-cuda runtime, FP16 flow+vocoder, CUDA graphs; scheduler 128 windows / $SENTENCES sentences per step" \
     2>&1 | tee "$OUT/bench.log"
 kill -TERM $P1 $P2 2>/dev/null; wait $P1 $P2 2>/dev/null
