@@ -90,6 +90,21 @@ def server_profile(directory: Path, top: int = 30) -> dict[str, Any]:
     return profile
 
 
+CALL_LOG_MARK = "voxfleet-costs "
+
+
+def call_log_records(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """(model, record) of each line a server's call log (VOXFLEET_COSTS_LOG_S,
+    engines/triton_model/model.py) wrote among its other output, in order; a line may carry
+    a prefix of the process that relayed it."""
+    records = []
+    for line in text.splitlines():
+        if CALL_LOG_MARK in line:
+            model, record = line.split(CALL_LOG_MARK, 1)[1].split(" ", 1)
+            records.append((model, json.loads(record)))
+    return records
+
+
 def call_log_steps(text: str, intervals: int = 7) -> dict[str, Any]:
     """The scheduler thread's steps over the last `intervals` intervals of a server's call log
     (VOXFLEET_COSTS_LOG_S) before its last line: the last level of a `voxfleet bench` run, up
@@ -98,12 +113,8 @@ def call_log_steps(text: str, intervals: int = 7) -> dict[str, Any]:
     wall time the encoder's and the vocoder's calls spanned on the device (their CUDA events:
     an encoder call's span also holds the device's wait for the host inside it). Only the
     first model's lines are read where a log has several (instances, voices)."""
-    logged = [
-        line.split(" ", 2) for line in text.splitlines() if line.startswith("voxfleet-costs ")
-    ]
-    lines = (
-        [json.loads(fields[2]) for fields in logged if fields[1] == logged[0][1]] if logged else []
-    )
+    records = call_log_records(text)
+    lines = [record for model, record in records if model == records[0][0]]
     if len(lines) < intervals + 2:
         raise ValueError(f"the call log has {len(lines)} lines, fewer than {intervals + 2}")
     first, last = lines[-intervals - 2], lines[-2]

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from supervised import running, serve_command
 
+from engines.bench.profile import call_log_records
 from engines.client import StreamResult, SynthesisError, stream_tts, synthesize
 from engines.triton_server import TritonServer
 
@@ -198,10 +199,10 @@ def test_the_call_log_says_where_the_scheduler_threads_time_went(engine_cache: P
         assert synthesize(served.grpc_url, "Hello from voxfleet. Twice.").audio_seconds > 0.5
 
         def scheduler() -> dict | None:
-            lines = [line for line in served.output if "voxfleet-costs joe " in line]
-            if not lines:
+            records = [r for model, r in call_log_records("".join(served.output)) if model == "joe"]
+            if not records:
                 return None
-            report = json.loads(lines[-1].split("voxfleet-costs joe ", 1)[1])["scheduler"]
+            report = records[-1]["scheduler"]
             return report if report["steps"] > 0 else None
 
         assert served.wait_for(lambda: scheduler() is not None, 30) is not None
