@@ -96,7 +96,8 @@ CALL_LOG_MARK = "voxfleet-costs "
 def call_log_records(text: str) -> list[tuple[str, dict[str, Any]]]:
     """(model, record) of each line a server's call log (VOXFLEET_COSTS_LOG_S,
     engines/triton_model/model.py) wrote among its other output, in order; a line may carry
-    a prefix of the process that relayed it."""
+    a prefix of the process that relayed it. Where a voice runs as several instances
+    (`voxfleet serve --instances`), the model is the instance's name (``joe_0_1``)."""
     records = []
     for line in text.splitlines():
         if CALL_LOG_MARK in line:
@@ -105,18 +106,29 @@ def call_log_records(text: str) -> list[tuple[str, dict[str, Any]]]:
     return records
 
 
-def call_log_steps(text: str, intervals: int = 7) -> dict[str, Any]:
+def call_log_models(text: str) -> list[str]:
+    """The models (or instances) a call log has lines of, in the order they first wrote."""
+    return list(dict.fromkeys(model for model, _ in call_log_records(text)))
+
+
+def call_log_steps(text: str, intervals: int = 7, model: str | None = None) -> dict[str, Any]:
     """The scheduler thread's steps over the last `intervals` intervals of a server's call log
     (VOXFLEET_COSTS_LOG_S) before its last line: the last level of a `voxfleet bench` run, up
     to the server's stop. Per step: wall milliseconds by part and the thread's CPU; windows
     (vocoder rows, padding rows filled included) and sentences encoded; and the share of the
     wall time the encoder's and the vocoder's calls spanned on the device (their CUDA events:
-    an encoder call's span also holds the device's wait for the host inside it). Only the
-    first model's lines are read where a log has several (instances, voices)."""
+    an encoder call's span also holds the device's wait for the host inside it). One model's
+    or instance's lines are read (each has a scheduler of its own): `model`, else the first
+    to write."""
     records = call_log_records(text)
-    lines = [record for model, record in records if model == records[0][0]]
+    if not records:
+        raise ValueError("the text has no call-log line")
+    model = model or records[0][0]
+    lines = [record for name, record in records if name == model]
     if len(lines) < intervals + 2:
-        raise ValueError(f"the call log has {len(lines)} lines, fewer than {intervals + 2}")
+        raise ValueError(
+            f"the call log has {len(lines)} lines of {model}, fewer than {intervals + 2}"
+        )
     first, last = lines[-intervals - 2], lines[-2]
     before, after = first["scheduler"], last["scheduler"]
     steps = after["steps"] - before["steps"]
@@ -234,4 +246,10 @@ class Profiler:
 
 if __name__ == "__main__":  # python -m engines.bench.profile CALL_LOG...
     for name in sys.argv[1:]:
-        print(name, json.dumps(call_log_steps(Path(name).read_text())))
+        log = Path(name).read_text()
+        for model in call_log_models(log):  # a line per model or instance
+            try:
+                figures = call_log_steps(log, model=model)
+            except ValueError as error:  # e.g. a model that wrote too few lines
+                figures = {"error": str(error)}
+            print(name, model, json.dumps(figures))

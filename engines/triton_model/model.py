@@ -81,6 +81,9 @@ class TritonPythonModel:
             restarts_so_far(self.name) if first else 0,
             instance_name if self.instances > 1 else None,
         )
+        # The call log (VOXFLEET_COSTS_LOG_S) names the instance where there are several: each
+        # process writes totals of its own scheduler, which only grow apart.
+        self.log_name = instance_name if self.instances > 1 and instance_name else self.name
         # Where the supervisor marks a draining server (absent when run without one).
         self.drain_file = os.environ.get(names.DRAIN_FILE_ENV) or None
         # A GPU scheduler thread spends its time waiting on the device and needs the GIL the
@@ -188,7 +191,7 @@ class TritonPythonModel:
             }
             # Where the scheduler thread's time went (engines.streaming.types.StepTimes).
             line["scheduler"] = self.scheduler.step_times.report()
-            print(f"voxfleet-costs {self.name} {json.dumps(line)}", file=sys.stderr, flush=True)
+            print(f"voxfleet-costs {self.log_name} {json.dumps(line)}", file=sys.stderr, flush=True)
 
     def finalize(self) -> None:
         self.frontend.close()

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from supervised import running, serve_command
 
-from engines.bench.profile import call_log_records
+from engines.bench.profile import call_log_models, call_log_records
 from engines.client import StreamResult, SynthesisError, stream_tts, synthesize
 from engines.triton_server import TritonServer
 
@@ -193,21 +193,28 @@ def test_serve_stops_cleanly_on_ctrl_c(engine_cache: Path) -> None:
 
 def test_the_call_log_says_where_the_scheduler_threads_time_went(engine_cache: Path) -> None:
     """VOXFLEET_COSTS_LOG_S: the server log's call totals carry the scheduler thread's steps,
-    its CPU time and its wall time by part of the step, for profiling runs."""
+    its CPU time and its wall time by part of the step, for profiling runs. A voice served as
+    two instances writes two series, each named after its instance: each has a scheduler of
+    its own, whose totals mixed under one name would make no sense."""
     command, ports = serve_command(str(engine_cache))
-    with running(command, ports, env={"VOXFLEET_COSTS_LOG_S": "0.5"}) as served:
+    with running(
+        [*command, "--instances", "2"], ports, env={"VOXFLEET_COSTS_LOG_S": "0.5"}
+    ) as served:
         assert synthesize(served.grpc_url, "Hello from voxfleet. Twice.").audio_seconds > 0.5
 
         def scheduler() -> dict | None:
-            records = [r for model, r in call_log_records("".join(served.output)) if model == "joe"]
-            if not records:
+            """The last report of an instance that has run a step, once both have written."""
+            records = call_log_records("".join(served.output))
+            if len({model for model, _ in records}) < 2:
                 return None
-            report = records[-1]["scheduler"]
-            return report if report["steps"] > 0 else None
+            stepped = [r["scheduler"] for _, r in records if r["scheduler"]["steps"] > 0]
+            return stepped[-1] if stepped else None
 
         assert served.wait_for(lambda: scheduler() is not None, 30) is not None
         report = scheduler()
         assert report is not None
+        models = call_log_models("".join(served.output))
+        assert len(models) == 2 and all(model.startswith("joe_") for model in models), models
         parts = ("prepare", "plan", "windows", "encode", "publish", "wait", "idle")
         assert {f"{part}_s" for part in parts} <= set(report)
         assert report["cpu_s"] > 0 and report["windows_s"] > 0 and report["encode_s"] > 0

@@ -92,7 +92,7 @@ def test_a_call_log_says_what_each_step_of_the_last_level_took() -> None:
 
     import pytest
 
-    from engines.bench.profile import call_log_steps
+    from engines.bench.profile import call_log_models, call_log_steps
 
     def line(model: str, n: int, steps: int) -> str:
         stages = {
@@ -104,13 +104,17 @@ def test_a_call_log_says_what_each_step_of_the_last_level_took() -> None:
         scheduler = {"steps": steps, "cpu_s": 1.6 * n, **parts}
         return f"voxfleet-costs {model} " + json.dumps({**stages, "scheduler": scheduler})
 
-    # Two seconds and 40 steps an interval; a second instance's lines are left out, and so is
-    # the last line (the server stopping part-way through an interval).
-    log = [line("joe", n, 40 * n) for n in range(12)]
-    log.insert(5, line("joe_2", 99, 1))
+    # Two instances of the voice, each two seconds and 40 (20) steps an interval, their lines
+    # interleaved; the last line is left out (the server stopping part-way through an
+    # interval).
+    log = []
+    for n in range(12):
+        log += [line("joe_0_0", n, 40 * n), line("joe_0_1", n, 20 * n)]
     log.append("I1124 some other server output")
-    log.append(line("joe", 12, 40 * 11 + 3))
-    steps = call_log_steps("\n".join(log), intervals=7)
+    log.append(line("joe_0_0", 12, 40 * 11 + 3))
+    assert call_log_models("\n".join(log)) == ["joe_0_0", "joe_0_1"]
+    assert call_log_steps("\n".join(log), intervals=7, model="joe_0_1")["steps_per_s"] == 10.0
+    steps = call_log_steps("\n".join(log), intervals=7)  # the first to write
     assert steps["steps_per_s"] == 20.0
     assert steps["ms_per_step"] == {
         "cpu": 40.0,
@@ -124,5 +128,5 @@ def test_a_call_log_says_what_each_step_of_the_last_level_took() -> None:
     }
     assert steps["windows_per_step"] == 3.0 and steps["sentences_per_step"] == 0.6
     assert steps["encoder_span_share"] == 0.45 and steps["vocoder_span_share"] == 0.4
-    with pytest.raises(ValueError, match="fewer than 9"):
-        call_log_steps("\n".join(log[:6]), intervals=7)
+    with pytest.raises(ValueError, match="4 lines of joe_0_0, fewer than 9"):
+        call_log_steps("\n".join(log[:8]), intervals=7)
