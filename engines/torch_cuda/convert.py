@@ -14,6 +14,7 @@ needs a few reads and runs eagerly).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,14 @@ class _Node:
             self.attrs[attribute.name] = value
 
 
+# A GPU module in FP16 runs its 1-D convolutions as channels-last 2-D ones: cuDNN's tensor-core
+# kernels work in channels-last, and a 1-D convolution in the default layout paid two layout
+# transposes per call, 31 % of the vocoder's device time on the H100; without them a window
+# costs 0.84 to 0.90 us per frame against 1.23 to 1.32 (scripts/vocoder_cost_probe.py,
+# docs/benchmarks.md). VOXFLEET_CONV_CHANNELS_LAST=0 keeps the default layout (A/B runs).
+CHANNELS_LAST_ENV = "VOXFLEET_CONV_CHANNELS_LAST"
+
+
 class OnnxModule:
     """One ONNX graph run with torch ops; ``module(**inputs)`` returns the graph's outputs."""
 
@@ -104,6 +113,13 @@ class OnnxModule:
         # Host values the device needs, by content: the same shapes give the same index
         # tensors call after call, and a pageable host-to-device copy waits for the GPU.
         self._uploads: dict[tuple[str, torch.dtype, tuple[int, ...], bytes], Tensor] = {}
+        self.channels_last = (
+            self.device.type == "cuda"
+            and float_dtype == torch.float16
+            and os.environ.get(CHANNELS_LAST_ENV, "1") != "0"
+        )
+        # Convolution weights as channels-last 2-D ones, made once (a graph replays no copy).
+        self._channels_last_weights: dict[str, Tensor] = {}
 
     def _upload(self, name: str, value: Tensor) -> Tensor:
         if value.device == self.device:
@@ -540,6 +556,22 @@ _CONV = {1: F.conv1d, 2: F.conv2d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d}
 
 
+def _as_rows(data: Tensor) -> Tensor:
+    """[N, C, T] as a channels-last [N, C, 1, T] (no copy where it is laid out so already: the
+    output of the convolution before)."""
+    return data.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+
+
+def _rows_weight(module: OnnxModule, name: str, weight: Tensor) -> Tensor:
+    """A 1-D convolution's weight as a channels-last 2-D one, kept where it is a constant."""
+    if name not in module.device_constants:
+        return _as_rows(weight)
+    cached = module._channels_last_weights.get(name)
+    if cached is None:
+        cached = module._channels_last_weights[name] = _as_rows(weight)
+    return cached
+
+
 @_op("Conv")
 def _conv(module: OnnxModule, node: _Node, args: list[Any]) -> Sequence[Tensor]:
     data, weight = args[0], args[1]
@@ -551,15 +583,23 @@ def _conv(module: OnnxModule, node: _Node, args: list[Any]) -> Sequence[Tensor]:
         for axis in reversed(range(spatial)):
             torch_pads += [begin[axis], end[axis]]
         data, begin = F.pad(data, torch_pads), [0] * spatial
+    stride = list(node.attrs.get("strides", [1] * spatial))
+    dilation = list(node.attrs.get("dilations", [1] * spatial))
+    groups = int(node.attrs.get("group", 1))
+    if spatial == 1 and module.channels_last:
+        out = F.conv2d(
+            _as_rows(data),
+            _rows_weight(module, node.inputs[1], weight),
+            bias,
+            stride=(1, stride[0]),
+            padding=(0, begin[0]),
+            dilation=(1, dilation[0]),
+            groups=groups,
+        )
+        return [out.squeeze(2)]
     return [
         _CONV[spatial](
-            data,
-            weight,
-            bias,
-            stride=list(node.attrs.get("strides", [1] * spatial)),
-            padding=begin,
-            dilation=list(node.attrs.get("dilations", [1] * spatial)),
-            groups=int(node.attrs.get("group", 1)),
+            data, weight, bias, stride=stride, padding=begin, dilation=dilation, groups=groups
         )
     ]
 
@@ -573,16 +613,33 @@ def _conv_transpose(module: OnnxModule, node: _Node, args: list[Any]) -> Sequenc
         raise UnsupportedGraphError(f"{node.name}: ConvTranspose output_shape is not supported")
     begin, end = _conv_padding(node, spatial)
     symmetric = begin == end
-    out = _CONV_T[spatial](
-        data,
-        weight,
-        bias,
-        stride=list(node.attrs.get("strides", [1] * spatial)),
-        padding=begin if symmetric else 0,
-        output_padding=list(node.attrs.get("output_padding", [0] * spatial)),
-        groups=int(node.attrs.get("group", 1)),
-        dilation=list(node.attrs.get("dilations", [1] * spatial)),
-    )
+    padding = begin if symmetric else [0] * spatial
+    stride = list(node.attrs.get("strides", [1] * spatial))
+    output_padding = list(node.attrs.get("output_padding", [0] * spatial))
+    groups = int(node.attrs.get("group", 1))
+    dilation = list(node.attrs.get("dilations", [1] * spatial))
+    if spatial == 1 and module.channels_last:
+        out = F.conv_transpose2d(
+            _as_rows(data),
+            _rows_weight(module, node.inputs[1], weight),
+            bias,
+            stride=(1, stride[0]),
+            padding=(0, padding[0]),
+            output_padding=(0, output_padding[0]),
+            groups=groups,
+            dilation=(1, dilation[0]),
+        ).squeeze(2)
+    else:
+        out = _CONV_T[spatial](
+            data,
+            weight,
+            bias,
+            stride=stride,
+            padding=padding,
+            output_padding=output_padding,
+            groups=groups,
+            dilation=dilation,
+        )
     if symmetric:
         return [out]
     index = [slice(None), slice(None)] + [

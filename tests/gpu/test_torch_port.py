@@ -57,6 +57,31 @@ def test_flow_matches_onnxruntime_with_a_partial_mask(stage_dir: Path) -> None:
     assert module.transfers == 0  # capturable into a CUDA graph
 
 
+@pytest.mark.parametrize("stage", ["vocoder", "flow"])
+def test_convolutions_as_channels_last_rows_match_onnxruntime(stage_dir: Path, stage: str) -> None:
+    """A GPU module in FP16 runs its 1-D convolutions as channels-last 2-D ones (no cuDNN
+    layout transposes); forced on here, on the CPU, the numbers are onnxruntime's, and each
+    weight is laid out once, not on every call (a CUDA graph would replay the copy)."""
+    rng = np.random.default_rng(3)
+    if stage == "vocoder":
+        inputs = {"latent": rng.standard_normal((2, 192, 24)).astype(np.float32)}
+    else:
+        mask = np.ones((2, 1, 40), dtype=np.float32)
+        mask[1, :, 25:] = 0.0
+        inputs = {"prior": rng.standard_normal((2, 192, 40)).astype(np.float32), "mask": mask}
+    expected = session(stage_dir / f"{stage}.onnx").run(None, inputs)[0]
+    module = OnnxModule(stage_dir / f"{stage}.onnx")
+    assert not module.channels_last  # only on a GPU in FP16
+    module.channels_last = True
+    feeds = {name: torch.from_numpy(value) for name, value in inputs.items()}
+    actual = module(**feeds)[0].numpy()
+    assert relative_error(actual, expected) < 1e-5
+    laid_out = len(module._channels_last_weights)
+    assert laid_out > 0
+    module(**feeds)
+    assert len(module._channels_last_weights) == laid_out and module.transfers == 0
+
+
 def test_encoder_matches_onnxruntime(stage_dir: Path, corpus_ids: list[list[int]]) -> None:
     short = sorted(corpus_ids, key=len)[:2]
     ids = np.zeros((2, max(map(len, short))), dtype=np.int64)
