@@ -13,7 +13,8 @@
 - flow and vocoder: the entry's precision (FP16 by default). Their calls come from the
   stream model as batches of fixed-size windows, so each call is padded up to a batch bucket
   (1, 2, 4, ..., 256) and replayed from a CUDA graph captured once per (bucket, frames):
-  hundreds of small kernel launches become one graph launch.
+  hundreds of small kernel launches become one graph launch. In FP16 their 1-D convolutions
+  run as channels-last 2-D ones (engines.torch_cuda.convert, VOXFLEET_CONV_CHANNELS_LAST).
 
 Weights are the stage ONNX files' initializers (engines.torch_cuda.convert).
 """
