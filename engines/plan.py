@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
 # -- runtimes ---------------------------------------------------------------------------
@@ -155,13 +156,19 @@ class WindowConfig:
                 f"window_frames ({self.window_frames})"
             )
 
-    def window_sizes(self) -> list[int]:
-        """The window sizes of fixed-shape engines: first, doubled, ..., steady."""
+    @cached_property
+    def _sizes(self) -> tuple[int, ...]:
+        # Worked out once per config: the planner asks for a size class about a thousand
+        # times a step at 2,000 streams.
         sizes, size = [], self.first_window_frames
         while size < self.window_frames:
             sizes.append(size)
             size *= 2
-        return [*sizes, self.window_frames]
+        return (*sizes, self.window_frames)
+
+    def window_sizes(self) -> list[int]:
+        """The window sizes of fixed-shape engines: first, doubled, ..., steady."""
+        return list(self._sizes)
 
     def size_class(self, frames: int, flow: bool = False) -> int:
         """The smallest window (or flow chunk) size holding `frames`: calls batch per size.
@@ -170,7 +177,7 @@ class WindowConfig:
         half the context overhead of running it window by window.
         """
         scale = 2 if flow else 1
-        for size in self.window_sizes():
+        for size in self._sizes:
             if frames <= size * scale:
                 return size * scale
         return self.window_frames * scale
