@@ -572,6 +572,27 @@ def _rows_weight(module: OnnxModule, name: str, weight: Tensor) -> Tensor:
     return cached
 
 
+# A 1-D argument on channels-last rows [N, C, 1, T] leads with this for the added axis.
+_ROWS_LEAD = {"stride": 1, "dilation": 1, "padding": 0, "output_padding": 0}
+
+
+def _on_rows(
+    module: OnnxModule,
+    node: _Node,
+    function: Callable[..., Tensor],
+    args: tuple[Tensor, Tensor, Tensor | None],
+    groups: int,
+    axes: dict[str, list[int]],
+) -> Tensor:
+    """A 1-D convolution (`function`: F.conv2d or F.conv_transpose2d) run over channels-last
+    rows, back as [N, C, T] (laid out channels-last, which the next convolution takes as is);
+    `axes` are its per-axis arguments (stride, padding, ...)."""
+    data, weight, bias = args
+    rows = {name: (_ROWS_LEAD[name], values[0]) for name, values in axes.items()}
+    weight = _rows_weight(module, node.inputs[1], weight)
+    return function(_as_rows(data), weight, bias, groups=groups, **rows).squeeze(2)
+
+
 @_op("Conv")
 def _conv(module: OnnxModule, node: _Node, args: list[Any]) -> Sequence[Tensor]:
     data, weight = args[0], args[1]
@@ -583,25 +604,15 @@ def _conv(module: OnnxModule, node: _Node, args: list[Any]) -> Sequence[Tensor]:
         for axis in reversed(range(spatial)):
             torch_pads += [begin[axis], end[axis]]
         data, begin = F.pad(data, torch_pads), [0] * spatial
-    stride = list(node.attrs.get("strides", [1] * spatial))
-    dilation = list(node.attrs.get("dilations", [1] * spatial))
+    axes = {
+        "stride": list(node.attrs.get("strides", [1] * spatial)),
+        "padding": begin,
+        "dilation": list(node.attrs.get("dilations", [1] * spatial)),
+    }
     groups = int(node.attrs.get("group", 1))
     if spatial == 1 and module.channels_last:
-        out = F.conv2d(
-            _as_rows(data),
-            _rows_weight(module, node.inputs[1], weight),
-            bias,
-            stride=(1, stride[0]),
-            padding=(0, begin[0]),
-            dilation=(1, dilation[0]),
-            groups=groups,
-        )
-        return [out.squeeze(2)]
-    return [
-        _CONV[spatial](
-            data, weight, bias, stride=stride, padding=begin, dilation=dilation, groups=groups
-        )
-    ]
+        return [_on_rows(module, node, F.conv2d, (data, weight, bias), groups, axes)]
+    return [_CONV[spatial](data, weight, bias, groups=groups, **axes)]
 
 
 @_op("ConvTranspose")
@@ -613,33 +624,17 @@ def _conv_transpose(module: OnnxModule, node: _Node, args: list[Any]) -> Sequenc
         raise UnsupportedGraphError(f"{node.name}: ConvTranspose output_shape is not supported")
     begin, end = _conv_padding(node, spatial)
     symmetric = begin == end
-    padding = begin if symmetric else [0] * spatial
-    stride = list(node.attrs.get("strides", [1] * spatial))
-    output_padding = list(node.attrs.get("output_padding", [0] * spatial))
+    axes = {
+        "stride": list(node.attrs.get("strides", [1] * spatial)),
+        "padding": begin if symmetric else [0] * spatial,
+        "output_padding": list(node.attrs.get("output_padding", [0] * spatial)),
+        "dilation": list(node.attrs.get("dilations", [1] * spatial)),
+    }
     groups = int(node.attrs.get("group", 1))
-    dilation = list(node.attrs.get("dilations", [1] * spatial))
     if spatial == 1 and module.channels_last:
-        out = F.conv_transpose2d(
-            _as_rows(data),
-            _rows_weight(module, node.inputs[1], weight),
-            bias,
-            stride=(1, stride[0]),
-            padding=(0, padding[0]),
-            output_padding=(0, output_padding[0]),
-            groups=groups,
-            dilation=(1, dilation[0]),
-        ).squeeze(2)
+        out = _on_rows(module, node, F.conv_transpose2d, (data, weight, bias), groups, axes)
     else:
-        out = _CONV_T[spatial](
-            data,
-            weight,
-            bias,
-            stride=stride,
-            padding=padding,
-            output_padding=output_padding,
-            groups=groups,
-            dilation=dilation,
-        )
+        out = _CONV_T[spatial](data, weight, bias, groups=groups, **axes)
     if symmetric:
         return [out]
     index = [slice(None), slice(None)] + [
