@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from engines.bench.gpu_bench import snr_db
 from engines.engine_build import build_engines, resolve_voice_model
 from engines.torch_cuda.convert import CHANNELS_LAST_ENV
 from engines.torch_cuda.runtime import TorchCudaStages
@@ -48,11 +49,9 @@ def time_ms(call: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
     return start.elapsed_time(end) / CALLS, out
 
 
-def snr_db(reference: torch.Tensor, other: torch.Tensor) -> float:
-    ref, diff = reference.float(), (reference.float() - other.float())
-    return round(
-        float(10 * torch.log10(ref.square().sum() / diff.square().sum().clamp_min(1e-20))), 1
-    )
+def audio_snr_db(reference: torch.Tensor, other: torch.Tensor) -> float:
+    """`gpu_bench.snr_db` of two calls' audio (inf where they are identical)."""
+    return round(snr_db(reference.float().cpu().numpy(), other.float().cpu().numpy()), 1)
 
 
 def kernel_kind(name: str) -> str:
@@ -115,7 +114,8 @@ def main() -> None:
         print(name, json.dumps(results["kernels"][name]), flush=True)
     for index, key in enumerate(results["calls"]):
         row = results["calls"][key]
-        row["snr_db"] = snr_db(outputs["default_layout"][index], outputs["channels_last"][index])
+        pair = outputs["default_layout"][index], outputs["channels_last"][index]
+        row["snr_db"] = audio_snr_db(*pair)
         print(key, json.dumps(row), flush=True)
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "vocoder-probe.json"), "w") as handle:
