@@ -15,6 +15,8 @@
   (1, 2, 4, ..., 256) and replayed from a CUDA graph captured once per (bucket, frames):
   hundreds of small kernel launches become one graph launch. In FP16 their 1-D convolutions
   run as channels-last 2-D ones (engines.torch_cuda.convert, VOXFLEET_CONV_CHANNELS_LAST).
+  VOXFLEET_VOCODER_COMPILE=1 (off by default) runs the vocoder as
+  engines.torch_cuda.vocoder.VocoderCore compiled by torch.compile, its element-wise work fused.
 
 Weights are the stage ONNX files' initializers (engines.torch_cuda.convert).
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -33,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engines.torch_cuda import acoustic
+from engines.torch_cuda import acoustic, vocoder
 from engines.torch_cuda.acoustic import EncoderCore
 from engines.torch_cuda.convert import OnnxModule
 
@@ -62,6 +65,13 @@ BANDED_ENV = "VOXFLEET_ENCODER_BANDED"
 # matrix products allowed (some frame boundaries move: durations are ceil()ed).
 COMPILE_ENV = "VOXFLEET_ENCODER_COMPILE"
 TF32_ENV = "VOXFLEET_ENCODER_TF32"
+# VOXFLEET_VOCODER_COMPILE=1 (off by default): on a GPU, the vocoder runs as
+# engines.torch_cuda.vocoder.VocoderCore compiled by torch.compile (inductor, dynamic shapes:
+# one compile for every batch bucket and window width) before its CUDA graphs are captured,
+# instead of the node-by-node port. Voices whose vocoder it does not reproduce keep the port
+# (logged).
+VOCODER_COMPILE_ENV = "VOXFLEET_VOCODER_COMPILE"
+LOGGER = logging.getLogger(__name__)
 
 
 class TorchCudaError(RuntimeError):
@@ -381,8 +391,32 @@ class TorchCudaStages:
             use_graphs,
             pool=pool,
             frame_multiple=vocoder_frame_multiple,
+            function=self._compiled_vocoder(engine_dir / "vocoder.onnx"),
         )
         self.multi_speaker = "sid" in self.encoder.input_names
+
+    def _compiled_vocoder(self, path: Path) -> StageFunction | None:
+        """The vocoder as a compiled `VocoderCore` with VOXFLEET_VOCODER_COMPILE=1 on a GPU
+        (None: the node-by-node port), checked against the port before it is used."""
+        self.vocoder_compiled = False
+        if os.environ.get(VOCODER_COMPILE_ENV, "0") != "1" or self.device.type != "cuda":
+            return None
+        module = self.vocoder_module
+        try:
+            core = vocoder.from_onnx(path, self.device, module.float_dtype, module.channels_last)
+            vocoder.check(core, module, self.device)
+        except vocoder.NotPiperGenerator as error:
+            LOGGER.warning(
+                "%s=1: %s keeps the node-by-node vocoder: %s", VOCODER_COMPILE_ENV, path, error
+            )
+            return None
+        compiled = torch.compile(core, dynamic=True)
+        self.vocoder_compiled = self._compiled = True
+
+        def function(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+            return [compiled(inputs["latent"])]
+
+        return function
 
     # -- tensor API: stays on the device (pipelines and benchmarks) --------------------------
 
@@ -588,9 +622,9 @@ class TorchCudaStages:
             # cuDNN's autotuning tries algorithms with large workspaces; hand the cached
             # blocks back so that other processes on this GPU (another voice) can load.
             torch.cuda.empty_cache()
-        if self._compiled and encoder_phonemes and self.encoder_stage is not None:
-            # The encoder's shapes are captured: inductor's compile workers (a process per
-            # core) are not needed again. (A warmup of the flow and vocoder alone compiles
+        if self._compiled and encoder_phonemes:
+            # The stream model's shapes are captured: inductor's compile workers (a process
+            # per core) are not needed again. (Its warmup of the sentence flow alone compiles
             # nothing.)
             from torch._inductor import async_compile
 
