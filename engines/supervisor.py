@@ -17,7 +17,9 @@ with an error, so the kubelet restarts the container.
 On SIGTERM or SIGINT (handlers installed whatever was inherited) the server drains: readiness
 fails, new streams are refused with UNAVAILABLE (the stream model checks the drain file),
 streams in flight finish for up to Triton's exit timeout, and tritonserver is stopped as
-soon as none is left.
+soon as none is left. Killed outright (SIGKILL, an out-of-memory kill), it takes tritonserver
+with it: Linux sends tritonserver SIGTERM when its parent dies (`ended_with_this_process`), so
+that no server is left holding the ports and the GPU's memory.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import psutil
 
 from engines import names
 from engines.repository import MODEL_SOURCE, stream_model_source
+from engines.triton_server import ended_with_this_process
 
 STUB_NAME = "triton_python_backend_stub"
 WATCH_INTERVAL_S = 0.1
@@ -184,7 +187,10 @@ class Supervisor:
             names.DRAIN_FILE_ENV: str(self.drain_file),
             names.RESTARTS_ENV: json.dumps(self.state.restarts),
         }
-        self.process = subprocess.Popen(self.command, env=env, start_new_session=True)
+        # Started from the main thread (start, run): it ends with this process.
+        self.process = subprocess.Popen(
+            ended_with_this_process(list(self.command)), env=env, start_new_session=True
+        )
         self._stubs = {}
 
     def wait_ready(self, timeout_s: float) -> bool:

@@ -67,6 +67,30 @@ def server_env() -> dict[str, str]:
     return env
 
 
+# Run as `python -c LAUNCHER PARENT_PID COMMAND...`: ask Linux to send SIGTERM to this
+# process when the thread that started it ends (PR_SET_PDEATHSIG, which execv keeps), give up
+# if that parent is already gone, then become COMMAND. SIGTERM is Triton's graceful stop: it
+# ends its backend processes and their shared memory before it exits.
+_LAUNCHER = """
+import ctypes, os, signal, sys
+if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM) != 0:
+    sys.exit("voxfleet: prctl(PR_SET_PDEATHSIG) failed: " + os.strerror(ctypes.get_errno()))
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("voxfleet: the process that started tritonserver is gone")
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def ended_with_this_process(command: list[str]) -> list[str]:
+    """`command`, run so that it is stopped (SIGTERM) when the thread starting it ends, even
+    killed with SIGKILL: a tritonserver left behind keeps its ports and the GPU's memory.
+    Linux only (elsewhere `command` as it is); start it from a thread that lives as long as
+    the server should (the main thread)."""
+    if not sys.platform.startswith("linux"):
+        return list(command)
+    return [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *command]
+
+
 class TritonServer:
     """A tritonserver process on a model repository; a context manager that waits for ready."""
 
@@ -125,7 +149,7 @@ class TritonServer:
         log = open(self.log_path, "ab") if stdout_to_log else None
         try:
             self.process = subprocess.Popen(
-                self.command(),
+                ended_with_this_process(self.command()),
                 env=server_env(),
                 stdout=log,
                 stderr=subprocess.STDOUT if log else None,

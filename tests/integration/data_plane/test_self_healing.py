@@ -11,6 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 from supervised import Served, running, serve_command, talk_in_background
 
@@ -51,6 +52,25 @@ def test_serve_heals_a_killed_backend_under_load(engine_cache: Path) -> None:
     command, ports = serve_command(str(engine_cache))
     with running(command, ports) as served:
         kill_the_backend_under_load(served)
+
+
+def test_a_killed_serve_takes_its_triton_with_it(engine_cache: Path) -> None:
+    """kill -9 of `voxfleet serve` (an OOM kill, a script's timeout): its tritonserver and the
+    voice's backend do not live on holding the ports (and, on a GPU, its memory)."""
+    command, ports = serve_command(str(engine_cache))
+    with running(command, ports) as served:
+        (triton,) = [
+            child
+            for child in psutil.Process(served.process.pid).children()
+            if child.name() == "tritonserver"
+        ]
+        left = [triton, *served.stubs()]
+        served.process.kill()
+        _, alive = psutil.wait_procs(left, timeout=20)
+        for process in alive:
+            process.kill()  # not left for the tests after this one
+        assert not alive, f"still running after serve was killed: {alive}"
+        assert served.get(ports[1], "/v2/health/ready") == 0  # Triton's HTTP port is closed
 
 
 def test_serve_stops_promptly_after_hung_up_streams_with_sigint_ignored(
