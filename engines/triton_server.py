@@ -70,11 +70,16 @@ def server_env() -> dict[str, str]:
 # Run as `python -c LAUNCHER PARENT_PID COMMAND...`: ask Linux to send SIGTERM to this
 # process when the thread that started it ends (PR_SET_PDEATHSIG, which execv keeps), give up
 # if that parent is already gone, then become COMMAND. SIGTERM is Triton's graceful stop: it
-# ends its backend processes and their shared memory before it exits.
+# ends its backend processes and their shared memory before it exits. Where the request
+# fails, the server still starts (a warning says so).
 _LAUNCHER = """
-import ctypes, os, signal, sys
-if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM) != 0:
-    sys.exit("voxfleet: prctl(PR_SET_PDEATHSIG) failed: " + os.strerror(ctypes.get_errno()))
+import os, sys
+try:
+    import ctypes, signal
+    if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+except Exception as error:
+    print(f"voxfleet: tritonserver will not stop with its parent: {error}", file=sys.stderr)
 if os.getppid() != int(sys.argv[1]):
     sys.exit("voxfleet: the process that started tritonserver is gone")
 os.execv(sys.argv[2], sys.argv[2:])

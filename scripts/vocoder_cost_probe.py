@@ -81,7 +81,9 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
-def kernel_shares(function: StageFunction, dtype: torch.dtype, windows: int, frames: int):
+def kernel_shares(
+    function: StageFunction, dtype: torch.dtype, windows: int, frames: int
+) -> dict[str, Any]:
     """Device time per call of `function` (a stage's calls, without graphs) by kernel kind."""
     latent = torch.randn(windows, 192, frames, device="cuda", dtype=dtype)
     for _ in range(3):
