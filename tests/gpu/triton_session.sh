@@ -59,6 +59,16 @@ for port in 18000 18001 18002 18010 18011 18012; do
         exit 1
     fi
 done
+# A run on a GPU that another process is using measures both: refuse it (BUSY_GPU_OK=1 runs
+# anyway). A server killed with its caller used to live on there, loading.
+if command -v nvidia-smi >/dev/null && [[ "${BUSY_GPU_OK:-0}" != 1 ]]; then
+    BUSY=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader)
+    if [[ -n "$BUSY" ]]; then
+        echo "triton_session: the GPU is in use (pid, process, memory); stop these first or set BUSY_GPU_OK=1:" >&2
+        echo "$BUSY" >&2
+        exit 1
+    fi
+fi
 # INSTANCES=N serves the batched voice as N stream-model instances (processes, one scheduler
 # each) on the GPU.
 INSTANCE_ARGS=()
