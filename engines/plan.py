@@ -198,6 +198,9 @@ class WindowConfig:
 # -- the plan ---------------------------------------------------------------------------
 
 DEFAULT_MAX_TEXT_BYTES = 5000
+# Stream-model instances per voice and pod: on the H100 two gave 1.26 to 1.28 times the audio
+# of one, three no more than two (docs/gpu.md); each holds a copy of the voice's GPU state.
+MAX_INSTANCES = 4
 VOICE_CONFIG_NAME = "voice.onnx.json"
 
 
@@ -218,6 +221,9 @@ class ServingPlan:
     max_streams_per_pod: int = 0
     # 1.0 is the voice's own pace; 1.25 speaks 25 % faster (Piper's length scale / 1.25).
     speaking_rate: float = 1.0
+    # Stream-model instances a pod runs for this voice: processes on its one GPU, each with its
+    # own scheduler, CUDA graphs and frame stores, and its share of max_streams_per_pod.
+    instances: int = 1
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -238,6 +244,8 @@ class ServingPlan:
             )
         if not 0.1 <= self.speaking_rate <= 10:
             raise ValueError(f"speaking_rate must be within 0.1..10, got {self.speaking_rate}")
+        if not 1 <= self.instances <= MAX_INSTANCES:
+            raise ValueError(f"instances must be within 1..{MAX_INSTANCES}, got {self.instances}")
 
     @property
     def runtime_info(self) -> RuntimeInfo:

@@ -28,12 +28,14 @@ def check_unique_names(plans: Iterable[ServingPlan]) -> None:
         raise ValueError(f"voice name(s) used twice: {', '.join(duplicates)}")
 
 
-def stream_model_config(plan: ServingPlan, instances: int = 1) -> dict[str, Any]:
+def stream_model_config(plan: ServingPlan, instances: int | None = None) -> dict[str, Any]:
     """One voice's decoupled stream model, in the fields of Triton's ModelConfig.
 
-    `instances`: stream-model processes for the voice (one scheduler each, on the same GPU);
-    Triton spreads the voice's requests over them.
+    `instances` (default: the plan's): stream-model processes for the voice (one scheduler
+    each, on the same GPU); Triton spreads the voice's requests over them.
     """
+    if instances is None:
+        instances = plan.instances
     if instances < 1:
         raise ValueError(f"a voice needs at least 1 model instance, got {instances}")
     return {
@@ -50,7 +52,8 @@ def stream_model_config(plan: ServingPlan, instances: int = 1) -> dict[str, Any]
             for name, dtype, dims in names.OUTPUTS
         ],
         # One instance per pod by default: the scheduler batches every stream of the voice
-        # itself. More instances are more scheduler processes sharing the GPU.
+        # itself. More instances are more scheduler processes sharing the GPU (a TTSVoice's
+        # batching.instances).
         "instance_group": [{"count": instances, "kind": "KIND_CPU"}],
         "parameters": {names.PLAN_PARAMETER: {"string_value": plan.to_json()}},
     }
@@ -104,8 +107,11 @@ def stream_model_source() -> bytes:
     return resources.files("engines.triton_model").joinpath("model.py").read_bytes()
 
 
-def build_model_repository(plans: Sequence[ServingPlan], instances: int = 1) -> dict[str, bytes]:
-    """Relative path → file content for every voice's model (`instances` each)."""
+def build_model_repository(
+    plans: Sequence[ServingPlan], instances: int | None = None
+) -> dict[str, bytes]:
+    """Relative path → file content for every voice's model (`instances` each, default: each
+    plan's own)."""
     check_unique_names(plans)
     source = stream_model_source()
     files: dict[str, bytes] = {}

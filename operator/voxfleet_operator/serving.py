@@ -63,4 +63,5 @@ def serving_plan(
         max_text_bytes=spec.limits.max_text_bytes,
         max_streams_per_pod=spec.limits.max_concurrent_streams,
         speaking_rate=spec.speaking_rate,
+        instances=spec.batching.instances,
     )

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import aiohttp
+import psutil
 import pytest
 from voxfleet_operator import loading
 from voxfleet_operator.pools import Pool, PoolsConfig
@@ -26,6 +27,7 @@ from engines.client import SynthesisError, synthesize
 from engines.engine_build import build_engines, publish_entry
 from engines.names import PLAN_PARAMETER
 from engines.plan import ServingPlan
+from engines.supervisor import stub_of
 from engines.triton_server import TritonServer
 from engines.voice import load_voice
 
@@ -79,7 +81,8 @@ async def test_spec_values_reach_the_stream_model_unchanged_through_a_real_load(
         },
         cache,
     )
-    plain = published_plan("joe", {"source": SOURCE}, cache)
+    # Two stream-model instances, as a large GPU's pool would run it.
+    plain = published_plan("joe", {"source": SOURCE, "batching": {"instances": 2}}, cache)
 
     args = [a.replace(f"$({KEY_ENV})", KEY) for a in triton_args() if not a.startswith(OWN_FLAGS)]
     repository = tmp_path / "models"
@@ -106,6 +109,13 @@ async def test_spec_values_reach_the_stream_model_unchanged_through_a_real_load(
             assert loaded == fast
             assert (loaded.max_text_bytes, loaded.max_streams_per_pod) == (1000, 1)
             assert loaded.speaking_rate == 1.25
+
+            # batching.instances: Triton runs that many stream-model processes for the voice.
+            assert plain.instances == 2 and fast.instances == 1
+            assert server.process is not None
+            stubs = [stub_of(child) for child in psutil.Process(server.process.pid).children()]
+            served = sorted(stub.model for stub in stubs if stub is not None)
+            assert served == ["joe", "joe", "joe-fast"]
 
             # ... and behaves by them: rate, text limit and stream limit.
             # Without noise, durations are deterministic: the fast voice's default pace is the

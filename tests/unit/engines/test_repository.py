@@ -57,6 +57,23 @@ def test_a_voice_may_run_as_several_instances_and_never_none() -> None:
         stream_model_config(plan("joe"), instances=0)
 
 
+def test_the_plan_says_how_many_instances_the_operator_loads() -> None:
+    """A TTSVoice's batching.instances reaches the plan; the load API's config runs that
+    many stream models, and the plan refuses counts it does not serve."""
+    body = load_request(plan("joe", instances=2))
+    config = json.loads(body["parameters"]["config"])
+    assert config["instance_group"] == [{"count": 2, "kind": "KIND_CPU"}]
+    files = build_model_repository([plan("joe", instances=3), plan("amy")])
+    counts = {
+        name: [g.count for g in parsed(files[f"{name}/config.pbtxt"].decode()).instance_group]
+        for name in ("joe", "amy")
+    }
+    assert counts == {"joe": [3], "amy": [1]}
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match=f"instances must be within 1..4, got {bad}"):
+            plan("joe", instances=bad)
+
+
 def test_the_plan_round_trips_through_the_config_unchanged() -> None:
     original = plan(
         windows=WindowConfig(first_window_frames=8, window_frames=32, max_encoder_wait_ms=3),
@@ -64,6 +81,7 @@ def test_the_plan_round_trips_through_the_config_unchanged() -> None:
         max_text_bytes=300,
         max_streams_per_pod=7,
         speaking_rate=1.25,
+        instances=2,
     )
     assert plan_in(parsed(config_pbtxt(stream_model_config(original)))) == original
 

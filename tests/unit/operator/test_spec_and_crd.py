@@ -33,6 +33,7 @@ def test_minimal_voice_gets_the_documented_defaults() -> None:
     assert (spec.streaming.first_window_frames, spec.streaming.steady_window_frames) == (16, 32)
     assert spec.streaming.context_frames == 8
     assert (spec.batching.max_batch_size, spec.batching.max_queue_delay_ms) == (8, 25)
+    assert spec.batching.instances == 1
     assert (spec.limits.max_text_bytes, spec.limits.max_concurrent_streams) == (4096, 64)
     assert spec.speaking_rate == 1.0
     assert (spec.autoscaling.min_replicas, spec.autoscaling.max_replicas) == (1, 4)
@@ -77,6 +78,10 @@ def test_minimal_voice_gets_the_documented_defaults() -> None:
             "autoscaling.perVoice needs spec.replicas",
         ),
         ({"source": URL_SOURCE, "replicas": 0}, "spec.replicas: Input should be greater"),
+        (
+            {"source": URL_SOURCE, "batching": {"instances": 5}},
+            "spec.batching.instances: Input should be less than or equal to 4",
+        ),
         ({"source": URL_SOURCE, "speakingRate": 9}, "speakingRate: Input should be less"),
         ({"source": URL_SOURCE, "precision": "int4"}, "spec.precision: Input should be"),
         ({"source": URL_SOURCE, "colour": "blue"}, "spec.colour: Extra inputs"),
