@@ -1,9 +1,9 @@
 """A supervisor around tritonserver: heals a voice whose backend process died, drains on
 SIGTERM/SIGINT, and answers the pod's readiness and liveness.
 
-Why a restart: when a Python-backend stub dies, Triton (2.51) keeps the model READY, answers
-every new request with "Stub process ... is not healthy" and never ends the streams that
-were in flight; unloading the model leaves those requests held, so even a clean shutdown
+Why a restart: when a Python-backend stub dies (for a voice run as several instances, any one
+of them), Triton (2.51) keeps the model READY, answers every new request sent to that stub
+with "Stub process ... is not healthy" and never ends the streams that were in flight; unloading the model leaves those requests held, so even a clean shutdown
 then waits out the exit timeout. Killing tritonserver (and its stubs) closes every gRPC
 stream with UNAVAILABLE at once, and a fresh server loads the voices again: from the model
 repository on disk (`voxfleet serve`), or, for voices the operator loaded through the
@@ -34,6 +34,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -239,15 +240,35 @@ class Supervisor:
                 found[child.pid] = stub
         return found
 
+    def _instance_count(self, model: str) -> int | None:
+        """The stream-model instances Triton runs for `model` by its config (None: no answer)."""
+        status, body = self._http_read("GET", f"/v2/models/{model}/config")
+        if status != 200:
+            return None
+        try:
+            groups = json.loads(body).get("instance_group") or [{}]
+            return sum(int(group.get("count", 1)) for group in groups)
+        except (ValueError, AttributeError, TypeError):
+            return None
+
     def _dead_model(self) -> str | None:
         """A voice whose stub died while Triton still holds it loaded, if any."""
         current = self._current_stubs()
-        alive = {stub.model for stub in current.values()}
+        alive = Counter(stub.model for stub in current.values())
         dead = None
         undecided: dict[int, _Stub] = {}
         for pid, stub in self._stubs.items():
-            if pid in current or stub.model in alive:
-                continue  # a reload starts the new stub before the old one ends
+            if pid in current:
+                continue
+            if stub.model in alive:
+                # A reload starts the new stubs before the old ones end; with several
+                # instances, one that died leaves the voice fewer than its config runs.
+                configured = self._instance_count(stub.model)
+                if configured is None:
+                    undecided[pid] = stub  # no answer: ask again next time
+                    continue
+                if alive[stub.model] >= configured:
+                    continue
             status = self._http("GET", f"/v2/models/{stub.model}/ready")
             if status == 200:
                 dead = stub.model

@@ -58,8 +58,10 @@ class Served:
                 text = reply.read().decode()
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return None
-        found = re.search(rf'^{family}\{{model="joe"\}} ([0-9.e+-]+)$', text, re.M)
-        return float(found.group(1)) if found else None
+        # Summed over the voice's instances where there are several (labelled model_instance).
+        pattern = rf'^{family}\{{model="joe"(?:,model_instance="[^"]*")?\}} ([0-9.e+-]+)$'
+        found = re.findall(pattern, text, re.M)
+        return sum(float(value) for value in found) if found else None
 
     def stubs(self) -> list[psutil.Process]:
         children = psutil.Process(self.process.pid).children(recursive=True)

@@ -54,6 +54,26 @@ def test_serve_heals_a_killed_backend_under_load(engine_cache: Path) -> None:
         kill_the_backend_under_load(served)
 
 
+def test_serve_heals_one_killed_instance_of_two(engine_cache: Path) -> None:
+    """With two stream-model instances, one instance's backend dying is a dead voice too:
+    Triton keeps the voice ready and sends part of its streams to the dead one."""
+    command, ports = serve_command(str(engine_cache))
+    with running([*command, "--instances", "2"], ports) as served:
+        first, _ = served.stubs()
+        first.kill()
+
+        def said(text: str) -> bool:
+            return any(text in line for line in served.output)
+
+        assert served.wait_for(lambda: said("of voice 'joe' died; restarting"), 5) is not None
+        assert served.wait_for(lambda: said("voxfleet: healed in"), 30) is not None
+        assert served.wait_for(lambda: served.ready() == 200, 5) is not None
+        assert len(served.stubs()) == 2, "".join(served.output[-30:])
+        for _ in range(4):  # Triton spreads them over both instances
+            assert synthesize(served.grpc_url, "Both of us are back.").audio_seconds > 0.3
+        assert served.metric(names.MODEL_RESTARTS_TOTAL) == 1
+
+
 def test_a_killed_serve_takes_its_triton_with_it(engine_cache: Path) -> None:
     """kill -9 of `voxfleet serve` (an OOM kill, a script's timeout): its tritonserver and the
     voice's backend do not live on holding the ports (and, on a GPU, its memory)."""
