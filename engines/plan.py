@@ -217,7 +217,7 @@ class ServingPlan:
     cross_stream_batching: bool = True
     max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES
     # Live streams one pod serves of this voice before refusing with RESOURCE_EXHAUSTED
-    # (a pod loads each voice once, as one model instance); 0: no limit.
+    # (split between its instances there); 0: no limit.
     max_streams_per_pod: int = 0
     # 1.0 is the voice's own pace; 1.25 speaks 25 % faster (Piper's length scale / 1.25).
     speaking_rate: float = 1.0

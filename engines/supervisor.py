@@ -3,9 +3,10 @@ SIGTERM/SIGINT, and answers the pod's readiness and liveness.
 
 Why a restart: when a Python-backend stub dies (for a voice run as several instances, any one
 of them), Triton (2.51) keeps the model READY, answers every new request sent to that stub
-with "Stub process ... is not healthy" and never ends the streams that were in flight; unloading the model leaves those requests held, so even a clean shutdown
-then waits out the exit timeout. Killing tritonserver (and its stubs) closes every gRPC
-stream with UNAVAILABLE at once, and a fresh server loads the voices again: from the model
+with "Stub process ... is not healthy" and never ends the streams that were in flight;
+unloading the model leaves those requests held, so even a clean shutdown then waits out the
+exit timeout. Killing tritonserver (and its stubs) closes every gRPC stream with UNAVAILABLE
+at once, and a fresh server loads the voices again: from the model
 repository on disk (`voxfleet serve`), or, for voices the operator loaded through the
 repository API, from the configuration the supervisor read from Triton when they loaded.
 
