@@ -59,6 +59,12 @@ def stream_model_config(plan: ServingPlan, instances: int | None = None) -> dict
     }
 
 
+def instance_count(config: Mapping[str, Any]) -> int:
+    """The stream-model instances a model config (as Triton reports it) runs: its
+    `instance_group` counts, 1 where it has none."""
+    return sum(int(group.get("count", 1)) for group in config.get("instance_group") or [{}])
+
+
 def _pbtxt_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

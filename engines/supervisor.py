@@ -45,7 +45,7 @@ from typing import Any
 import psutil
 
 from engines import names
-from engines.repository import MODEL_SOURCE, stream_model_source
+from engines.repository import MODEL_SOURCE, instance_count, stream_model_source
 from engines.triton_server import ended_with_this_process
 
 STUB_NAME = "triton_python_backend_stub"
@@ -247,8 +247,7 @@ class Supervisor:
         if status != 200:
             return None
         try:
-            groups = json.loads(body).get("instance_group") or [{}]
-            return sum(int(group.get("count", 1)) for group in groups)
+            return instance_count(json.loads(body))
         except (ValueError, AttributeError, TypeError):
             return None
 

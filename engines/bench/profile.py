@@ -120,7 +120,12 @@ def call_log_steps(text: str, intervals: int = 7, model: str | None = None) -> d
     an encoder call's span also holds the device's wait for the host inside it). One model's
     or instance's lines are read (each has a scheduler of its own): `model`, else the first
     to write."""
-    records = call_log_records(text)
+    return _steps(call_log_records(text), intervals, model)
+
+
+def _steps(
+    records: list[tuple[str, dict[str, Any]]], intervals: int, model: str | None
+) -> dict[str, Any]:
     if not records:
         raise ValueError("the text has no call-log line")
     model = model or records[0][0]
@@ -246,10 +251,10 @@ class Profiler:
 
 if __name__ == "__main__":  # python -m engines.bench.profile CALL_LOG...
     for name in sys.argv[1:]:
-        log = Path(name).read_text()
-        for model in call_log_models(log):  # a line per model or instance
+        records = call_log_records(Path(name).read_text())
+        for model in dict.fromkeys(model for model, _ in records):  # per model or instance
             try:
-                figures = call_log_steps(log, model=model)
+                figures = _steps(records, 7, model)
             except ValueError as error:  # e.g. a model that wrote too few lines
                 figures = {"error": str(error)}
             print(name, model, json.dumps(figures))

@@ -385,20 +385,22 @@ class TorchCudaStages:
             pool=pool,
             frame_multiple=flow_frame_multiple,
         )
+        compiled_vocoder = self._compiled_vocoder(engine_dir / "vocoder.onnx")
+        self.vocoder_compiled = compiled_vocoder is not None
+        self._compiled |= self.vocoder_compiled
         self.vocoder_stage = GraphedStage(
             self.vocoder_module,
             batch_buckets,
             use_graphs,
             pool=pool,
             frame_multiple=vocoder_frame_multiple,
-            function=self._compiled_vocoder(engine_dir / "vocoder.onnx"),
+            function=compiled_vocoder,
         )
         self.multi_speaker = "sid" in self.encoder.input_names
 
     def _compiled_vocoder(self, path: Path) -> StageFunction | None:
         """The vocoder as a compiled `VocoderCore` with VOXFLEET_VOCODER_COMPILE=1 on a GPU
         (None: the node-by-node port), checked against the port before it is used."""
-        self.vocoder_compiled = False
         if os.environ.get(VOCODER_COMPILE_ENV, "0") != "1" or self.device.type != "cuda":
             return None
         module = self.vocoder_module
@@ -411,7 +413,6 @@ class TorchCudaStages:
             )
             return None
         compiled = torch.compile(core, dynamic=True)
-        self.vocoder_compiled = self._compiled = True
 
         def function(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
             return [compiled(inputs["latent"])]

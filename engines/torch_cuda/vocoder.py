@@ -33,8 +33,10 @@ import numpy as np
 import onnx
 import torch
 import torch.nn.functional as F
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 from torch import Tensor
+
+from engines.torch_cuda.convert import _Node
 
 # The operators of a Piper generator graph (ResBlock2, single speaker), and nothing else.
 GENERATOR_OPS = {"Conv", "ConvTranspose", "LeakyRelu", "Add", "Div", "Tanh", "Unsqueeze"}
@@ -116,10 +118,6 @@ class VocoderCore(torch.nn.Module):
         return x.reshape(x.shape[0], 1, 1, -1)
 
 
-def _attributes(node: onnx.NodeProto) -> dict[str, Any]:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
 def _one(values: Any, name: str, node: onnx.NodeProto) -> int:
     """A 1-D convolution's per-axis attribute (pads: begin and end must agree)."""
     items = list(values) if isinstance(values, list | tuple) else [values]
@@ -149,7 +147,7 @@ def from_onnx(
         if node.op_type in ("Conv", "ConvTranspose")
     }
     slopes = [
-        float(_attributes(node).get("alpha", 0.01))
+        float(_Node(node).attrs.get("alpha", 0.01))
         for node in model.graph.node
         if node.op_type == "LeakyRelu"
     ]
@@ -181,7 +179,7 @@ def _layer(
     dtype: torch.dtype,
     rows: bool,
 ) -> _Layer:
-    attributes = _attributes(node)
+    attributes = _Node(node).attrs
     if attributes.get("group", 1) != 1 or any(attributes.get("output_padding", [0])):
         raise NotPiperGenerator(f"{node.name}: a grouped or output-padded convolution")
     weight = torch.from_numpy(np.array(arrays[node.input[1]], dtype=np.float32)) * scale

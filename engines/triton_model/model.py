@@ -26,6 +26,7 @@ from engines import names
 from engines.frontend import Sentence
 from engines.frontend_pool import FrontendPool
 from engines.plan import ServingPlan
+from engines.repository import instance_count
 from engines.runtime import load_stages
 from engines.streaming import StreamScheduler, SynthesisParams
 from engines.triton_model.metrics import ModelMetrics
@@ -73,7 +74,7 @@ class TritonPythonModel:
         # A voice may run as several instances (processes), each with its own scheduler
         # (`voxfleet serve --instances`): each takes its share of the pod's stream limit and
         # labels its metrics; the first counts the restarts.
-        self.instances = sum(int(g.get("count", 1)) for g in config.get("instance_group") or [{}])
+        self.instances = instance_count(config)
         instance_name = str(args.get("model_instance_name", ""))
         first = instance_name.endswith("_0") or self.instances == 1
         self.metrics = ModelMetrics(
