@@ -63,6 +63,7 @@ MODEL_RESTARTS_TOTAL = "voxfleet_model_restarts_total"
 # Its own HTTP port in a pool pod: GET /ready and /live are the pod's probes.
 HEALTH_PORT = 8003
 HEALTH_PORT_ENV = "VOXFLEET_HEALTH_PORT"  # overrides HEALTH_PORT for `voxfleet triton`
+MPS_ENV = "VOXFLEET_MPS"  # =1: `voxfleet triton` runs a CUDA MPS daemon of its own (engines/mps.py)
 READY_PATH = "/ready"
 LIVE_PATH = "/live"
 # Environment the supervisor gives tritonserver (and so the stream model).

@@ -45,6 +45,7 @@ from typing import Any
 import psutil
 
 from engines import names
+from engines.mps import MpsDaemon
 from engines.repository import MODEL_SOURCE, instance_count, stream_model_source
 from engines.triton_server import ended_with_this_process
 
@@ -143,6 +144,7 @@ class Supervisor:
         work_dir: Path,
         health_port: int | None = names.HEALTH_PORT,
         health_host: str = "0.0.0.0",
+        mps: MpsDaemon | None = None,
     ) -> None:
         self.command = command
         self.env = env
@@ -159,6 +161,8 @@ class Supervisor:
         self._pending_config: set[str] = set()
         self._stop = threading.Event()
         self._health: ThreadingHTTPServer | None = None
+        # A CUDA MPS daemon tritonserver's backend processes share the GPU through (engines/mps.py).
+        self.mps = mps
 
     # -- tritonserver ---------------------------------------------------------------------
     @property
@@ -467,8 +471,18 @@ class Supervisor:
         signal.signal(signal.SIGTERM, request_stop)
 
     def start(self) -> None:
+        """Start the MPS daemon (if any), the health port and tritonserver; MpsError (a
+        TritonError) or OSError where one of them cannot start."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        self._serve_health()
+        if self.mps is not None:
+            self.mps.start()
+            self.env = {**self.env, **self.mps.env}
+            print(f"voxfleet: backends share the GPU through MPS ({self.mps.pipe_dir})", flush=True)
+        try:
+            self._serve_health()
+        except OSError:
+            self._stop_mps()
+            raise
         self._start_triton()
 
     @property
@@ -500,18 +514,25 @@ class Supervisor:
                 self._stop.wait(WATCH_INTERVAL_S)
             return self._drain_and_stop()
         finally:
-            if self._health is not None:
-                self._health.shutdown()
-                self._health.server_close()
-                self._health = None
+            self._close_health()
+            self._stop_mps()
 
     def run_down(self) -> None:
-        """Kill tritonserver and close the health port (a start that failed)."""
+        """Kill tritonserver, stop the MPS daemon and close the health port (a start that
+        failed)."""
         self._kill_triton()
+        self._stop_mps()
+        self._close_health()
+
+    def _close_health(self) -> None:
         if self._health is not None:
             self._health.shutdown()
             self._health.server_close()
             self._health = None
+
+    def _stop_mps(self) -> None:
+        if self.mps is not None:
+            self.mps.stop()
 
     def _give_up(self) -> int:
         if self._stop.is_set():

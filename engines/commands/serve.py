@@ -84,12 +84,19 @@ def plan_from_args(args: argparse.Namespace):  # -> list[ServingPlan], imported 
 
 def handle(args: argparse.Namespace) -> int:
     from engines.engine_build import EngineBuildError
+    from engines.mps import MpsDaemon
+    from engines.plan import runtime_info
     from engines.serving import local_server
     from engines.supervisor import Supervisor, TritonEndpoints
     from engines.triton_server import EXIT_TIMEOUT_SECONDS, TritonError, server_env
     from engines.voice import VoiceError
 
     try:
+        if args.mps and not runtime_info(args.runtime).needs_gpu:
+            raise ValueError(
+                f"--mps shares a GPU between backend processes; the {args.runtime} runtime "
+                "runs on the CPU"
+            )
         plans = plan_from_args(args)
         # A GPU model moves request data to the device itself: requests stay in host memory.
         gpu = any(plan.runtime_info.needs_gpu for plan in plans)
@@ -114,6 +121,7 @@ def handle(args: argparse.Namespace) -> int:
             endpoints,
             server.work_dir / "supervisor",
             health_port=args.health_port or None,
+            mps=MpsDaemon(server.work_dir) if args.mps else None,
         )
         supervisor.install_signal_handlers()
         print(f"voxfleet: serving {', '.join(p.name for p in plans)}", file=sys.stderr)
@@ -151,6 +159,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=1,
         help="stream-model instances per voice, each a process with its own scheduler on the "
         "same GPU (default 1)",
+    )
+    parser.add_argument(
+        "--mps",
+        action="store_true",
+        help="run the backend processes on the GPU through a CUDA MPS daemon of the server's "
+        "own, so that several instances or voices run on it at once instead of in turns "
+        "(needs nvidia-cuda-mps-control; docs/gpu.md)",
     )
     parser.add_argument(
         "--health-port",

@@ -7,6 +7,8 @@ nvidia-pytriton wheel, with the Python backend's stub for the running Python (as
 supervisor (engines/supervisor.py): it restarts the server when a voice's backend process
 dies and loads the voices again, answers the pod's probes on its health port (8003, or
 $VOXFLEET_HEALTH_PORT: GET /ready, /live), and on SIGTERM drains streams before stopping it.
+With VOXFLEET_MPS=1 (a pool with `mps: true`) the backend processes share the GPU through a
+CUDA MPS daemon of the container's own (engines/mps.py).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def triton_command(args: list[str], work_dir: Path) -> tuple[list[str], dict[str
 def run(triton_args: list[str]) -> int:
     """Run and supervise tritonserver until SIGTERM or SIGINT; returns the exit status."""
     from engines import names
+    from engines.mps import MpsDaemon, mps_from_env
     from engines.supervisor import Supervisor, TritonEndpoints
     from engines.triton_server import TritonError
 
@@ -45,16 +48,17 @@ def run(triton_args: list[str]) -> int:
     try:
         command, env = triton_command(triton_args, work_dir)
         health_port = int(os.environ.get(names.HEALTH_PORT_ENV) or names.HEALTH_PORT)
+        mps = MpsDaemon(work_dir) if mps_from_env() else None
     except (TritonError, ValueError) as error:
         print(f"voxfleet triton: {error}", file=sys.stderr)
         return 2
     supervisor = Supervisor(
-        command, env, TritonEndpoints.from_args(triton_args), work_dir, health_port
+        command, env, TritonEndpoints.from_args(triton_args), work_dir, health_port, mps=mps
     )
     supervisor.install_signal_handlers()
     try:
         supervisor.start()
-    except OSError as error:  # the health port is taken
+    except (OSError, TritonError) as error:  # the health port is taken, MPS cannot run
         print(f"voxfleet triton: {error}", file=sys.stderr)
         return 2
     return supervisor.run()

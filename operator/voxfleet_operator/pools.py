@@ -100,12 +100,28 @@ class Pool(_Model):
         description="Triton image with the voxfleet engines package; also runs engine builds.",
     )
     max_pods: int = Field(default=8, ge=1, le=1000, description="Most Triton pods in the pool.")
+    mps: bool = Field(
+        default=False,
+        description="Run each pod's Triton backend processes (every voice and instance) on its "
+        "GPU through a CUDA MPS daemon of the pod's own, so that they run at once instead of in "
+        "turns. GPU runtimes only; needs nvidia-cuda-mps-control in the Triton container and "
+        "the GPU for the pod alone (docs/gpu.md).",
+    )
 
     @field_validator("runtime")
     @classmethod
     def _known_runtime(cls, value: str) -> str:
         runtime_info(value)  # ValueError naming the registered runtimes
         return value
+
+    @model_validator(mode="after")
+    def _mps_on_a_gpu(self) -> Pool:
+        if self.mps and not self.needs_gpu:
+            raise ValueError(
+                f"mps shares a GPU between backend processes; the {self.runtime} runtime runs "
+                "on the CPU"
+            )
+        return self
 
     @property
     def runtime_info(self) -> RuntimeInfo:
@@ -127,6 +143,7 @@ class Pool(_Model):
     @property
     def memory_request(self) -> str:
         return self.memory or (GPU_POD_MEMORY if self.needs_gpu else CPU_POD_MEMORY)
+
 
 class PoolsConfig(_Model):
     default_pool: str = Field(description="Pool of voices that name none.")

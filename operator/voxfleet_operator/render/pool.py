@@ -13,6 +13,7 @@ from voxfleet_operator.names import (
     HEALTH_PORT,
     HTTP_PORT,
     METRICS_PORT,
+    MPS_ENV,
     REPOSITORY_HEADER_KEY,
     REPOSITORY_KEY_SECRET,
     REPOSITORY_KEY_SECRET_KEY,
@@ -105,6 +106,8 @@ def build_pool_deployment(pool: Pool, namespace: str, engine_cache_pvc: str) -> 
                     }
                 },
             },
+            # The pool's backend processes share the GPU through an MPS daemon of the pod's.
+            *([{"name": MPS_ENV, "value": "1"}] if pool.mps else []),
         ],
         "ports": [
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},

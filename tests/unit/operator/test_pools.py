@@ -31,6 +31,7 @@ def test_pools_file_with_defaults_filled_in(tmp_path: Path) -> None:
     assert t4.gpu_product == "Tesla-T4" and t4.runtime == "tensorrt" and t4.gpus_per_pod == 1
     assert t4.node_selector == {"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}
     assert pools.get("l4").gpus_per_pod == 2 and pools.get("l4").max_pods == 3
+    assert not t4.mps  # MPS is asked for, never assumed
     cpu = pools.get("cpu")
     assert not cpu.needs_gpu and cpu.target_product == "cpu"
     assert (cpu.cpu_request, cpu.memory_request) == ("1", "2Gi")
@@ -60,6 +61,10 @@ def test_env_var_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         ("defaultPool: a\npools: [{name: a, gpusPerPod: 0}]\n", "pools.0.gpusPerPod"),
         ("defaultPool: a\npools: [{name: A_B}]\n", "pools.0.name: String should match"),
         ("defaultPool: a\npools: [{name: a, gpu: 1}]\n", "pools.0.gpu: Extra inputs"),
+        (
+            "defaultPool: a\npools: [{name: a, runtime: onnxruntime, mps: true}]\n",
+            "mps shares a GPU between backend processes; the onnxruntime runtime runs on the CPU",
+        ),
         ("- a\n- b\n", "expected a mapping with defaultPool and pools"),
         ("pools: [\n", "is not valid YAML"),
     ],

@@ -125,6 +125,15 @@ def test_window_edits_reach_the_build_and_rebuild_only_shaped_engines() -> None:
     assert job_command(CPU, 32)[-1] == job_command(CPU, 64)[-1]
 
 
+def test_a_pool_with_mps_tells_its_pods_supervisor_to_run_a_daemon() -> None:
+    def mps_env(pool: Pool) -> list[dict[str, str]]:
+        env = container(build_pool_deployment(pool, "tts", "engine-cache"))["env"]
+        return [e for e in env if e["name"] == "VOXFLEET_MPS"]
+
+    assert mps_env(T4) == []
+    assert mps_env(T4.model_copy(update={"mps": True})) == [{"name": "VOXFLEET_MPS", "value": "1"}]
+
+
 def test_triton_deployment_serves_safely_and_drains() -> None:
     deployment = build_pool_deployment(T4, "tts", "engine-cache")
     main = container(deployment)
