@@ -174,3 +174,48 @@ def test_the_pool_pods_supervisor_reloads_a_killed_voice(
         served.process.send_signal(signal.SIGTERM)
         assert served.process.wait(timeout=30) == 0
         assert time.monotonic() - signalled < 10
+
+
+def test_a_reload_with_fewer_or_more_instances_is_not_a_dead_voice(
+    engine_cache: Path, tmp_path: Path
+) -> None:
+    """The operator reloads a voice whose `batching.instances` changed: the stubs that end
+    with the old config are not a backend that died, and nothing is restarted."""
+    from dataclasses import replace
+
+    from voxfleet_operator.names import REPOSITORY_HEADER_KEY
+
+    key = "pod-secret"
+    ports = (free_port(), free_port(), free_port(), free_port())
+    repository = tmp_path / "models"
+    repository.mkdir()
+    command = [sys.executable, "-m", "engines.cli", "triton", *pool_args(key, ports, repository)]
+    env = {names.HEALTH_PORT_ENV: str(ports[3])}
+    (plan,) = plan_local_voices(["joe"], engine_cache)
+
+    def load(instances: int) -> None:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{ports[1]}/v2/repository/models/joe/load",
+            data=json.dumps(load_request(replace(plan, instances=instances))).encode(),
+            headers={REPOSITORY_HEADER_KEY: key},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            assert reply.status == 200
+
+    with running(command, ports, env=env, ready_line=None) as served:
+        assert served.wait_for(lambda: served.get(ports[1], "/v2/health/live") == 200, 60)
+        load(2)
+        assert served.wait_for(lambda: len(served.stubs()) == 2, 30) is not None
+        assert served.wait_for(lambda: served.ready() == 200, 10) is not None
+        for instances in (1, 2):
+            load(instances)
+            settled = served.wait_for(lambda n=instances: len(served.stubs()) == n, 30)
+            assert settled is not None, "".join(served.output[-30:])
+            time.sleep(2)  # the supervisor polls every 0.1 s: time to mistake it for a death
+            assert served.ready() == 200
+            assert not any("died; restarting" in line for line in served.output), "".join(
+                served.output[-30:]
+            )
+            assert synthesize(served.grpc_url, "Still the same voice.").audio_seconds > 0.3
+        assert served.metric(names.MODEL_RESTARTS_TOTAL) == 0
