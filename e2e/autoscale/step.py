@@ -524,7 +524,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the chart's prometheusAdapter.rules.rateWindow (the chart's default, 1m, suits "
         "15 to 30 s scrapes; with a 5 s scrape 30 s still holds 6 samples and reacts sooner)",
     )
-    parser.add_argument("--capacity", type=int, default=4, help="streams one pod holds")
+    # Calibrated 2026-11-25 (docs/autoscaling.md): one pod on one CPU held 12 streams.
+    parser.add_argument("--capacity", type=int, default=12, help="streams one pod holds")
     parser.add_argument("--slo-ms", type=int, default=800, help="targetFirstAudioP95Ms")
     parser.add_argument(
         "--queue-target-ms", type=int, default=120, help="targetQueueMs (0: the same as --slo-ms)"
