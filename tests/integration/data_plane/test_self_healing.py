@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -17,6 +19,7 @@ from supervised import Served, running, serve_command, talk_in_background
 
 from engines import names
 from engines.client import StreamResult, SynthesisError, stream_tts, synthesize
+from engines.plan import ServingPlan
 from engines.repository import load_request
 from engines.serving import plan_local_voices
 from engines.triton_server import free_port
@@ -145,9 +148,10 @@ def pool_args(key: str, ports: tuple[int, int, int, int], repository: Path) -> l
     return replaced
 
 
-def test_the_pool_pods_supervisor_reloads_a_killed_voice(
-    engine_cache: Path, tmp_path: Path
-) -> None:
+@contextmanager
+def pool_pod(tmp_path: Path) -> Iterator[tuple[Served, Callable[[ServingPlan], None]]]:
+    """`voxfleet triton` with a pool pod's arguments, and a load of a plan through its
+    restricted repository API, the operator's way."""
     from voxfleet_operator.names import REPOSITORY_HEADER_KEY
 
     key = "pod-secret"
@@ -155,19 +159,29 @@ def test_the_pool_pods_supervisor_reloads_a_killed_voice(
     repository = tmp_path / "models"
     repository.mkdir()
     command = [sys.executable, "-m", "engines.cli", "triton", *pool_args(key, ports, repository)]
-    env = {names.HEALTH_PORT_ENV: str(ports[3])}
-    with running(command, ports, env=env, ready_line=None) as served:
-        assert served.wait_for(lambda: served.live() == 200, 60) is not None
-        # The operator loads the voice through the restricted repository API.
-        (plan,) = plan_local_voices(["joe"], engine_cache)
+
+    def load(plan: ServingPlan) -> None:
         request = urllib.request.Request(
-            f"http://127.0.0.1:{ports[1]}/v2/repository/models/joe/load",
+            f"http://127.0.0.1:{ports[1]}/v2/repository/models/{plan.name}/load",
             data=json.dumps(load_request(plan)).encode(),
             headers={REPOSITORY_HEADER_KEY: key},
             method="POST",
         )
         with urllib.request.urlopen(request, timeout=120) as reply:
             assert reply.status == 200
+
+    env = {names.HEALTH_PORT_ENV: str(ports[3])}
+    with running(command, ports, env=env, ready_line=None) as served:
+        assert served.wait_for(lambda: served.get(ports[1], "/v2/health/live") == 200, 60)
+        yield served, load
+
+
+def test_the_pool_pods_supervisor_reloads_a_killed_voice(
+    engine_cache: Path, tmp_path: Path
+) -> None:
+    with pool_pod(tmp_path) as (served, load):
+        (plan,) = plan_local_voices(["joe"], engine_cache)
+        load(plan)
         assert served.wait_for(lambda: served.ready() == 200, 10) is not None
         kill_the_backend_under_load(served)
         signalled = time.monotonic()
@@ -183,28 +197,12 @@ def test_a_reload_with_fewer_or_more_instances_is_not_a_dead_voice(
     with the old config are not a backend that died, and nothing is restarted."""
     from dataclasses import replace
 
-    from voxfleet_operator.names import REPOSITORY_HEADER_KEY
-
-    key = "pod-secret"
-    ports = (free_port(), free_port(), free_port(), free_port())
-    repository = tmp_path / "models"
-    repository.mkdir()
-    command = [sys.executable, "-m", "engines.cli", "triton", *pool_args(key, ports, repository)]
-    env = {names.HEALTH_PORT_ENV: str(ports[3])}
     (plan,) = plan_local_voices(["joe"], engine_cache)
+    with pool_pod(tmp_path) as (served, load_plan):
 
-    def load(instances: int) -> None:
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{ports[1]}/v2/repository/models/joe/load",
-            data=json.dumps(load_request(replace(plan, instances=instances))).encode(),
-            headers={REPOSITORY_HEADER_KEY: key},
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=120) as reply:
-            assert reply.status == 200
+        def load(instances: int) -> None:
+            load_plan(replace(plan, instances=instances))
 
-    with running(command, ports, env=env, ready_line=None) as served:
-        assert served.wait_for(lambda: served.get(ports[1], "/v2/health/live") == 200, 60)
         load(2)
         assert served.wait_for(lambda: len(served.stubs()) == 2, 30) is not None
         assert served.wait_for(lambda: served.ready() == 200, 10) is not None
