@@ -108,7 +108,11 @@ def call_log_records(text: str) -> list[tuple[str, dict[str, Any]]]:
 
 def call_log_models(text: str) -> list[str]:
     """The models (or instances) a call log has lines of, in the order they first wrote."""
-    return list(dict.fromkeys(model for model, _ in call_log_records(text)))
+    return _models(call_log_records(text))
+
+
+def _models(records: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    return list(dict.fromkeys(model for model, _ in records))
 
 
 def call_log_steps(text: str, intervals: int = 7, model: str | None = None) -> dict[str, Any]:
@@ -252,7 +256,7 @@ class Profiler:
 if __name__ == "__main__":  # python -m engines.bench.profile CALL_LOG...
     for name in sys.argv[1:]:
         records = call_log_records(Path(name).read_text())
-        for model in dict.fromkeys(model for model, _ in records):  # per model or instance
+        for model in _models(records):  # a line per model or instance
             try:
                 figures = _steps(records, 7, model)
             except ValueError as error:  # e.g. a model that wrote too few lines
