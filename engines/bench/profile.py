@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 
 from engines.bench.resources import ProcessTree
@@ -159,6 +160,26 @@ def _steps(
         "sentences_per_step": round(change("encoder", "rows") / steps, 1),
         "encoder_span_share": round(change("encoder", "seconds") / wall, 2),
         "vocoder_span_share": round(change("vocoder", "seconds") / wall, 2),
+        "first_audio_ms": _first_audio(lines[-intervals - 1 : -1]),
+    }
+
+
+def _first_audio(lines: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first-audio path of those intervals (engines.streaming.types.FirstAudioPaths): the
+    streams counted, and per part the median over the intervals of their p50 and of their
+    p95 (ms); None where the log has no path (a server before it, or no new stream)."""
+    summaries = [
+        line["first_audio_ms"] for line in lines if line.get("first_audio_ms", {}).get("n")
+    ]
+    if not summaries:
+        return None
+    parts = [key for key in summaries[0] if key != "n"]
+    return {
+        "n": sum(summary["n"] for summary in summaries),
+        **{
+            part: [round(float(np.median([s[part][i] for s in summaries])), 1) for i in (0, 1)]
+            for part in parts
+        },
     }
 
 

@@ -10,6 +10,7 @@ from engines.plan import WindowConfig
 from engines.streaming.costs import CostModel
 from engines.streaming.scheduler import StreamScheduler
 from engines.streaming.types import (
+    FirstAudioPaths,
     SchedulerStats,
     Stream,
     StreamCancelled,
@@ -19,6 +20,7 @@ from engines.streaming.types import (
 
 __all__ = [
     "CostModel",
+    "FirstAudioPaths",
     "SchedulerStats",
     "Stream",
     "StreamCancelled",

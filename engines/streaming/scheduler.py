@@ -49,6 +49,7 @@ from engines.streaming.planner import (
     plan_step,
 )
 from engines.streaming.types import (
+    FirstAudioPaths,
     SchedulerStats,
     SentenceState,
     StepTimes,
@@ -198,6 +199,9 @@ class StreamScheduler:
         self.stats = SchedulerStats()
         # Read by profiling runs' call log (engines/triton_model/model.py, VOXFLEET_COSTS_LOG_S).
         self.step_times = StepTimes()
+        # Where new streams' first audio spends its time, when a profiling run asks for it
+        # (the Triton model's call log sets it; None: not recorded).
+        self.first_audio_paths: FirstAudioPaths | None = None
         # Only a device backend's calls have a fixed cost worth planning around; the CPU keeps
         # the proportional model its benchmark figures were measured with (docs/streaming.md).
         self.costs = CostModel(fixed_part=getattr(self.backend, "fixed_call_costs", False))
@@ -318,8 +322,17 @@ class StreamScheduler:
             self._close(stream)
             self.stats = SchedulerStats()
 
-    def submit(self, sentences: list[Sentence], params: SynthesisParams, sink: StreamSink) -> int:
+    def submit(
+        self,
+        sentences: list[Sentence],
+        params: SynthesisParams,
+        sink: StreamSink,
+        received: float | None = None,
+    ) -> int:
+        """Start a stream; `received`: when its request reached the server (time.monotonic()),
+        if earlier than now (its text was phonemised meanwhile)."""
         stream = Stream(next(self._ids), deque(sentences), params, sink, time.monotonic())
+        stream.received = received
         with self._wake:
             self._incoming.append(stream)
             self._wake.notify()
@@ -475,6 +488,8 @@ class StreamScheduler:
             stats = self.stats
             for stream, row, samples, first, last in item.windows:
                 if first:
+                    if self.first_audio_paths is not None:
+                        self.first_audio_paths.add(stream, now)
                     stats.first_audio_seconds_sum += now - stream.arrived
                     stats.first_audio_count += 1
                     if len(stats.first_audio_samples) < MAX_FIRST_AUDIO_SAMPLES:
@@ -578,6 +593,8 @@ class StreamScheduler:
                 pages=tables[row], frames=count, flowed=count if flowed else 0
             )
             stream.window_ready_at = now
+            if stream.encoded_at is None:
+                stream.encoded_at = now
 
     # -- flow and vocoder calls for batches of same-sized windows --------------------------------
     def _run_windows(self, windows: list[Window]) -> None:
@@ -597,6 +614,8 @@ class StreamScheduler:
             state.vocoded = window.decode[1]
             if stream.first_audio_at is None:
                 stream.first_audio_at = now
+                if self.first_audio_paths is not None:
+                    self.first_audio_paths.add(stream, now)
                 self.stats.first_audio_seconds_sum += now - stream.arrived
                 self.stats.first_audio_count += 1
                 if len(self.stats.first_audio_samples) < MAX_FIRST_AUDIO_SAMPLES:

@@ -66,6 +66,11 @@ class Stream:
     window_ready_at: float | None = None
     windows_sent: int = 0
     cancel_checked_at: float = 0.0
+    # When the request reached the server, before its text was phonemised (`arrived` is when
+    # the scheduler got it), and when its first sentence's frames were stored: the first
+    # audio's path (`FirstAudioPaths`).
+    received: float | None = None
+    encoded_at: float | None = None
 
     def buffered_seconds(self, now: float) -> float:
         """Audio sent but not yet played, if playback started with the first chunk."""
@@ -118,6 +123,43 @@ class StepTimes:
             "cpu_s": round(self.cpu, 3),
             **{f"{part}_s": round(seconds, 3) for part, seconds in self.wall.items()},
         }
+
+
+FIRST_AUDIO_PARTS = ("frontend", "admission", "first_window", "delivery")
+
+
+class FirstAudioPaths:
+    """Where each new stream's first audio spent its time, for profiling runs (the call log,
+    VOXFLEET_COSTS_LOG_S): from the request to the scheduler (the phonemiser: `frontend`),
+    to its first sentence's frames stored (waiting for and running an encoder call:
+    `admission`), to its first window launched (`first_window`), to its audio handed to its
+    sink (`delivery`). Bounded: the oldest are dropped when nobody takes them (`take`)."""
+
+    def __init__(self, limit: int = 20_000) -> None:
+        self._paths: deque[tuple[float, ...]] = deque(maxlen=limit)
+
+    def add(self, stream: Stream, delivered: float) -> None:
+        arrived, launched = stream.arrived, stream.first_audio_at
+        if launched is None:
+            return
+        received = stream.received if stream.received is not None else arrived
+        encoded = stream.encoded_at if stream.encoded_at is not None else launched
+        self._paths.append(
+            (arrived - received, encoded - arrived, launched - encoded, delivered - launched)
+        )
+
+    def take(self) -> dict[str, Any]:
+        """Milliseconds, p50 and p95 of each part and of their sum, over the paths added since
+        the last call (which it takes): {"n": count, part: [p50, p95], ..., "total": [...]}."""
+        paths = [self._paths.popleft() for _ in range(len(self._paths))]
+        summary: dict[str, Any] = {"n": len(paths)}
+        if not paths:
+            return summary
+        table = np.array(paths) * 1000.0
+        columns = {**dict(zip(FIRST_AUDIO_PARTS, table.T, strict=True)), "total": table.sum(axis=1)}
+        for name, values in columns.items():
+            summary[name] = [round(float(np.percentile(values, q)), 1) for q in (50, 95)]
+        return summary
 
 
 @dataclass

@@ -28,7 +28,7 @@ from engines.frontend_pool import FrontendPool
 from engines.plan import ServingPlan
 from engines.repository import instance_count
 from engines.runtime import load_stages
-from engines.streaming import StreamScheduler, SynthesisParams
+from engines.streaming import FirstAudioPaths, StreamScheduler, SynthesisParams
 from engines.triton_model.metrics import ModelMetrics
 from engines.triton_model.requests import (
     UNAVAILABLE,
@@ -124,11 +124,13 @@ class TritonPythonModel:
             self.metrics.publish_from_thread(lambda: self.scheduler.stats)
         report_s = float(os.environ.get("VOXFLEET_COSTS_LOG_S", "0") or 0)
         if report_s > 0:
+            self.scheduler.first_audio_paths = FirstAudioPaths()
             threading.Thread(
                 target=self._report_costs, args=(report_s,), name="voxfleet-costs", daemon=True
             ).start()
 
     def execute(self, requests: list[Any]) -> None:
+        received = time.monotonic()
         for request in requests:
             sink = ResponseSink(request, self.voice.sample_rate, self.senders, self.watcher)
             try:
@@ -150,10 +152,12 @@ class TritonPythonModel:
                 LOGGER.exception("rejecting a request")
                 sink.finish(RuntimeError(f"could not prepare the text: {error}"))
                 continue
-            self._prepare(text, params, sink)
+            self._prepare(text, params, sink, received)
         return None
 
-    def _prepare(self, text: str, params: SynthesisParams, sink: ResponseSink) -> None:
+    def _prepare(
+        self, text: str, params: SynthesisParams, sink: ResponseSink, received: float
+    ) -> None:
         """Phonemise (in the frontend's workers, where it has any), then start the stream."""
         with self._preparing_lock:
             self._preparing += 1
@@ -169,7 +173,7 @@ class TritonPythonModel:
                     RequestError("TEXT has nothing to speak once control characters are removed")
                 )
             else:
-                self.scheduler.submit(sentences, params, sink)
+                self.scheduler.submit(sentences, params, sink, received)
 
         self.frontend.submit(text, done)
 
@@ -192,6 +196,9 @@ class TritonPythonModel:
             }
             # Where the scheduler thread's time went (engines.streaming.types.StepTimes).
             line["scheduler"] = self.scheduler.step_times.report()
+            # Where the first audio delivered in this interval spent its time (ms).
+            if self.scheduler.first_audio_paths is not None:
+                line["first_audio_ms"] = self.scheduler.first_audio_paths.take()
             print(f"voxfleet-costs {self.log_name} {json.dumps(line)}", file=sys.stderr, flush=True)
 
     def finalize(self) -> None:

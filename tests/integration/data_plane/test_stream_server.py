@@ -193,7 +193,8 @@ def test_serve_stops_cleanly_on_ctrl_c(engine_cache: Path) -> None:
 
 def test_the_call_log_says_where_the_scheduler_threads_time_went(engine_cache: Path) -> None:
     """VOXFLEET_COSTS_LOG_S: the server log's call totals carry the scheduler thread's steps,
-    its CPU time and its wall time by part of the step, for profiling runs. A voice served as
+    its CPU time and its wall time by part of the step, and the new streams' first-audio path,
+    for profiling runs. A voice served as
     two instances writes two series, each named after its instance: each has a scheduler of
     its own, whose totals mixed under one name would make no sense."""
     command, ports = serve_command(str(engine_cache))
@@ -218,3 +219,16 @@ def test_the_call_log_says_where_the_scheduler_threads_time_went(engine_cache: P
         parts = ("prepare", "plan", "windows", "encode", "publish", "wait", "idle")
         assert {f"{part}_s" for part in parts} <= set(report)
         assert report["cpu_s"] > 0 and report["windows_s"] > 0 and report["encode_s"] > 0
+        # And where the stream's first audio went, from the request on (the phonemiser first).
+        def paths() -> list[dict]:
+            return [
+                record["first_audio_ms"]
+                for _, record in call_log_records("".join(served.output))
+                if record.get("first_audio_ms", {}).get("n")
+            ]
+
+        assert served.wait_for(lambda: paths() or None, 30) is not None
+        time.sleep(1.0)  # two more intervals: the stream's first audio is counted once
+        found = paths()
+        assert [path["n"] for path in found] == [1], found
+        assert found[0]["frontend"][0] > 0 and found[0]["total"][0] >= found[0]["frontend"][0]

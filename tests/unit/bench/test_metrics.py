@@ -130,3 +130,46 @@ def test_a_call_log_says_what_each_step_of_the_last_level_took() -> None:
     assert steps["encoder_span_share"] == 0.45 and steps["vocoder_span_share"] == 0.4
     with pytest.raises(ValueError, match="4 lines of joe_0_0, fewer than 9"):
         call_log_steps("\n".join(log[:8]), intervals=7)
+
+
+def test_a_call_log_says_where_the_last_levels_first_audio_went() -> None:
+    """Each call-log line carries the first-audio path of the streams whose first audio came in
+    its interval; the last level's figure is the median over its intervals, and a log from
+    before the path existed says None."""
+    import json
+
+    from engines.bench.profile import call_log_steps
+
+    def line(n: int, path: dict | None) -> str:
+        stages = {
+            s: {"calls": n, "seconds": 0.5 * n, "rows": n, "frames": 0}
+            for s in ("encoder", "vocoder")
+        }
+        parts = dict.fromkeys(
+            ("prepare_s", "plan_s", "windows_s", "publish_s", "wait_s", "idle_s"), 0.0
+        )
+        record = {
+            **stages,
+            "scheduler": {"steps": 10 * n, "cpu_s": n, "encode_s": 1.0 * n, **parts},
+        }
+        if path is not None:
+            record["first_audio_ms"] = path
+        return "voxfleet-costs joe " + json.dumps(record)
+
+    def path(n: int, admission: float) -> dict:
+        return {"n": n, "frontend": [2.0, 5.0], "admission": [admission, 3 * admission]}
+
+    # An earlier level (admission 10 ms) and the last one (30, 50, 40 ms), one interval with
+    # no new stream, and the server's last line.
+    log = [line(n, path(5, 10.0)) for n in range(4)]
+    log += [
+        line(4, path(7, 30.0)),
+        line(5, {"n": 0}),
+        line(6, path(3, 50.0)),
+        line(7, path(2, 40.0)),
+    ]
+    log.append(line(8, path(9, 999.0)))
+    steps = call_log_steps("\n".join(log), intervals=4)
+    assert steps["first_audio_ms"] == {"n": 12, "frontend": [2.0, 5.0], "admission": [40.0, 120.0]}
+    old = [line(n, None) for n in range(9)]
+    assert call_log_steps("\n".join(old), intervals=4)["first_audio_ms"] is None

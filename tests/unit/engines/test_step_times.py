@@ -15,7 +15,7 @@ from engines.frames import HostBackend
 from engines.frontend import Sentence, text_to_sentences
 from engines.runtime import OnnxStages
 from engines.streaming import StreamScheduler
-from engines.streaming.types import STEP_PARTS, StepTimes
+from engines.streaming.types import FIRST_AUDIO_PARTS, STEP_PARTS, FirstAudioPaths, StepTimes
 from engines.voice import Voice
 
 
@@ -88,3 +88,43 @@ def test_the_report_names_every_part_in_seconds() -> None:
     report = times.report()
     assert report["steps"] == 3 and report["cpu_s"] == 0.012 and report["wait_s"] == 1.235
     assert {f"{part}_s" for part in STEP_PARTS} <= set(report)
+
+
+class _SlowPending(_Pending):
+    """A launched step whose audio reaches the host `seconds` after the delivery asks."""
+
+    def result(self) -> tuple[np.ndarray, float]:
+        time.sleep(self.seconds)
+        return self.pcm, self.seconds
+
+
+class SlowAudio(SlowDevice):
+    def vocode_async(self, *args: Any) -> _Pending:
+        return _SlowPending(self.vocode(*args), self.seconds)
+
+
+def test_the_first_audio_path_splits_a_streams_first_audio_into_its_parts(
+    stages, sentences
+) -> None:
+    """A profiling run's call log says where new streams' first audio went: the phonemiser
+    before the scheduler (here 0.3 s, as if the request had waited that long), admission, the
+    first window, and a device slow to hand its audio back (0.1 s a call)."""
+    scheduler = StreamScheduler(HostStages(stages, SlowAudio(stages, 0.1)), 22050)
+    paths = scheduler.first_audio_paths = FirstAudioPaths()
+    scheduler.start()
+    try:
+        sinks = [Sink() for _ in range(3)]
+        for sink in sinks:
+            scheduler.submit(sentences[:1], QUIET, sink, received=time.monotonic() - 0.3)
+        for sink in sinks:
+            assert sink.done.wait(120) and sink.error is None and sink.chunks
+    finally:
+        scheduler.stop()
+    summary = paths.take()
+    assert summary["n"] == 3
+    assert 300 <= summary["frontend"][0] < 400
+    assert summary["delivery"][0] >= 100  # the wait for the audio, after the launch
+    assert summary["admission"][0] > 0 and summary["first_window"][0] >= 0
+    parts = sum(summary[part][0] for part in FIRST_AUDIO_PARTS)
+    assert summary["total"][0] >= 400 and abs(summary["total"][0] - parts) < 0.5 * parts
+    assert paths.take() == {"n": 0}  # taken: the next interval starts empty
