@@ -29,7 +29,11 @@ from engines.streaming.types import Stream, Window
 MIN_STEP_BUDGET_S = 0.03
 # Where an encoder call has a large fixed cost (a GPU), a new stream waits up to this many
 # such costs, never more than `WindowConfig.max_encoder_wait_ms`, for others to share its
-# call; only on a busy scheduler (at least ENCODE_HOLD_MIN_STREAMS live), where others arrive.
+# call; only on a busy scheduler (at least ENCODE_HOLD_MIN_STREAMS live), where others arrive,
+# and only where steps are shorter than that wait: the streams that arrived during a step at
+# least as long share its call already, and one held back then waits a whole step more.
+# Through Triton on the H100 (two instances, 45 ms steps), the wait was about 25 of the 85 ms
+# a new stream took to be encoded at 500 streams (docs/benchmarks.md, 2026-11-25).
 ENCODE_HOLD_CALLS = 5.0
 ENCODE_HOLD_MIN_STREAMS = 16
 
@@ -261,6 +265,7 @@ def plan_step(
     now: float,
     rules: WindowRules = WindowRules(),
     encoder_beside: bool = False,
+    step_interval_s: float = 0.0,
 ) -> StepPlan:
     """Earliest deadline first over all work: sentences to encode and windows to decode.
 
@@ -280,6 +285,10 @@ def plan_step(
     first: the others have more audio buffered than any of these, and their turn comes in a
     later step.
 
+    On a busy GPU scheduler a new stream may be held back a little for others to share its
+    encoder call (`ENCODE_HOLD_CALLS`), unless the step before took `step_interval_s` (the
+    time since its plan) at least as long as that.
+
     Every stream passed in has a current sentence or one waiting to be encoded.
     """
     encode_limit = cfg.max_encoder_batch if batching else len(streams)
@@ -296,8 +305,8 @@ def plan_step(
     if batching and len(streams) >= ENCODE_HOLD_MIN_STREAMS:
         hold = min(cfg.max_encoder_wait_ms / 1000, ENCODE_HOLD_CALLS * costs.per_call["encoder"])
         new = sum(1 for s in streams if s.first_audio_at is None and s.current is None)
-        if new >= encode_limit:
-            hold = 0.0  # a full encoder batch is waiting already
+        if new >= encode_limit or step_interval_s >= hold:
+            hold = 0.0  # a full encoder batch is waiting already, or a step's worth arrived
     # The two playing streams closest to running dry: a lead window must leave every other
     # playing stream time for its own window (`_least_other_slack`).
     closest = _closest_playing(streams, now, rules) if rules.lead_window_frames else []

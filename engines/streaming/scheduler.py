@@ -225,6 +225,7 @@ class StreamScheduler:
         self._in_flight: deque[Any] = deque()
         self._last_launched: Any = None
         self._risk_counted_at = 0.0
+        self._planned_at = time.monotonic()  # when the last step was planned
         # Encoder calls running beside the windows, in launch order, with their streams (which
         # the planner leaves alone until their sentence is taken up, `_take_up_encoded`).
         self._encoding: deque[_Encoding] = deque()
@@ -424,6 +425,8 @@ class StreamScheduler:
         # Sentences to encode wait while the encoder calls beside the windows are at their
         # limit; the planner sees only streams it can serve this step.
         encoder_busy = self._beside and len(self._encoding) >= self._encoder_calls_in_flight
+        now = time.monotonic()
+        interval, self._planned_at = now - self._planned_at, now
         return plan_step(
             [
                 s
@@ -433,9 +436,10 @@ class StreamScheduler:
             self.windows,
             self.costs,
             self.batching,
-            time.monotonic(),
+            now,
             self.rules,
             encoder_beside=self._beside,
+            step_interval_s=interval,
         )
 
     def _run(self, windows: list[Window]) -> None:

@@ -431,3 +431,28 @@ def test_a_step_looks_only_at_the_playing_streams_due_first(monkeypatch) -> None
         assert plan.encodes == everything.encodes
         assert plan.windows == everything.windows
         assert plan.windows and plan.encodes
+
+
+def test_a_new_stream_is_held_for_others_only_where_steps_are_shorter_than_the_wait() -> None:
+    """On a busy GPU scheduler a new stream may wait a little for others to share its encoder
+    call; where the step before already took that long, the streams that arrived during it
+    share one call anyway, and holding one back would cost it a whole step more."""
+    costs = CostModel()
+    costs.per_call.update(encoder=0.01, vocoder=0.002, flow=0.002)  # a GPU: 25 ms hold
+    costs.per_frame.update(encoder=1e-7, vocoder=1e-7, flow=1e-7)
+    playing = [make_stream(i, frames=600, buffered_s=2.0, windows_sent=4) for i in range(20)]
+    newcomer = make_stream(100)
+    newcomer.arrived = NOW - 0.005
+    cfg = WindowConfig()
+    assert cfg.max_encoder_wait_ms == 25
+
+    def encoded(step_interval_s: float) -> list[int]:
+        plan = plan_step(
+            [*playing, newcomer], cfg, costs, True, NOW, step_interval_s=step_interval_s
+        )
+        return [s.stream_id for s in plan.encodes]
+
+    assert encoded(0.005) == []  # short steps: it waits for others to arrive
+    assert encoded(0.045) == [100]  # a 45 ms step's arrivals share its call already
+    newcomer.arrived = NOW - 0.030
+    assert encoded(0.005) == [100]  # waited its 25 ms: encoded whatever the steps
