@@ -134,7 +134,8 @@ class WindowConfig:
     # A step's estimated length; new streams wait at most about this long for the next step.
     max_step_ms: int = 60
     # On a busy scheduler with a costly encoder call (a GPU), a new stream waits at most this
-    # long for others to share its encoder call (`batching.maxQueueDelayMs` of a TTSVoice).
+    # long for others to share its encoder call (`batching.maxQueueDelayMs` of a TTSVoice);
+    # not where steps already take that long (engines/streaming/planner.py).
     max_encoder_wait_ms: int = 25
 
     def __post_init__(self) -> None:

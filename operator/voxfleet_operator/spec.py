@@ -163,7 +163,8 @@ class Batching(_Model):
         ge=0,
         le=1000,
         description="Longest a new stream waits for others to share its encoder call, on a "
-        "busy GPU (16 or more live streams) only; 0 never waits.",
+        "busy GPU (16 or more live streams) whose steps are shorter than this only; 0 never "
+        "waits.",
     )
     instances: int = Field(
         default=1,
