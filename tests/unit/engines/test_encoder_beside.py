@@ -288,3 +288,70 @@ def test_a_queued_encoder_call_with_windows_behind_it_is_taken_up_without_pollin
     finally:
         backend.gate.set()
         scheduler.stop()
+
+
+class AheadBackend(QueuedBackend):
+    """A step's encoder calls launched before its windows and waited for after them
+    (VOXFLEET_ENCODER_BESIDE=ahead); what the scheduler asked for, in order."""
+
+    encoder_queued = False
+
+    def __init__(self, runtime: Any) -> None:
+        super().__init__(runtime, beside=False)
+        self.encodes_ahead = True
+        self.events: list[str] = []
+
+    def encode_launch(self, ids, lengths, scales, speakers) -> _Call:
+        self.events.append("launch")
+        backend = self
+
+        class Logged(_Call):
+            def finish(self) -> tuple[Any, np.ndarray]:
+                backend.events.append("finish")
+                return super().finish()
+
+        self.launched += 1
+        return Logged(self, (ids, lengths, scales, speakers))
+
+    def vocode_async(self, *args: Any) -> _Launched:
+        self.events.append("windows")
+        return super().vocode_async(*args)
+
+
+def test_encoder_calls_launched_ahead_of_a_steps_windows_give_the_inline_encoders_audio(
+    stages, sentences
+) -> None:
+    """With the encoder ahead, a step launches its encoder calls first, then its windows, and
+    only then waits for the calls and starts their sentences, all in that step: the audio is
+    the inline encoder's, and a new stream's first window still goes out in its own step."""
+    inline_runtime = HostStages(stages, QueuedBackend(stages, beside=False))
+    ahead_runtime = HostStages(stages, AheadBackend(stages))
+    results = {}
+    for name, runtime in (("inline", inline_runtime), ("ahead", ahead_runtime)):
+        scheduler = StreamScheduler(runtime, 22050)
+        scheduler.start()
+        try:
+            sinks = [Sink() for _ in range(3)]
+            playing = sinks[0]
+            scheduler.submit(list(sentences) * 2, QUIET, playing)
+            deadline = time.monotonic() + 60
+            while not playing.chunks and time.monotonic() < deadline:
+                time.sleep(0.005)
+            run(scheduler, sinks[1:], sentences)
+            assert playing.done.wait(120)
+        finally:
+            scheduler.stop()
+        results[name] = sinks
+    backend = ahead_runtime.backend
+    assert backend.launched >= 3 and backend.finished == backend.launched
+    assert inline_runtime.backend.launched == 0
+    # Some step launched a call, then a playing stream's windows, then took the call up.
+    trace = "".join(event[0] for event in backend.events)  # l, w, f
+    assert "lwf" in trace.replace("ww", "w")
+    assert trace.count("l") == trace.count("f")
+    for inline, ahead in zip(results["inline"], results["ahead"], strict=True):
+        assert ahead.error is None
+        assert [len(c) for c in ahead.chunks] == [len(c) for c in inline.chunks]
+        reference = np.concatenate(inline.chunks).astype(np.float64)
+        noise = np.sum((np.concatenate(ahead.chunks) - reference) ** 2)
+        assert 10 * np.log10(np.sum(reference**2) / max(noise, 1e-9)) > 60.0
