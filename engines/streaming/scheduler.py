@@ -244,10 +244,6 @@ class StreamScheduler:
     def _beside(self) -> bool:
         return bool(getattr(self.backend, "encodes_beside", False))
 
-    @property
-    def _ahead(self) -> bool:
-        return bool(getattr(self.backend, "encodes_ahead", False))
-
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         self._running = True
@@ -385,25 +381,12 @@ class StreamScheduler:
             self._publish_stats()
             clock.part("publish")
             return clock.done(ran=False)
-        # Where the backend launches encoder calls on a CUDA stream of their own and the step
-        # waits for them (`encodes_ahead`), they are launched first: the device runs them beside
-        # the step's windows, and the step waits for its encoder calls alone, not for the
-        # windows queued before them.
-        launched = []
-        if self._ahead and plan.encodes:
-            for scales, streams in encoder_calls(plan.encodes, self.costs, self.batching):
-                launched.append(self._launch_encoder(streams, scales))
-            clock.part("encode")
         # Streams already playing go first: an encoder call (the longest call there is) must
         # not stand between a stream and the window it needs before its buffer runs out.
         self._run(plan.windows)
         clock.part("windows")
-        if self._ahead:
-            for encoding in launched:
-                self._take_up(encoding)
-        else:
-            for scales, streams in encoder_calls(plan.encodes, self.costs, self.batching):
-                self._encode(streams, scales)
+        for scales, streams in encoder_calls(plan.encodes, self.costs, self.batching):
+            self._encode(streams, scales)
         clock.part("encode")
         self._run(
             [
@@ -540,12 +523,7 @@ class StreamScheduler:
                 # the model) until its stream is finished.
                 self._close(stream, StreamCancelled("the client cancelled the stream"))
 
-    @staticmethod
-    def _encoder_inputs(
-        streams: list[Stream], scales: tuple[float, float, float]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-        """The streams' next sentences as an encoder call's (ids, lengths, scales, speakers)
-        and its width; the sentences leave the streams' queues."""
+    def _encode(self, streams: list[Stream], scales: tuple[float, float, float]) -> None:
         sentences = [stream.sentences.popleft() for stream in streams]
         longest = max(len(s.ids) for s in sentences)
         ids = np.zeros((len(sentences), longest), dtype=np.int64)
@@ -553,23 +531,13 @@ class StreamScheduler:
             ids[row, : len(sentence.ids)] = sentence.ids
         lengths = np.array([len(s.ids) for s in sentences], dtype=np.int64)
         speakers = np.array([s.params.speaker_id for s in streams], dtype=np.int64)
-        return ids, lengths, np.array(scales, dtype=np.float32), speakers, longest
-
-    def _launch_encoder(
-        self, streams: list[Stream], scales: tuple[float, float, float]
-    ) -> _Encoding:
-        """An encoder call launched without waiting for it (`StreamBackend.encode_launch`)."""
-        ids, lengths, scale_array, speakers, longest = self._encoder_inputs(streams, scales)
-        call = self.backend.encode_launch(ids, lengths, scale_array, speakers)  # type: ignore[attr-defined]
-        return _Encoding(call, streams, speakers, longest)
-
-    def _encode(self, streams: list[Stream], scales: tuple[float, float, float]) -> None:
+        scale_array = np.array(scales, dtype=np.float32)
         if self._beside:
             # The call runs beside this step's windows and the next steps'; its streams are
             # taken up once their frame counts are on the host (`_take_up_encoded`).
-            self._encoding.append(self._launch_encoder(streams, scales))
+            call = self.backend.encode_launch(ids, lengths, scale_array, speakers)  # type: ignore[attr-defined]
+            self._encoding.append(_Encoding(call, streams, speakers, longest))
             return
-        ids, lengths, scale_array, speakers, longest = self._encoder_inputs(streams, scales)
         started = time.perf_counter()
         # With asynchronous calls the device may still be decoding an earlier call: time the
         # encoder's own device work, not the wait for that one.
@@ -595,22 +563,18 @@ class StreamScheduler:
             # (A queued call with windows behind it is waited for: it ends soon after the
             # windows before it, and checking only whether it is done put its sentences' first
             # windows a step later, behind the windows launched meanwhile.)
-            self._take_up(self._encoding.popleft())
-
-    def _take_up(self, encoding: _Encoding) -> None:
-        """Start a launched encoder call's sentences (waiting for its frame counts where they
-        are not on the host yet): their prior (and flow) is queued behind the call."""
-        timing = self.backend.timer()  # type: ignore[attr-defined]
-        prior, frames = encoding.call.finish()
-        self._start_sentences(encoding.streams, prior, frames, encoding.speakers)
-        self._timings.append(
-            (
-                "encoder",
-                _SummedTiming(encoding.call, timing.stop()),
-                len(encoding.streams),
-                encoding.width,
+            encoding = self._encoding.popleft()
+            timing = self.backend.timer()  # type: ignore[attr-defined]
+            prior, frames = encoding.call.finish()
+            self._start_sentences(encoding.streams, prior, frames, encoding.speakers)
+            self._timings.append(
+                (
+                    "encoder",
+                    _SummedTiming(encoding.call, timing.stop()),
+                    len(encoding.streams),
+                    encoding.width,
+                )
             )
-        )
 
     def _start_sentences(
         self, streams: list[Stream], prior: Any, frames: np.ndarray, speakers: np.ndarray

@@ -118,9 +118,6 @@ class DeviceBackend:
         # gave more audio per second but later first audio (docs/benchmarks.md#gpu), so they
         # are off unless asked.
         self.encodes_beside = bool(async_calls and getattr(runtime, "encodes_beside", False))
-        # VOXFLEET_ENCODER_BESIDE=ahead: a step's encoder calls are launched before its
-        # windows and waited for after them (TorchCudaStages.encodes_ahead).
-        self.encodes_ahead = bool(async_calls and getattr(runtime, "encodes_ahead", False))
         self.encoder_calls_in_flight = int(getattr(runtime, "encoder_calls_in_flight", 1))
         queued = bool(getattr(runtime, "encoder_queued", False))
         self.encoder_queued = self.encodes_beside and queued

@@ -9,8 +9,6 @@
   VOXFLEET_ENCODER_BESIDE=1 (off by default) `encode_launch` runs it on a CUDA stream of its
   own (its graphs in a memory pool of their own), and with =queued on the windows' stream
   behind them, so that the stream model can go on launching windows while it runs;
-  =ahead launches a step's encoder calls on that stream before the step's windows, and the
-  step waits for them (not for the windows queued before them) after launching its windows;
   otherwise its graphs share the flow's and vocoder's pool.
 - flow and vocoder: the entry's precision (FP16 by default). Their calls come from the
   stream model as batches of fixed-size windows, so each call is padded up to a batch bucket
@@ -344,13 +342,11 @@ class TorchCudaStages:
         except acoustic.NotPiperVits:
             pass
         launched = os.environ.get(BESIDE_ENV, "0")
-        if launched not in ("0", "1", "queued", "ahead"):
-            raise TorchCudaError(f"{BESIDE_ENV} is 0, 1, queued or ahead, not {launched!r}")
+        if launched not in ("0", "1", "queued"):
+            raise TorchCudaError(f"{BESIDE_ENV} is 0, 1 or queued, not {launched!r}")
         if self.encoder_core is None or self.device.type != "cuda":
             launched = "0"  # only a graphed encoder on a GPU is launched
-        # (ahead: on a stream of its own as with 1, but waited for within the step.)
-        beside = launched in ("1", "ahead")
-        self._ahead = launched == "ahead"
+        beside = launched == "1"
         self._queued_launches = launched == "queued"
         self._encoder_tf32 = os.environ.get(TF32_ENV, "0") == "1"
         self._compiled = False
@@ -494,15 +490,7 @@ class TorchCudaStages:
         sentences up once their frame counts are on the host, instead of waiting for them: a
         graphed encoder on a GPU with VOXFLEET_ENCODER_BESIDE=1 (on a CUDA stream of its own)
         or =queued (on the windows' stream)."""
-        return (self._encoder_stream is not None and not self._ahead) or self._queued_launches
-
-    @property
-    def encodes_ahead(self) -> bool:
-        """Whether the scheduler launches a step's encoder calls (`encode_launch`, on a CUDA
-        stream of their own) before the step's windows and waits for them after launching the
-        windows, in the same step: a graphed encoder on a GPU with
-        VOXFLEET_ENCODER_BESIDE=ahead."""
-        return self._ahead
+        return self._encoder_stream is not None or self._queued_launches
 
     @property
     def padded_batch_buckets(self) -> tuple[int, ...]:
@@ -536,7 +524,7 @@ class TorchCudaStages:
         if stream is None:
             raise TorchCudaError(
                 "the scheduler launches encoder calls only for a CUDA graph, with "
-                f"{BESIDE_ENV}=1, queued or ahead"
+                f"{BESIDE_ENV}=1 or {BESIDE_ENV}=queued"
             )
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(stream):
