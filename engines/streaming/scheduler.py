@@ -494,10 +494,11 @@ class StreamScheduler:
                 if first:
                     if self.first_audio_paths is not None:
                         self.first_audio_paths.add(stream, now)
-                    stats.first_audio_seconds_sum += now - stream.arrived
+                    waited = now - stream.requested
+                    stats.first_audio_seconds_sum += waited
                     stats.first_audio_count += 1
                     if len(stats.first_audio_samples) < MAX_FIRST_AUDIO_SAMPLES:
-                        stats.first_audio_samples.append(now - stream.arrived)
+                        stats.first_audio_samples.append(waited)
                 try:
                     if last:
                         stream.sink.last_audio(pcm[row, :samples])
@@ -620,10 +621,11 @@ class StreamScheduler:
                 stream.first_audio_at = now
                 if self.first_audio_paths is not None:
                     self.first_audio_paths.add(stream, now)
-                self.stats.first_audio_seconds_sum += now - stream.arrived
+                waited = now - stream.requested
+                self.stats.first_audio_seconds_sum += waited
                 self.stats.first_audio_count += 1
                 if len(self.stats.first_audio_samples) < MAX_FIRST_AUDIO_SAMPLES:
-                    self.stats.first_audio_samples.append(now - stream.arrived)
+                    self.stats.first_audio_samples.append(waited)
             stream.audio_seconds_sent += len(pcm) / self.sample_rate
             stream.windows_sent += 1
             stream.window_ready_at = now

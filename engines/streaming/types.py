@@ -72,6 +72,12 @@ class Stream:
     received: float | None = None
     encoded_at: float | None = None
 
+    @property
+    def requested(self) -> float:
+        """When the request reached the server (`received`, else when the scheduler got it):
+        where its first-audio time (the `voxfleet_first_audio_seconds` histogram) starts."""
+        return self.received if self.received is not None else self.arrived
+
     def buffered_seconds(self, now: float) -> float:
         """Audio sent but not yet played, if playback started with the first chunk."""
         if self.first_audio_at is None:
@@ -139,10 +145,9 @@ class FirstAudioPaths:
         self._paths: deque[tuple[float, ...]] = deque(maxlen=limit)
 
     def add(self, stream: Stream, delivered: float) -> None:
-        arrived, launched = stream.arrived, stream.first_audio_at
+        arrived, launched, received = stream.arrived, stream.first_audio_at, stream.requested
         if launched is None:
             return
-        received = stream.received if stream.received is not None else arrived
         encoded = stream.encoded_at if stream.encoded_at is not None else launched
         self._paths.append(
             (arrived - received, encoded - arrived, launched - encoded, delivered - launched)

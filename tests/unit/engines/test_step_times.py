@@ -108,7 +108,8 @@ def test_the_first_audio_path_splits_a_streams_first_audio_into_its_parts(
 ) -> None:
     """A profiling run's call log says where new streams' first audio went: the phonemiser
     before the scheduler (here 0.3 s, as if the request had waited that long), admission, the
-    first window, and a device slow to hand its audio back (0.1 s a call)."""
+    first window, and a device slow to hand its audio back (0.1 s a call). The first-audio
+    metric counts from the request as well, not from when the scheduler got it."""
     scheduler = StreamScheduler(HostStages(stages, SlowAudio(stages, 0.1)), 22050)
     paths = scheduler.first_audio_paths = FirstAudioPaths()
     scheduler.start()
@@ -128,3 +129,6 @@ def test_the_first_audio_path_splits_a_streams_first_audio_into_its_parts(
     parts = sum(summary[part][0] for part in FIRST_AUDIO_PARTS)
     assert summary["total"][0] >= 400 and abs(summary["total"][0] - parts) < 0.5 * parts
     assert paths.take() == {"n": 0}  # taken: the next interval starts empty
+    # The first-audio histogram (voxfleet_first_audio_seconds) counts from the request too.
+    samples = scheduler.stats.first_audio_samples
+    assert len(samples) == 3 and min(samples) >= 0.4
