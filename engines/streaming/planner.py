@@ -32,8 +32,9 @@ MIN_STEP_BUDGET_S = 0.03
 # call; only on a busy scheduler (at least ENCODE_HOLD_MIN_STREAMS live), where others arrive,
 # and only where steps are shorter than that wait: the streams that arrived during a step at
 # least as long share its call already, and one held back then waits a whole step more.
-# Through Triton on the H100 (two instances, 45 ms steps), the wait was about 25 of the 85 ms
-# a new stream took to be encoded at 500 streams (docs/benchmarks.md, 2026-11-25).
+# Through Triton on the H100 (two instances, 45 ms steps, 500 streams), a new stream took 81
+# to 84 ms to be encoded (p50) with the hold and 49 to 50 without (docs/benchmarks.md,
+# 2026-11-25, r14).
 ENCODE_HOLD_CALLS = 5.0
 ENCODE_HOLD_MIN_STREAMS = 16
 
