@@ -194,9 +194,9 @@ def test_serve_stops_cleanly_on_ctrl_c(engine_cache: Path) -> None:
 def test_the_call_log_says_where_the_scheduler_threads_time_went(engine_cache: Path) -> None:
     """VOXFLEET_COSTS_LOG_S: the server log's call totals carry the scheduler thread's steps,
     its CPU time and its wall time by part of the step, and the new streams' first-audio path,
-    for profiling runs. A voice served as
-    two instances writes two series, each named after its instance: each has a scheduler of
-    its own, whose totals mixed under one name would make no sense."""
+    for profiling runs. A voice served as two instances writes two series, each named after
+    its instance: each has a scheduler of its own, whose totals mixed under one name would
+    make no sense."""
     command, ports = serve_command(str(engine_cache))
     with running(
         [*command, "--instances", "2"], ports, env={"VOXFLEET_COSTS_LOG_S": "0.5"}
