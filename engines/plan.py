@@ -93,6 +93,16 @@ def runtime_info(name: str) -> RuntimeInfo:
         ) from None
 
 
+def check_mps(runtime: str, setting: str) -> None:
+    """ValueError where MPS (`setting`: `voxfleet serve --mps`, a pool's `mps`) is asked of a
+    runtime that runs on the CPU (engines/mps.py shares a GPU between backend processes)."""
+    if not runtime_info(runtime).needs_gpu:
+        raise ValueError(
+            f"{setting} shares a GPU between backend processes; the {runtime} runtime runs on "
+            "the CPU"
+        )
+
+
 def check_precision(runtime: str, precision: str) -> None:
     """ValueError unless `runtime` builds `precision` engines, naming what it builds."""
     info = runtime_info(runtime)

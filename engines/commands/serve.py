@@ -85,18 +85,15 @@ def plan_from_args(args: argparse.Namespace):  # -> list[ServingPlan], imported 
 def handle(args: argparse.Namespace) -> int:
     from engines.engine_build import EngineBuildError
     from engines.mps import MpsDaemon
-    from engines.plan import runtime_info
+    from engines.plan import check_mps
     from engines.serving import local_server
     from engines.supervisor import Supervisor, TritonEndpoints
     from engines.triton_server import EXIT_TIMEOUT_SECONDS, TritonError, server_env
     from engines.voice import VoiceError
 
     try:
-        if args.mps and not runtime_info(args.runtime).needs_gpu:
-            raise ValueError(
-                f"--mps shares a GPU between backend processes; the {args.runtime} runtime "
-                "runs on the CPU"
-            )
+        if args.mps:
+            check_mps(args.runtime, "--mps")
         plans = plan_from_args(args)
         # A GPU model moves request data to the device itself: requests stay in host memory.
         gpu = any(plan.runtime_info.needs_gpu for plan in plans)

@@ -36,7 +36,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from engines.plan import RUNTIME_NAMES, RuntimeInfo, runtime_info
+from engines.plan import RUNTIME_NAMES, RuntimeInfo, check_mps, runtime_info
 
 POOLS_FILE_ENV = "VOXFLEET_POOLS_FILE"
 DEFAULT_TRITON_IMAGE = "ghcr.io/voxfleet/triton:0.1.0"
@@ -116,11 +116,8 @@ class Pool(_Model):
 
     @model_validator(mode="after")
     def _mps_on_a_gpu(self) -> Pool:
-        if self.mps and not self.needs_gpu:
-            raise ValueError(
-                f"mps shares a GPU between backend processes; the {self.runtime} runtime runs "
-                "on the CPU"
-            )
+        if self.mps:
+            check_mps(self.runtime, "mps")
         return self
 
     @property
