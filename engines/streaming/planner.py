@@ -390,29 +390,6 @@ def plan_step(
     return plan
 
 
-def windows_after_encoder(
-    windows: list[Window], cfg: WindowConfig, rules: WindowRules, now: float, wait_s: float
-) -> tuple[list[Window], list[Window]]:
-    """(before, after): the step's windows split by whether they run before its encoder calls
-    or after them, with the new streams' first windows.
-
-    Where the step waits for its encoder call (a GPU's frame-count read waits for every call
-    queued before it), a new stream's first window otherwise comes after every playing
-    stream's window, their launches and their device time included. A vocoder call goes after
-    the encoder only where every window in it has more than `wait_s` of audio left (its
-    stream's deadline, less the rules' margin); a window with a flow chunk never does, so
-    that no call is split in two.
-    """
-    keys = {
-        call_key(w, cfg, rules)
-        for w in windows
-        if w.flow[1] > w.flow[0] or _time_left(w.stream, now, rules) <= wait_s
-    }
-    before = [w for w in windows if call_key(w, cfg, rules) in keys]
-    after = [w for w in windows if call_key(w, cfg, rules) not in keys]
-    return before, after
-
-
 def fill_buckets(
     plan: StepPlan,
     candidates: list[Window],

@@ -47,7 +47,6 @@ from engines.streaming.planner import (
     group_calls,
     next_window,
     plan_step,
-    windows_after_encoder,
 )
 from engines.streaming.types import (
     FirstAudioPaths,
@@ -71,11 +70,6 @@ CANCEL_CHECK_S = 0.5
 # scheduler plans and launches a step while the one before it still runs on the device, never
 # further ahead than this many steps.
 STEPS_IN_FLIGHT = 1
-# With asynchronous calls, the windows of playing streams with more than this many steps
-# (`WindowConfig.max_step_ms`) of audio left run after the step's encoder calls, with the new
-# streams' first windows (`planner.windows_after_encoder`): the encoder's frame-count read
-# then waits for less, and first audio comes sooner.
-ENCODER_FIRST_STEPS = 2.0
 # The stream a CPU scheduler warms up with: a sentence of this many phoneme ids (about 3 s of
 # audio: first, growing and lead windows) of one id; at most this many steps.
 WARMUP_PHONEMES = 96
@@ -388,21 +382,19 @@ class StreamScheduler:
             clock.part("publish")
             return clock.done(ran=False)
         # Streams already playing go first: an encoder call (the longest call there is) must
-        # not stand between a stream and the window it needs before its buffer runs out. With
-        # asynchronous calls, only those that could run out soon do (ENCODER_FIRST_STEPS).
-        before, after = plan.windows, []
-        if self._async and plan.encodes and not self._beside:
-            wait_s = ENCODER_FIRST_STEPS * self.windows.max_step_ms / 1000
-            before, after = windows_after_encoder(
-                plan.windows, self.windows, self.rules, time.monotonic(), wait_s
-            )
-        self._run(before)
+        # not stand between a stream and the window it needs before its buffer runs out.
+        self._run(plan.windows)
         clock.part("windows")
         for scales, streams in encoder_calls(plan.encodes, self.costs, self.batching):
             self._encode(streams, scales)
         clock.part("encode")
-        encoded = [stream for stream in plan.encodes if stream.current]
-        self._run([next_window(s, self.windows, self.rules) for s in encoded] + after)
+        self._run(
+            [
+                next_window(stream, self.windows, self.rules)
+                for stream in plan.encodes
+                if stream.current
+            ]
+        )
         clock.part("windows")
         self._publish_stats()
         clock.part("publish")
