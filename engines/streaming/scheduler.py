@@ -492,13 +492,7 @@ class StreamScheduler:
             stats = self.stats
             for stream, row, samples, first, last in item.windows:
                 if first:
-                    if self.first_audio_paths is not None:
-                        self.first_audio_paths.add(stream, now)
-                    waited = now - stream.requested
-                    stats.first_audio_seconds_sum += waited
-                    stats.first_audio_count += 1
-                    if len(stats.first_audio_samples) < MAX_FIRST_AUDIO_SAMPLES:
-                        stats.first_audio_samples.append(waited)
+                    self._count_first_audio(stats, stream, now)
                 try:
                     if last:
                         stream.sink.last_audio(pcm[row, :samples])
@@ -507,6 +501,17 @@ class StreamScheduler:
                 except Exception:  # the scheduler notices a cancelled stream on its own
                     LOGGER.debug("sending to stream %s failed", stream.stream_id)
             item = None  # hold no pinned block while waiting for the next
+
+    def _count_first_audio(self, stats: SchedulerStats, stream: Stream, now: float) -> None:
+        """A stream's first audio at `now`: its time from the request (`Stream.requested`) into
+        `stats` (the first-audio metric), and its path where a profiling run records it."""
+        if self.first_audio_paths is not None:
+            self.first_audio_paths.add(stream, now)
+        waited = now - stream.requested
+        stats.first_audio_seconds_sum += waited
+        stats.first_audio_count += 1
+        if len(stats.first_audio_samples) < MAX_FIRST_AUDIO_SAMPLES:
+            stats.first_audio_samples.append(waited)
 
     def _end_sentence(self, stream: Stream) -> None:
         if stream.current is not None:
@@ -619,13 +624,7 @@ class StreamScheduler:
             state.vocoded = window.decode[1]
             if stream.first_audio_at is None:
                 stream.first_audio_at = now
-                if self.first_audio_paths is not None:
-                    self.first_audio_paths.add(stream, now)
-                waited = now - stream.requested
-                self.stats.first_audio_seconds_sum += waited
-                self.stats.first_audio_count += 1
-                if len(self.stats.first_audio_samples) < MAX_FIRST_AUDIO_SAMPLES:
-                    self.stats.first_audio_samples.append(waited)
+                self._count_first_audio(self.stats, stream, now)
             stream.audio_seconds_sent += len(pcm) / self.sample_rate
             stream.windows_sent += 1
             stream.window_ready_at = now

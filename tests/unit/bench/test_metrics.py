@@ -85,25 +85,31 @@ def test_a_profiled_server_is_one_record_with_what_was_sampled(tmp_path) -> None
     assert profile["processes"] == "server 1 stub 2\n" and profile["stub_threads"] is None
 
 
+def call_log_line(model: str, n: int, steps: int, first_audio: dict | None = None) -> str:
+    """A call-log line of a server's `n`th interval (totals that only grow), with `steps`
+    scheduler steps so far and, where given, that interval's first-audio path."""
+    import json
+
+    stages = {
+        "encoder": {"calls": n, "seconds": 0.9 * n, "rows": 25 * n, "frames": 0},
+        "vocoder": {"calls": 3 * n, "seconds": 0.8 * n, "rows": 120 * n, "frames": 0},
+    }
+    parts = dict.fromkeys(("prepare_s", "publish_s", "wait_s", "idle_s"), 0.0)
+    parts.update(plan_s=0.2 * n, windows_s=0.3 * n, encode_s=1.5 * n)
+    record: dict = {**stages, "scheduler": {"steps": steps, "cpu_s": 1.6 * n, **parts}}
+    if first_audio is not None:
+        record["first_audio_ms"] = first_audio
+    return f"voxfleet-costs {model} " + json.dumps(record)
+
+
 def test_a_call_log_says_what_each_step_of_the_last_level_took() -> None:
     """The per-step figures of docs/benchmarks.md's GPU runs come from the server's call log
     (VOXFLEET_COSTS_LOG_S): totals that only grow, differenced over the last level."""
-    import json
-
     import pytest
 
     from engines.bench.profile import call_log_models, call_log_steps
 
-    def line(model: str, n: int, steps: int) -> str:
-        stages = {
-            "encoder": {"calls": n, "seconds": 0.9 * n, "rows": 25 * n, "frames": 0},
-            "vocoder": {"calls": 3 * n, "seconds": 0.8 * n, "rows": 120 * n, "frames": 0},
-        }
-        parts = dict.fromkeys(("prepare_s", "publish_s", "wait_s", "idle_s"), 0.0)
-        parts.update(plan_s=0.2 * n, windows_s=0.3 * n, encode_s=1.5 * n)
-        scheduler = {"steps": steps, "cpu_s": 1.6 * n, **parts}
-        return f"voxfleet-costs {model} " + json.dumps({**stages, "scheduler": scheduler})
-
+    line = call_log_line
     # Two instances of the voice, each two seconds and 40 (20) steps an interval, their lines
     # interleaved; the last line is left out (the server stopping part-way through an
     # interval).
@@ -136,25 +142,10 @@ def test_a_call_log_says_where_the_last_levels_first_audio_went() -> None:
     """Each call-log line carries the first-audio path of the streams whose first audio came in
     its interval; the last level's figure is the median over its intervals, and a log from
     before the path existed says None."""
-    import json
-
     from engines.bench.profile import call_log_steps
 
     def line(n: int, path: dict | None) -> str:
-        stages = {
-            s: {"calls": n, "seconds": 0.5 * n, "rows": n, "frames": 0}
-            for s in ("encoder", "vocoder")
-        }
-        parts = dict.fromkeys(
-            ("prepare_s", "plan_s", "windows_s", "publish_s", "wait_s", "idle_s"), 0.0
-        )
-        record = {
-            **stages,
-            "scheduler": {"steps": 10 * n, "cpu_s": n, "encode_s": 1.0 * n, **parts},
-        }
-        if path is not None:
-            record["first_audio_ms"] = path
-        return "voxfleet-costs joe " + json.dumps(record)
+        return call_log_line("joe", n, 10 * n, path)
 
     def path(n: int, admission: float) -> dict:
         return {"n": n, "frontend": [2.0, 5.0], "admission": [admission, 3 * admission]}
