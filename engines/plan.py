@@ -147,6 +147,10 @@ class WindowConfig:
     # long for others to share its encoder call (`batching.maxQueueDelayMs` of a TTSVoice);
     # not where steps already take that long (engines/streaming/planner.py).
     max_encoder_wait_ms: int = 25
+    # A playing stream with at least this much audio sent and not yet played gets no more
+    # work until it has less (`TTSVoice streaming.maxLeadMs`); 0: no limit, a stream's audio
+    # is made as fast as the steps allow (engines/streaming/planner.py).
+    max_lead_ms: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -158,7 +162,12 @@ class WindowConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("vocoder_context_frames", "flow_context_frames", "max_encoder_wait_ms"):
+        for name in (
+            "vocoder_context_frames",
+            "flow_context_frames",
+            "max_encoder_wait_ms",
+            "max_lead_ms",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.first_window_frames > self.window_frames:

@@ -46,6 +46,13 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="most sentences in one encoder call (default 32)",
     )
+    parser.add_argument(
+        "--max-lead-ms",
+        type=int,
+        default=None,
+        help="audio a playing stream may have sent ahead of its playback before it waits "
+        "(default 0: no limit)",
+    )
     parser.add_argument("--no-batching", action="store_true", help="turn cross-stream batching off")
     parser.add_argument(
         "--max-text-bytes", type=int, default=5000, help="longest TEXT accepted (default 5000)"
@@ -69,6 +76,8 @@ def plan_from_args(args: argparse.Namespace):  # -> list[ServingPlan], imported 
         windows = replace(windows, max_batch_windows=args.max_batch_windows)
     if args.max_encoder_batch is not None:
         windows = replace(windows, max_encoder_batch=args.max_encoder_batch)
+    if args.max_lead_ms is not None:
+        windows = replace(windows, max_lead_ms=args.max_lead_ms)
     template = ServingPlan(
         name="template",
         engine_dir="",

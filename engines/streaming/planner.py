@@ -142,10 +142,15 @@ def cpu_rules(lead_frames: int = 0) -> WindowRules:
 
 @dataclass
 class StepPlan:
-    """A step's work: streams whose next sentence is encoded, then windows to decode."""
+    """A step's work: streams whose next sentence is encoded, then windows to decode.
+
+    `rest_until`: when the first playing stream left out for its lead (`plan_step`'s lead
+    limit) falls back under the limit; None where none was.
+    """
 
     encodes: list[Stream] = field(default_factory=list)
     windows: list[Window] = field(default_factory=list)
+    rest_until: float | None = None
 
     def __bool__(self) -> bool:
         return bool(self.encodes or self.windows)
@@ -290,13 +295,22 @@ def plan_step(
     encoder call (`ENCODE_HOLD_CALLS`), unless the step before took `step_interval_s` (the
     time since its plan) at least as long as that.
 
+    With `cfg.max_lead_ms`, a playing stream with that much audio sent and not yet played
+    (`Stream.buffered_seconds`) gets nothing this step, neither a window nor its next
+    sentence's encoder call: its audio is not needed yet, and the device's time goes to the
+    others and to new listeners (`StepPlan.rest_until` says when the first of them is due again).
+
     Every stream passed in has a current sentence or one waiting to be encoded.
     """
+    plan = StepPlan()
+    if cfg.max_lead_ms:
+        streams, plan.rest_until = _resting(streams, now + cfg.max_lead_ms / 1000)
+        if plan.rest_until is not None:
+            plan.rest_until -= cfg.max_lead_ms / 1000
     encode_limit = cfg.max_encoder_batch if batching else len(streams)
     window_limit = cfg.max_batch_windows if batching else len(streams)
     scan = PLAN_SCAN_WINDOWS * window_limit if batching else len(streams)
     streams = _most_urgent(streams, scan, rules.first_audio_s)
-    plan = StepPlan()
     step_s = cfg.max_step_ms / 1000
     step_cost, budget = 0.0, step_s
     waiting_slack = float("inf")  # the least slack of a playing stream left for later
@@ -434,6 +448,21 @@ def fill_buckets(
             planned.add(stream.stream_id)
             added += 1
     return added
+
+
+def _resting(streams: list[Stream], until: float) -> tuple[list[Stream], float | None]:
+    """(the streams whose audio runs out before `until` or that are not playing yet, the
+    earliest time another one's audio runs out, None where every stream is kept)."""
+    kept: list[Stream] = []
+    earliest: float | None = None
+    for stream in streams:
+        if stream.first_audio_at is not None:
+            runs_out = stream.first_audio_at + stream.audio_seconds_sent
+            if runs_out >= until:
+                earliest = runs_out if earliest is None else min(earliest, runs_out)
+                continue
+        kept.append(stream)
+    return kept, earliest
 
 
 def _most_urgent(streams: list[Stream], playing: int, first_audio_s: float) -> list[Stream]:

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,10 @@ from engines.streaming.types import (
 
 LOGGER = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.002
+# The longest the loop waits for a stream resting on its lead (`WindowConfig.max_lead_ms`)
+# when nothing else is to be done: new streams wake it at once, cancelled ones are looked for
+# at the next step.
+MAX_REST_WAIT_S = 0.05
 MAX_FIRST_AUDIO_SAMPLES = 10_000
 # How often each stream's sink is asked whether its client went away: for a Triton stream
 # the question is a round trip to the server process, too dear to ask every step.
@@ -226,6 +230,7 @@ class StreamScheduler:
         self._last_launched: Any = None
         self._risk_counted_at = 0.0
         self._planned_at = time.monotonic()  # when the last step was planned
+        self._rest_until: float | None = None  # the last plan's (StepPlan.rest_until)
         # Encoder calls running beside the windows, in launch order, with their streams (which
         # the planner leaves alone until their sentence is taken up, `_take_up_encoded`).
         self._encoding: deque[_Encoding] = deque()
@@ -312,6 +317,8 @@ class StreamScheduler:
         ids = [WARMUP_PHONEME_ID] * WARMUP_PHONEMES
         stream = Stream(0, deque([Sentence("warmup", ids)]), SynthesisParams(), sink, 0.0)
         on_step, self._on_step = self._on_step, None
+        # Every window at once: a lead limit would end the warmup at its first rest.
+        windows, self.windows = self.windows, replace(self.windows, max_lead_ms=0)
         self._streams[stream.stream_id] = stream
         try:
             for _ in range(WARMUP_MAX_STEPS):
@@ -319,6 +326,7 @@ class StreamScheduler:
                 if sink.finished or not self.step():
                     break
         finally:
+            self.windows = windows
             self._on_step = on_step
             self._close(stream)
             self.stats = SchedulerStats()
@@ -356,10 +364,11 @@ class StreamScheduler:
                     self.stats.streams_total += 1
             try:
                 if not self.step():
-                    # Only held new streams (see planner.plan_step): wait for them or for more.
+                    # Only held new streams or streams resting on their lead (see
+                    # planner.plan_step): wait for them or for more.
                     idle = time.perf_counter()
                     with self._wake:
-                        self._wake.wait(timeout=IDLE_WAIT_S)
+                        self._wake.wait(timeout=self._idle_wait_s())
                     self.step_times.wall["idle"] += time.perf_counter() - idle
             except Exception as error:  # a broken step must not take the model down
                 LOGGER.exception("scheduler step failed")
@@ -367,6 +376,19 @@ class StreamScheduler:
                     self._close(stream, RuntimeError(f"synthesis failed: {error}"))
                 self._encoding.clear()
                 self._publish_stats()
+
+    def _idle_wait_s(self) -> float:
+        """How long the loop waits after a step with nothing to run: IDLE_WAIT_S while a new
+        stream is held back or an encoder call beside the windows is out, else until the first
+        stream resting on its lead is due again (at most MAX_REST_WAIT_S)."""
+        rest_until = self._rest_until
+        if (
+            rest_until is None
+            or self._encoding
+            or any(s.first_audio_at is None for s in self._streams.values())
+        ):
+            return IDLE_WAIT_S
+        return min(max(rest_until - time.monotonic(), IDLE_WAIT_S), MAX_REST_WAIT_S)
 
     def step(self) -> bool:
         """Plan and run one step; False when there was nothing to run yet."""
@@ -376,6 +398,7 @@ class StreamScheduler:
         self._take_up_encoded()
         clock.part("prepare")
         plan = self._plan()
+        self._rest_until = plan.rest_until
         clock.part("plan")
         if not plan:
             self._publish_stats()

@@ -78,7 +78,10 @@ INSTANCE_ARGS=()
 [[ "${MPS:-0}" == 1 ]] && INSTANCE_ARGS+=(--mps)
 # SENTENCES=N lets an encoder call (a step's new sentences) take up to N sentences (32).
 SENTENCES=${SENTENCES:-32}
-python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch "$SENTENCES" --voice joe --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 "${INSTANCE_ARGS[@]}" >"$OUT/triton-batched.log" 2>&1 &
+# MAX_LEAD_MS=N: a playing stream waits while it has N ms of audio sent ahead of its playback
+# (`voxfleet serve --max-lead-ms`; 0, the default, no limit).
+MAX_LEAD_MS=${MAX_LEAD_MS:-0}
+python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch "$SENTENCES" --max-lead-ms "$MAX_LEAD_MS" --voice joe --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 "${INSTANCE_ARGS[@]}" >"$OUT/triton-batched.log" 2>&1 &
 P1=$!
 trap 'kill -TERM $P1 ${P2:-} 2>/dev/null; wait 2>/dev/null; keep_logs' EXIT
 # One server warms up at a time: cuDNN's autotuning of two at once can take the whole GPU.
@@ -156,6 +159,6 @@ fi
 timeout "${BENCH_TIMEOUT:-380}" python3 -m engines.cli bench --url 127.0.0.1:18000 "${NOBATCH_URL[@]}" \
     --systems "$SYSTEMS" --concurrency "$CONCURRENCY" --duration "${DURATION:-10}" --drain 15 \
     --p95-bound-ms 150 --json "$OUT/bench-gpu.json" \
-    --note "torch-cuda runtime, FP16 flow+vocoder, CUDA graphs; scheduler 128 windows / $SENTENCES sentences per step" \
+    --note "torch-cuda runtime, FP16 flow+vocoder, CUDA graphs; scheduler 128 windows / $SENTENCES sentences per step, lead limit $MAX_LEAD_MS ms" \
     2>&1 | tee "$OUT/bench.log"
 kill -TERM $P1 $P2 2>/dev/null; wait $P1 $P2 2>/dev/null

@@ -216,6 +216,35 @@ def test_with_room_in_the_step_every_stream_is_planned() -> None:
     assert sorted(s.stream_id for s in plan.encodes) == [10, 11]
 
 
+def test_a_stream_at_its_lead_limit_gets_no_work_until_it_falls_under_it() -> None:
+    costs = CostModel(fixed_part=False)
+    costs.per_frame.update(encoder=1e-7, vocoder=1e-7, flow=1e-7)  # room for everything
+    cfg = WindowConfig(max_lead_ms=1000)
+    ahead = make_stream(1, frames=600, buffered_s=1.5, windows_sent=4)
+    behind = make_stream(2, frames=600, buffered_s=0.4, windows_sent=4)
+    between = make_stream(3, frames=600, buffered_s=3.0, windows_sent=4)
+    between.current = None  # its next sentence waits to be encoded
+    between.sentences.append(Sentence("y", [1] * 20))
+    new = make_stream(4)
+
+    plan = plan_step([ahead, behind, between, new], cfg, costs, batching=True, now=NOW)
+
+    assert [w.stream.stream_id for w in plan.windows] == [2]
+    assert sorted(s.stream_id for s in plan.encodes) == [4]  # a new stream is never held
+    # Due again when the first of the others has 1 s of audio left: `ahead`, 0.5 s from now.
+    assert plan.rest_until == pytest.approx(NOW + 0.5)
+    # Without the limit all of them get their work, as before.
+    plan = plan_step([ahead, behind, between, new], WindowConfig(), costs, True, NOW)
+    assert sorted(w.stream.stream_id for w in plan.windows) == [1, 2]
+    assert sorted(s.stream_id for s in plan.encodes) == [3, 4]
+    assert plan.rest_until is None
+    # Once under it, a stream is planned again.
+    plan = plan_step([ahead], cfg, costs, batching=True, now=NOW + 0.6)
+    assert [w.stream.stream_id for w in plan.windows] == [1]
+    with pytest.raises(ValueError, match="max_lead_ms must not be negative"):
+        WindowConfig(max_lead_ms=-1)
+
+
 def test_encoder_calls_split_by_scales_and_not_without_batching() -> None:
     costs = CostModel()
     slow = SynthesisParams(length_scale=1.5)

@@ -218,6 +218,48 @@ def test_a_cpu_scheduler_warms_every_stage_up_before_its_first_listener(stages, 
     assert sink.error is None and scheduler.stats.streams_total == 1
 
 
+class TimedSink(CollectingSink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived: list[float] = []
+
+    def audio(self, pcm: np.ndarray) -> None:
+        super().audio(pcm)
+        self.arrived.append(time.monotonic())
+
+
+def test_a_lead_limit_sends_a_streams_audio_as_its_listener_plays_it(stages, sentences) -> None:
+    """With `max_lead_ms` a playing stream waits while it has that much audio ahead of its
+    listener (counted from its first chunk): its chunks come about as fast as they play, never
+    late, and the audio is the same."""
+    lead_s, rate = 0.3, 22050
+    paced = StreamScheduler(stages, rate, windows=WindowConfig(max_lead_ms=int(lead_s * 1000)))
+    # The warmup stream still runs every stage (it is not held to the limit).
+    paced.warmup()
+    calls = {stage: total[0] for stage, total in paced.costs.totals.items()}
+    assert calls["encoder"] == 1 and calls["flow"] >= 2 and calls["vocoder"] >= 3
+    sink, free = TimedSink(), TimedSink()
+    run_streams(paced, [sink], sentences)
+    run_streams(StreamScheduler(stages, rate), [free], sentences)
+
+    assert sink.error is None
+    assert np.array_equal(np.concatenate(sink.chunks), np.concatenate(free.chunks))
+    # Audio sent ahead of its playback when each chunk came.
+    sent = np.cumsum([len(c) / rate for c in sink.chunks])
+    played = np.array(sink.arrived) - sink.arrived[0]
+    ahead = sent - played
+    assert ahead[:-1].min() > 0.0, "a chunk came after its listener had run dry"
+    # At most the limit and the longest chunk (a CPU stream with a lead takes two steady
+    # windows) ahead, and so the stream lasts about as long as its audio less that.
+    longest = max(len(c) for c in sink.chunks) / rate
+    assert ahead.max() < lead_s + longest + 0.2
+    assert sent[-1] > 2 * (lead_s + longest)  # long enough to tell
+    assert played[-1] > sent[-1] - (lead_s + longest) - 0.2
+    # Without the limit the same audio is all there well before it has played.
+    free_played = free.arrived[-1] - free.arrived[0]
+    assert free_played < played[-1] - 1.0
+
+
 def test_window_config_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="window_frames must be at least 1"):
         WindowConfig(window_frames=0)
