@@ -38,6 +38,15 @@ MIN_STEP_BUDGET_S = 0.03
 ENCODE_HOLD_CALLS = 5.0
 ENCODE_HOLD_MIN_STREAMS = 16
 
+# BURST: where at least a full encoder call's worth of new streams wait (`max_encoder_batch`,
+# listeners arriving together), a new stream late for its first audio does not shorten the
+# step to its own slack (30 ms, `MIN_STEP_BUDGET_S`, once it is late): the step takes new
+# sentences up to its whole length (`max_step_ms`), in fewer and fuller encoder calls, whose
+# fixed cost is most of a call on a GPU. Playing streams' slack still bounds it. Outside a
+# burst a late new stream keeps the step short, so that the next one's wait stays short too:
+# through Triton on the H100, new streams never shortening the step doubled first audio's
+# p50 at 500 and 1,000 streams (docs/benchmarks.md, 2026-11-25 r15, lb64).
+
 # A playing stream with at least this much audio buffered has a lead: where the runtime takes
 # windows of any width (onnxruntime), it may take a longer window and flow chunk
 # (`WindowRules`) and pay the context frames once where it would pay them twice or more. The
@@ -316,10 +325,15 @@ def plan_step(
     waiting_slack = float("inf")  # the least slack of a playing stream left for later
     planned: set[tuple[str, int]] = set()  # calls the step makes so far
     rows: Counter[tuple[str, int]] = Counter()  # windows in each of the step's calls
+    new = (
+        sum(1 for s in streams if s.first_audio_at is None and s.current is None) if batching else 0
+    )
+    # A burst of listeners (a full encoder call's worth of new streams waiting): a new stream's
+    # own deadline does not shorten the step (`BURST`).
+    burst = batching and new >= encode_limit
     hold = 0.0
     if batching and len(streams) >= ENCODE_HOLD_MIN_STREAMS:
         hold = min(cfg.max_encoder_wait_ms / 1000, ENCODE_HOLD_CALLS * costs.per_call["encoder"])
-        new = sum(1 for s in streams if s.first_audio_at is None and s.current is None)
         if new >= encode_limit or step_interval_s >= hold:
             hold = 0.0  # a full encoder batch is waiting already, or a step's worth arrived
     # The two playing streams closest to running dry: a lead window must leave every other
@@ -365,7 +379,8 @@ def plan_step(
         # (Judged against the step's length, not the budget left: that shrinks to the least
         # slack chosen so far, and a second late stream would then wait a whole step.)
         urgent = playing and stream.current is not None and time_left < step_s
-        limit = min(budget, slack, waiting_slack)
+        own_slack = slack if playing or not burst else float("inf")
+        limit = min(budget, own_slack, waiting_slack)
         # (Work that costs the step nothing, an encoder call beside it, never waits.)
         if not urgent and plan and cost > 0 and step_cost + cost > limit:
             if playing:
@@ -380,7 +395,7 @@ def plan_step(
             rows.update(calls)
         step_cost += cost
         planned.update(calls)
-        budget = max(MIN_STEP_BUDGET_S, min(budget, slack))
+        budget = max(MIN_STEP_BUDGET_S, min(budget, own_slack))
     # A playing stream left out above because of work planned before it in deadline order (a
     # new stream's encoder call: due sooner, but run after every window) may not last until
     # the next step, which starts once this whole step is done: its window joins this step

@@ -79,7 +79,9 @@ INSTANCE_ARGS=()
 # SENTENCES=N lets an encoder call (a step's new sentences) take up to N sentences (32).
 SENTENCES=${SENTENCES:-32}
 # MAX_LEAD_MS=N: a playing stream waits while it has N ms of audio sent ahead of its playback
-# (`voxfleet serve --max-lead-ms`; 0, the default, no limit).
+# (`voxfleet serve --max-lead-ms`; 0, the default, no limit). Its streams then last about as
+# long as their audio: DRAIN=S gives the streams still open at the end of a level S seconds
+# (15) to finish before they count as cut off, more than the corpus's longest sentence.
 MAX_LEAD_MS=${MAX_LEAD_MS:-0}
 python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch "$SENTENCES" --max-lead-ms "$MAX_LEAD_MS" --voice joe --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 "${INSTANCE_ARGS[@]}" >"$OUT/triton-batched.log" 2>&1 &
 P1=$!
@@ -157,7 +159,7 @@ if [[ -n "${PROFILE_DELAY:-}" ]]; then
     ) &
 fi
 timeout "${BENCH_TIMEOUT:-380}" python3 -m engines.cli bench --url 127.0.0.1:18000 "${NOBATCH_URL[@]}" \
-    --systems "$SYSTEMS" --concurrency "$CONCURRENCY" --duration "${DURATION:-10}" --drain 15 \
+    --systems "$SYSTEMS" --concurrency "$CONCURRENCY" --duration "${DURATION:-10}" --drain "${DRAIN:-15}" \
     --p95-bound-ms 150 --json "$OUT/bench-gpu.json" \
     --note "torch-cuda runtime, FP16 flow+vocoder, CUDA graphs; scheduler 128 windows / $SENTENCES sentences per step, lead limit $MAX_LEAD_MS ms" \
     2>&1 | tee "$OUT/bench.log"

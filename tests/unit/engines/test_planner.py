@@ -462,6 +462,26 @@ def test_a_step_looks_only_at_the_playing_streams_due_first(monkeypatch) -> None
         assert plan.windows and plan.encodes
 
 
+def test_a_burst_of_new_streams_fills_the_step_and_one_late_stream_keeps_it_short() -> None:
+    """Where a full encoder call's worth of new streams wait, their first-audio deadlines
+    (passed already) do not cut the step to 30 ms: it takes sentences up to its length."""
+    costs = gpu_costs()
+    costs.per_frame["encoder"] = 20e-6  # 2 ms a sentence of 100 ids
+    cfg = WindowConfig(max_encoder_batch=32, max_step_ms=60)
+
+    def encodes(count: int) -> int:
+        streams = [make_stream(i, ids=100) for i in range(count)]
+        for stream in streams:
+            stream.arrived = NOW - 0.2  # late for first audio
+        return len(plan_step(streams, cfg, costs, batching=True, now=NOW).encodes)
+
+    # 30 ms: the encoder call's 12.7 ms and the first windows' call, then 2 ms a sentence.
+    assert encodes(31) == 8
+    # A burst: up to the step's 60 ms.
+    assert encodes(32) == 22
+    assert encodes(200) == 22
+
+
 def test_a_new_stream_is_held_for_others_only_where_steps_are_shorter_than_the_wait() -> None:
     """On a busy GPU scheduler a new stream may wait a little for others to share its encoder
     call; where the step before already took that long, the streams that arrived during it
