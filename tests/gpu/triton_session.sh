@@ -83,7 +83,10 @@ SENTENCES=${SENTENCES:-32}
 # long as their audio: DRAIN=S gives the streams still open at the end of a level S seconds
 # (15) to finish before they count as cut off, more than the corpus's longest sentence.
 MAX_LEAD_MS=${MAX_LEAD_MS:-0}
-python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows 128 --max-encoder-batch "$SENTENCES" --max-lead-ms "$MAX_LEAD_MS" --voice joe --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 "${INSTANCE_ARGS[@]}" >"$OUT/triton-batched.log" 2>&1 &
+# WINDOWS=N: at most N windows a step and a flow or vocoder call (128); fewer capture fewer
+# CUDA graphs, so that more instances fit the GPU's memory.
+WINDOWS=${WINDOWS:-128}
+python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows "$WINDOWS" --max-encoder-batch "$SENTENCES" --max-lead-ms "$MAX_LEAD_MS" --voice joe --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 "${INSTANCE_ARGS[@]}" >"$OUT/triton-batched.log" 2>&1 &
 P1=$!
 trap 'kill -TERM $P1 ${P2:-} 2>/dev/null; wait 2>/dev/null; keep_logs' EXIT
 # One server warms up at a time: cuDNN's autotuning of two at once can take the whole GPU.
@@ -161,6 +164,6 @@ fi
 timeout "${BENCH_TIMEOUT:-380}" python3 -m engines.cli bench --url 127.0.0.1:18000 "${NOBATCH_URL[@]}" \
     --systems "$SYSTEMS" --concurrency "$CONCURRENCY" --duration "${DURATION:-10}" --drain "${DRAIN:-15}" \
     --p95-bound-ms 150 --json "$OUT/bench-gpu.json" \
-    --note "torch-cuda runtime, FP16 flow+vocoder, CUDA graphs; scheduler 128 windows / $SENTENCES sentences per step, lead limit $MAX_LEAD_MS ms" \
+    --note "torch-cuda runtime, FP16 flow+vocoder, CUDA graphs; scheduler $WINDOWS windows / $SENTENCES sentences per step, lead limit $MAX_LEAD_MS ms" \
     2>&1 | tee "$OUT/bench.log"
 kill -TERM $P1 $P2 2>/dev/null; wait $P1 $P2 2>/dev/null
