@@ -143,6 +143,15 @@ class Streaming(_Model):
         description="Frames of context decoded on each side of a window and then dropped; "
         "8 gives about 58 dB SNR against a one-shot decode, 16 gives more than 120 dB.",
     )
+    max_lead_ms: int = Field(
+        default=0,
+        ge=0,
+        le=60000,
+        description="Audio a playing stream may have sent ahead of its listener (counted from "
+        "its first chunk) before it waits for the listener: the GPU's time goes to the other "
+        "streams and to new ones instead, and a stream lasts about as long as its audio. 0 "
+        "sends audio as fast as the GPU makes it (for clients that save it rather than play it).",
+    )
 
     @model_validator(mode="after")
     def _first_fits(self) -> Streaming:

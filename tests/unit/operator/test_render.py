@@ -125,6 +125,19 @@ def test_window_edits_reach_the_build_and_rebuild_only_shaped_engines() -> None:
     assert job_command(CPU, 32)[-1] == job_command(CPU, 64)[-1]
 
 
+def test_a_lead_limit_reaches_the_stream_model_and_rebuilds_nothing() -> None:
+    def plan_and_key(lead_ms: int) -> tuple[ServingPlan, str]:
+        voice = make_voice(streaming={"maxLeadMs": lead_ms})
+        pools = PoolsConfig(default_pool=T4.name, pools=[T4])
+        (job,) = [o for o in render_voices([voice], pools, "cache") if o["kind"] == "Job"]
+        command = container(job)["command"]
+        return ServingPlan.from_json(command[5]), command[-1]
+
+    (paced, paced_key), (free, free_key) = plan_and_key(300), plan_and_key(0)
+    assert (paced.windows.max_lead_ms, free.windows.max_lead_ms) == (300, 0)
+    assert paced_key == free_key  # it changes how steps are planned, not what is built
+
+
 def test_a_pool_with_mps_tells_its_pods_supervisor_to_run_a_daemon() -> None:
     def mps_env(pool: Pool) -> list[dict[str, str]]:
         env = container(build_pool_deployment(pool, "tts", "engine-cache"))["env"]

@@ -32,6 +32,7 @@ def test_minimal_voice_gets_the_documented_defaults() -> None:
     assert spec.precision.value == "fp16"
     assert (spec.streaming.first_window_frames, spec.streaming.steady_window_frames) == (16, 32)
     assert spec.streaming.context_frames == 8
+    assert spec.streaming.max_lead_ms == 0  # audio as fast as it is made
     assert (spec.batching.max_batch_size, spec.batching.max_queue_delay_ms) == (8, 25)
     assert spec.batching.instances == 1
     assert (spec.limits.max_text_bytes, spec.limits.max_concurrent_streams) == (4096, 64)
