@@ -313,9 +313,7 @@ def plan_step(
     """
     plan = StepPlan()
     if cfg.max_lead_ms:
-        streams, plan.rest_until = _resting(streams, now + cfg.max_lead_ms / 1000)
-        if plan.rest_until is not None:
-            plan.rest_until -= cfg.max_lead_ms / 1000
+        streams, plan.rest_until = _resting(streams, now, cfg.max_lead_ms / 1000, rules)
     encode_limit = cfg.max_encoder_batch if batching else len(streams)
     window_limit = cfg.max_batch_windows if batching else len(streams)
     scan = PLAN_SCAN_WINDOWS * window_limit if batching else len(streams)
@@ -465,19 +463,21 @@ def fill_buckets(
     return added
 
 
-def _resting(streams: list[Stream], until: float) -> tuple[list[Stream], float | None]:
-    """(the streams whose audio runs out before `until` or that are not playing yet, the
-    earliest time another one's audio runs out, None where every stream is kept)."""
+def _resting(
+    streams: list[Stream], now: float, lead_s: float, rules: WindowRules
+) -> tuple[list[Stream], float | None]:
+    """(the streams not playing yet or with less than `lead_s` of audio ahead of their
+    listener, when the first of the others falls under it: None where there are none)."""
     kept: list[Stream] = []
     earliest: float | None = None
     for stream in streams:
         if stream.first_audio_at is not None:
-            runs_out = stream.first_audio_at + stream.audio_seconds_sent
-            if runs_out >= until:
+            runs_out = stream.deadline(rules.first_audio_s)  # now + its buffered audio
+            if runs_out - now >= lead_s:
                 earliest = runs_out if earliest is None else min(earliest, runs_out)
                 continue
         kept.append(stream)
-    return kept, earliest
+    return kept, None if earliest is None else earliest - lead_s
 
 
 def _most_urgent(streams: list[Stream], playing: int, first_audio_s: float) -> list[Stream]:
