@@ -39,7 +39,10 @@ METHOD = """\
   For `piper` the "server" is the benchmark process itself. *Load generator CPU* is the
   benchmark process's own CPU while it drives a Triton system: it runs on the same cores.
   *Other processes' CPU* is the machine's busy CPU minus both: work that was not part of the
-  benchmark (on a shared machine, the reason two runs of the same point differ).
+  benchmark (on a shared machine, the reason two runs of the same point differ). The JSON's
+  `client.loop_lag_ms` (p50, p95, max) is how late the benchmark's event loop woke up during
+  the run: every chunk is timestamped on that loop, so first audio and underruns are the
+  server's only while it stays small.
 - **Batching**: Triton's per-model statistics (executions per batch size) read before and
   after each run. voxfleet's stream model is decoupled and batches inside itself (one vocoder
   call for the windows of many streams), so Triton sees batch 1 there; its batches come from

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TextIO
 
 from engines.bench.loadgen import run_closed_loop
 from engines.bench.resources import (
+    LoopLag,
     MachineCpuSampler,
     ProcessTree,
     ResourceSampler,
@@ -122,6 +123,8 @@ async def _measure(
     before = await system.batch_counts()
     machine = MachineCpuSampler()
     machine.start()
+    lag = LoopLag()
+    lag.start()
     for each in (sampler, client):
         if each:
             each.start()
@@ -145,7 +148,8 @@ async def _measure(
         retry_after_s=FAILED_REQUEST_RETRY_S,
     )
     server = sampler.stop() if sampler else {}
-    client_usage = client.stop() if client else {}
+    client_usage: dict[str, Any] = dict(client.stop()) if client else {}
+    client_usage["loop_lag_ms"] = await lag.stop()
     machine_cpu = machine.stop()
     profile = profiler.stop() if profiler else {}
     after = await system.batch_counts()
@@ -182,6 +186,7 @@ def _skipped(system: str, concurrency: int, since: int, bound_ms: float) -> RunS
 def _progress_line(run: RunSummary) -> str:
     fa = run.first_audio_ms
     cpu = run.server.get("cpu_percent")
+    lag = run.client.get("loop_lag_ms", {}).get("p95")
     batch = ", ".join(
         f"{model} mean batch {info['mean_batch_size']:.1f}" for model, info in run.batching.items()
     )
@@ -191,5 +196,6 @@ def _progress_line(run: RunSummary) -> str:
         f"underruns {run.underruns} ({run.underrun_rate:.0%} of streams)  rtf {run.rtf:.3f}  "
         f"audio {run.audio_seconds_per_second:.1f} s/s  errors {run.errors}"
         + (f"  server cpu {cpu:.0f}%" if isinstance(cpu, float) else "")
+        + (f"  client loop lag p95 {lag:.0f} ms" if isinstance(lag, float) else "")
         + (f"  [{batch}]" if batch else "")
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
 from collections.abc import AsyncIterator
 
 from engines.bench.runner import SweepSettings, run_sweep
@@ -60,3 +61,30 @@ async def test_saturated_system_is_skipped_at_higher_levels_and_text_order_resta
         for texts in system.texts_per_run:
             measured = [text for text in texts if text in {"one", "two", "three"}]
             assert measured[:2] == ["one", "two"]
+
+
+class BlockingSystem(FakeSystem):
+    """A system whose streams block the benchmark's own event loop for `block_s` once each,
+    as a load generator too busy to read its chunks would."""
+
+    def __init__(self, block_s: float) -> None:
+        super().__init__("voxfleet", 0.001)
+        self.block_s = block_s
+
+    async def open_stream(self, text: str) -> AsyncIterator[tuple[int, int]]:
+        time.sleep(self.block_s)  # on the loop's thread: nothing else runs meanwhile
+        async for chunk in super().open_stream(text):
+            yield chunk
+
+
+async def test_a_run_reports_how_late_the_load_generators_own_loop_was() -> None:
+    """Chunks are timestamped on the benchmark's event loop: a run says how late that loop
+    ran, so a first-audio figure inflated by a busy client is told from the server's."""
+    settings = SweepSettings([1], duration_s=0.3)
+    log = io.StringIO()
+    (quiet,) = await run_sweep([FakeSystem("voxfleet", 0.001)], ["one"], settings, log=log)
+    (busy,) = await run_sweep([BlockingSystem(0.12)], ["one"], settings, log=io.StringIO())
+    assert set(quiet.client["loop_lag_ms"]) == {"p50", "p95", "max"}
+    assert busy.client["loop_lag_ms"]["max"] >= 100.0
+    assert quiet.client["loop_lag_ms"]["max"] < busy.client["loop_lag_ms"]["max"]
+    assert "client loop lag p95" in log.getvalue()
