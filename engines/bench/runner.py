@@ -77,6 +77,25 @@ def batching_delta(
     return models
 
 
+def queue_delta(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
+) -> dict[str, float]:
+    """Mean milliseconds a request waited in Triton's queue during a run, per model that took
+    requests in it."""
+    means: dict[str, float] = {}
+    for model, (count, ns) in after.items():
+        old_count, old_ns = before.get(model, (0, 0))
+        if count > old_count:
+            means[model] = (ns - old_ns) / (count - old_count) / 1e6
+    return means
+
+
+async def _queue_totals(system: BenchSystem) -> dict[str, tuple[int, int]]:
+    """`queue_totals()` of a system behind Triton; nothing for the others (piper)."""
+    totals = getattr(system, "queue_totals", None)
+    return await totals() if totals is not None else {}
+
+
 async def _warm_up(system: BenchSystem, text: str) -> None:
     async for _ in system.open_stream(text):
         pass
@@ -121,6 +140,7 @@ async def _measure(
     # The load generator shares the machine with the server: its own CPU is part of the story.
     client = ResourceSampler(own_process()) if tree is None or tree != own_process() else None
     before = await system.batch_counts()
+    queued = await _queue_totals(system)
     machine = MachineCpuSampler()
     machine.start()
     lag = LoopLag()
@@ -147,16 +167,19 @@ async def _measure(
         settings.drain_s,
         retry_after_s=FAILED_REQUEST_RETRY_S,
     )
-    server = sampler.stop() if sampler else {}
+    server: dict[str, Any] = dict(sampler.stop()) if sampler else {}
     client_usage: dict[str, Any] = dict(client.stop()) if client else {}
     client_usage["loop_lag_ms"] = await lag.stop()
     machine_cpu = machine.stop()
     profile = profiler.stop() if profiler else {}
     after = await system.batch_counts()
+    queue = queue_delta(queued, await _queue_totals(system))
     run = summarise_run(
         system.name, concurrency, result.records, result.wall_s, settings.underrun_tolerance_s
     )
     run.server = server
+    if queue:
+        run.server["triton_queue_ms"] = queue
     run.client = client_usage
     run.profile = profile
     run.machine_cpu_percent = machine_cpu

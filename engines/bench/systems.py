@@ -235,6 +235,15 @@ class TritonSystem:
             counts.update(await asyncio.to_thread(fetch_batch_counts, self.metrics_url))
         return counts
 
+    async def queue_totals(self) -> dict[str, tuple[int, int]]:
+        """(requests, nanoseconds) each model's requests have waited so far in Triton's queue,
+        before a model instance took them (Triton's statistics)."""
+        from tritonclient.grpc import service_pb2
+
+        statistics = await self._stub.ModelStatistics(service_pb2.ModelStatisticsRequest())
+        queues = {model.name: model.inference_stats.queue for model in statistics.model_stats}
+        return {name: (int(queue.count), int(queue.ns)) for name, queue in queues.items()}
+
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel.close()

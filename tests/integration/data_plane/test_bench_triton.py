@@ -135,6 +135,10 @@ def test_bench_sweep_writes_json_plot_and_page(
     assert runs[("voxfleet", 1)]["chunks"] > runs[("voxfleet", 1)]["streams"]
     assert runs[("piper", 3)]["chunks"] == runs[("piper", 3)]["streams"]
     assert runs[("triton-naive", 3)]["batching"]["joe-naive"]["executions"] >= 1
+    # How long requests waited in Triton's queue, for the systems behind Triton only.
+    assert runs[("voxfleet", 3)]["server"]["triton_queue_ms"]["joe"] >= 0.0
+    assert "triton_queue_ms" not in runs[("piper", 3)]["server"]
+    assert set(runs[("voxfleet", 3)]["client"]["loop_lag_ms"]) == {"p50", "p95", "max"}
     assert (docs / "bench.png").stat().st_size > 10_000
     text = page.read_text()
     assert "<!-- gpu:begin -->\nH100: kept as is\n<!-- gpu:end -->" in text

@@ -7,7 +7,7 @@ import io
 import time
 from collections.abc import AsyncIterator
 
-from engines.bench.runner import SweepSettings, run_sweep
+from engines.bench.runner import SweepSettings, queue_delta, run_sweep
 
 
 class FakeSystem:
@@ -88,3 +88,10 @@ async def test_a_run_reports_how_late_the_load_generators_own_loop_was() -> None
     assert busy.client["loop_lag_ms"]["max"] >= 100.0
     assert quiet.client["loop_lag_ms"]["max"] < busy.client["loop_lag_ms"]["max"]
     assert "client loop lag p95" in log.getvalue()
+
+
+def test_the_triton_queue_figure_is_the_mean_wait_of_the_runs_own_requests() -> None:
+    before = {"joe": (10, 50_000_000), "idle": (3, 9_000_000)}
+    after = {"joe": (30, 250_000_000), "idle": (3, 9_000_000), "new": (2, 4_000_000)}
+    # 20 requests waited 200 ms in all during the run; a model without requests is left out.
+    assert queue_delta(before, after) == {"joe": 10.0, "new": 2.0}
