@@ -218,14 +218,18 @@ class TritonSystem:
             return None
         return find_listening_process(int(port))
 
-    async def batch_counts(self) -> dict[str, dict[int, int]]:
-        """Cumulative executions per batch size, per model: Triton's own statistics, plus the
-        vocoder batches a stream model reports on the metrics port (see engines.bench.metrics)."""
+    async def _model_stats(self) -> Any:
+        """Triton's statistics of every model (its ModelStatistics call)."""
         from tritonclient.grpc import service_pb2
 
         statistics = await self._stub.ModelStatistics(service_pb2.ModelStatisticsRequest())
+        return statistics.model_stats
+
+    async def batch_counts(self) -> dict[str, dict[int, int]]:
+        """Cumulative executions per batch size, per model: Triton's own statistics, plus the
+        vocoder batches a stream model reports on the metrics port (see engines.bench.metrics)."""
         counts: dict[str, dict[int, int]] = {}
-        for model in statistics.model_stats:
+        for model in await self._model_stats():
             sizes = {int(b.batch_size): int(b.compute_infer.count) for b in model.batch_stats}
             if sizes:
                 counts[model.name] = sizes
@@ -238,10 +242,7 @@ class TritonSystem:
     async def queue_totals(self) -> dict[str, tuple[int, int]]:
         """(requests, nanoseconds) each model's requests have waited so far in Triton's queue,
         before a model instance took them (Triton's statistics)."""
-        from tritonclient.grpc import service_pb2
-
-        statistics = await self._stub.ModelStatistics(service_pb2.ModelStatisticsRequest())
-        queues = {model.name: model.inference_stats.queue for model in statistics.model_stats}
+        queues = {model.name: model.inference_stats.queue for model in await self._model_stats()}
         return {name: (int(queue.count), int(queue.ns)) for name, queue in queues.items()}
 
     async def close(self) -> None:

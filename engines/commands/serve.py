@@ -71,13 +71,13 @@ def plan_from_args(args: argparse.Namespace):  # -> list[ServingPlan], imported 
     from engines.plan import ServingPlan, WindowConfig
     from engines.serving import plan_local_voices
 
-    windows = WindowConfig()
-    if args.max_batch_windows is not None:
-        windows = replace(windows, max_batch_windows=args.max_batch_windows)
-    if args.max_encoder_batch is not None:
-        windows = replace(windows, max_encoder_batch=args.max_encoder_batch)
-    if args.max_lead_ms is not None:
-        windows = replace(windows, max_lead_ms=args.max_lead_ms)
+    # Each of these options sets the WindowConfig field of its name where it is given.
+    given = {
+        name: getattr(args, name)
+        for name in ("max_batch_windows", "max_encoder_batch", "max_lead_ms")
+        if getattr(args, name) is not None
+    }
+    windows = replace(WindowConfig(), **given)
     template = ServingPlan(
         name="template",
         engine_dir="",
