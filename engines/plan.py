@@ -121,6 +121,11 @@ def check_precision(runtime: str, precision: str) -> None:
 # TensorRT sizes a plan's activation memory for its profile's largest call, and the CRD
 # refuses a voice whose windows and batch would need more.
 MAX_VOCODER_BATCH_FRAMES = 8192
+# How a GPU runtime runs a step's encoder call (`WindowConfig.encoder_launch`): in the step,
+# before its windows; beside them on a CUDA stream of its own, one call at a time; or queued
+# on the windows' own stream, up to three calls at a time. Only the torch-cuda runtime's
+# graphed encoder is launched; every other runtime runs it in the step.
+ENCODER_LAUNCHES = ("inline", "beside", "queued")
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,11 @@ class WindowConfig:
     # work until it has less (`TTSVoice streaming.maxLeadMs`); 0: no limit, a stream's audio
     # is made as fast as the steps allow (engines/streaming/planner.py).
     max_lead_ms: int = 0
+    # How the torch-cuda runtime runs encoder calls (ENCODER_LAUNCHES; `TTSVoice
+    # batching.encoderLaunch`): "inline" keeps first audio earliest on a GPU a scheduler has
+    # to itself; "beside" frees the scheduler from waiting for each call, which is what
+    # several instances sharing a GPU with a lead limit need (docs/gpu.md).
+    encoder_launch: str = "inline"
 
     def __post_init__(self) -> None:
         for name in (
@@ -170,6 +180,11 @@ class WindowConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.encoder_launch not in ENCODER_LAUNCHES:
+            raise ValueError(
+                f"encoder_launch is one of {', '.join(ENCODER_LAUNCHES)}, "
+                f"not {self.encoder_launch!r}"
+            )
         if self.first_window_frames > self.window_frames:
             raise ValueError(
                 f"first_window_frames ({self.first_window_frames}) must not exceed "

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from engines import names
 from engines.commands.build_engines import PRECISION_CHOICES, RUNTIME_CHOICES, runtime_help
+from engines.plan import ENCODER_LAUNCHES
 
 GPU_SERVER_ARGS = ["--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0"]
 
@@ -53,6 +54,13 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="audio a playing stream may have sent ahead of its playback before it waits "
         "(default 0: no limit)",
     )
+    parser.add_argument(
+        "--encoder-launch",
+        choices=ENCODER_LAUNCHES,
+        default=None,
+        help="how the torch-cuda runtime runs encoder calls: in the step (inline, the "
+        "default), beside the windows on a CUDA stream of their own, or queued behind them",
+    )
     parser.add_argument("--no-batching", action="store_true", help="turn cross-stream batching off")
     parser.add_argument(
         "--max-text-bytes", type=int, default=5000, help="longest TEXT accepted (default 5000)"
@@ -74,7 +82,7 @@ def plan_from_args(args: argparse.Namespace):  # -> list[ServingPlan], imported 
     # Each of these options sets the WindowConfig field of its name where it is given.
     given = {
         name: getattr(args, name)
-        for name in ("max_batch_windows", "max_encoder_batch", "max_lead_ms")
+        for name in ("max_batch_windows", "max_encoder_batch", "max_lead_ms", "encoder_launch")
         if getattr(args, name) is not None
     }
     windows = replace(WindowConfig(), **given)

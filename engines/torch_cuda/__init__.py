@@ -6,10 +6,34 @@ when a runtime is created, so the package imports where torch is absent.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from engines.plan import WindowConfig
+from engines.plan import ENCODER_LAUNCHES, WindowConfig
 from engines.stages import StageRuntime
+
+# The plan's encoder_launch "beside": the encoder gets a CUDA stream and a graph memory pool
+# of its own, so that `TorchCudaStages.encode_launch` can run it beside the windows;
+# "queued": `encode_launch` queues it on the windows' own stream, in order with them, so
+# that only the wait for its frame counts is gone; "inline": in the step.
+# VOXFLEET_ENCODER_BESIDE=0, 1 or queued overrides the plan (A/B runs of one server plan).
+BESIDE_ENV = "VOXFLEET_ENCODER_BESIDE"
+_BESIDE_VALUES = {"0": "inline", "1": "beside", "queued": "queued"}
+
+
+def encoder_launch_mode(planned: str) -> str:
+    """How encoder calls run: `planned` (the plan's `WindowConfig.encoder_launch`), unless
+    VOXFLEET_ENCODER_BESIDE is set; ValueError for a value that is neither."""
+    value = os.environ.get(BESIDE_ENV)
+    if value is None:
+        if planned not in ENCODER_LAUNCHES:
+            raise ValueError(
+                f"encoder_launch is one of {', '.join(ENCODER_LAUNCHES)}, not {planned!r}"
+            )
+        return planned
+    if value not in _BESIDE_VALUES:
+        raise ValueError(f"{BESIDE_ENV} is 0, 1 or queued, not {value!r}")
+    return _BESIDE_VALUES[value]
 
 
 def load(engine_dir: Path, windows: WindowConfig) -> StageRuntime:
@@ -25,6 +49,6 @@ def load(engine_dir: Path, windows: WindowConfig) -> StageRuntime:
         engine_dir,
         batch_buckets=[b for b in DEFAULT_BATCH_BUCKETS if b < 2 * max_windows],
         encoder_batch_buckets=[b for b in ENCODER_BATCH_BUCKETS if b < 2 * max_sentences],
+        encoder_launch=windows.encoder_launch,
     )
     return stages
-

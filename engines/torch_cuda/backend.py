@@ -111,12 +111,13 @@ class DeviceBackend:
             async_calls = self.device.type == "cuda" and os.environ.get(ASYNC_ENV, "1") != "0"
         self.async_calls = async_calls
         # With asynchronous calls, a runtime that launches its encoder
-        # (TorchCudaStages.encodes_beside: VOXFLEET_ENCODER_BESIDE=1 on a CUDA stream of its
-        # own, =queued on the windows' stream) lets the scheduler go on launching windows and
-        # take the sentences up once their frame counts are on the host (`encode_launch`),
-        # with up to `encoder_calls_in_flight` calls at once. On the H100 through Triton both
-        # gave more audio per second but later first audio (docs/benchmarks.md#gpu), so they
-        # are off unless asked.
+        # (TorchCudaStages.encodes_beside: the plan's encoder_launch "beside", on a CUDA
+        # stream of its own, or "queued", on the windows' stream) lets the scheduler go on
+        # launching windows and take the sentences up once their frame counts are on the host
+        # (`encode_launch`), with up to `encoder_calls_in_flight` calls at once. On the H100
+        # through Triton, one instance without a lead limit, both gave more audio per second
+        # but later first audio; four instances with a lead limit had fewer streams underrun
+        # beside (docs/benchmarks.md#gpu). "inline" stays the default.
         self.encodes_beside = bool(async_calls and getattr(runtime, "encodes_beside", False))
         self.encoder_calls_in_flight = int(getattr(runtime, "encoder_calls_in_flight", 1))
         queued = bool(getattr(runtime, "encoder_queued", False))

@@ -5,11 +5,12 @@
   read per call), and FP16 or TF32 there moves frame boundaries (``ceil`` of durations).
   VOXFLEET_ENCODER_TF32=1 and VOXFLEET_ENCODER_COMPILE=1 (off by default) capture the core
   with TF32 allowed and compiled by torch.compile: on the H100 2.2 times faster alone, but
-  through Triton the encoder call's time is mostly the host's (docs/benchmarks.md). With
-  VOXFLEET_ENCODER_BESIDE=1 (off by default) `encode_launch` runs it on a CUDA stream of its
-  own (its graphs in a memory pool of their own), and with =queued on the windows' stream
-  behind them, so that the stream model can go on launching windows while it runs;
-  otherwise its graphs share the flow's and vocoder's pool.
+  through Triton the encoder call's time is mostly the host's (docs/benchmarks.md). With the
+  plan's `encoder_launch` "beside" (`batching.encoderLaunch` of a TTSVoice; "inline" by
+  default) `encode_launch` runs it on a CUDA stream of its own (its graphs in a memory pool
+  of their own), and with "queued" on the windows' stream behind them, so that the stream
+  model can go on launching windows while it runs; otherwise its graphs share the flow's and
+  vocoder's pool. VOXFLEET_ENCODER_BESIDE=0, 1 or queued overrides the plan (A/B runs).
 - flow and vocoder: the entry's precision (FP16 by default). Their calls come from the
   stream model as batches of fixed-size windows, so each call is padded up to a batch bucket
   (1, 2, 4, ..., 256) and replayed from a CUDA graph captured once per (bucket, frames):
@@ -36,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engines.torch_cuda import acoustic, vocoder
+from engines.torch_cuda import acoustic, encoder_launch_mode, vocoder
 from engines.torch_cuda.acoustic import EncoderCore
 from engines.torch_cuda.convert import OnnxModule
 
@@ -46,11 +47,6 @@ DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # the H100, scripts/encode_split_probe.py); 20 more graphs at warmup.
 ENCODER_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 64)
 DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
-# VOXFLEET_ENCODER_BESIDE=1 (off by default): the encoder gets a CUDA stream and a graph
-# memory pool of its own, so that `encode_launch` can run it beside the windows.
-# VOXFLEET_ENCODER_BESIDE=queued: `encode_launch` queues it on the windows' own stream, in
-# order with them, so that only the wait for its frame counts is gone.
-BESIDE_ENV = "VOXFLEET_ENCODER_BESIDE"
 # Encoder calls the scheduler keeps in flight when they are queued on the windows' stream:
 # they run one after another there, so more in flight only means that new sentences wait
 # less for a call. On the H100 through Triton, 3 gave more audio and a lower first-audio p95
@@ -298,6 +294,7 @@ class TorchCudaStages:
         flow_frame_multiple: int = 32,
         vocoder_frame_multiple: int = 16,
         encoder_batch_buckets: Sequence[int] = ENCODER_BATCH_BUCKETS,
+        encoder_launch: str = "inline",
     ) -> None:
         engine_dir = Path(engine_dir)
         self.device = torch.device(device)
@@ -341,12 +338,13 @@ class TorchCudaStages:
             )
         except acoustic.NotPiperVits:
             pass
-        launched = os.environ.get(BESIDE_ENV, "0")
-        if launched not in ("0", "1", "queued"):
-            raise TorchCudaError(f"{BESIDE_ENV} is 0, 1 or queued, not {launched!r}")
+        try:
+            launched = encoder_launch_mode(encoder_launch)
+        except ValueError as error:
+            raise TorchCudaError(str(error)) from None
         if self.encoder_core is None or self.device.type != "cuda":
-            launched = "0"  # only a graphed encoder on a GPU is launched
-        beside = launched == "1"
+            launched = "inline"  # only a graphed encoder on a GPU is launched
+        beside = launched == "beside"
         self._queued_launches = launched == "queued"
         self._encoder_tf32 = os.environ.get(TF32_ENV, "0") == "1"
         self._compiled = False
@@ -488,8 +486,8 @@ class TorchCudaStages:
     def encodes_beside(self) -> bool:
         """Whether the scheduler launches encoder calls (`encode_launch`) and takes their
         sentences up once their frame counts are on the host, instead of waiting for them: a
-        graphed encoder on a GPU with VOXFLEET_ENCODER_BESIDE=1 (on a CUDA stream of its own)
-        or =queued (on the windows' stream)."""
+        graphed encoder on a GPU with encoder_launch "beside" (on a CUDA stream of its own) or
+        "queued" (on the windows' stream)."""
         return self._encoder_stream is not None or self._queued_launches
 
     @property
@@ -502,7 +500,7 @@ class TorchCudaStages:
     @property
     def encoder_queued(self) -> bool:
         """Whether launched encoder calls run on the windows' own stream, in order with them
-        (VOXFLEET_ENCODER_BESIDE=queued): a call with windows queued behind it may be waited
+        (encoder_launch "queued"): a call with windows queued behind it may be waited
         for without leaving the GPU idle."""
         return self._queued_launches
 
@@ -524,7 +522,7 @@ class TorchCudaStages:
         if stream is None:
             raise TorchCudaError(
                 "the scheduler launches encoder calls only for a CUDA graph, with "
-                f"{BESIDE_ENV}=1 or {BESIDE_ENV}=queued"
+                "encoder_launch beside or queued"
             )
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(stream):

@@ -25,6 +25,7 @@ def voice_windows(spec: TTSVoiceSpec) -> WindowConfig:
         max_batch_windows=spec.batching.max_batch_size,
         max_encoder_wait_ms=spec.batching.max_queue_delay_ms,
         max_lead_ms=spec.streaming.max_lead_ms,
+        encoder_launch=spec.batching.encoder_launch.value,
     )
 
 

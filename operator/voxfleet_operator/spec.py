@@ -113,6 +113,14 @@ class Precision(str, Enum):
     INT8 = "int8"
 
 
+class EncoderLaunch(str, Enum):
+    """`engines.plan.ENCODER_LAUNCHES`, as the CRD spells them."""
+
+    INLINE = "inline"
+    BESIDE = "beside"
+    QUEUED = "queued"
+
+
 class Streaming(_Model):
     model_config = ConfigDict(
         json_schema_extra=_rules(
@@ -183,6 +191,16 @@ class Batching(_Model):
         "scheduler and its share of limits.maxConcurrentStreams. Each holds its own copy of "
         "the voice's state (on a GPU: CUDA graphs and frame stores), so only a large GPU fits "
         "more than 1: on an H100 two gave 1.26 to 1.28 times the audio of one.",
+    )
+    encoder_launch: EncoderLaunch = Field(
+        default=EncoderLaunch.INLINE,
+        description="How a GPU (the torch-cuda runtime) runs a step's encoder call: inline, "
+        "in the step before its windows (the earliest first audio for one instance); beside, "
+        "on a CUDA stream of its own next to the windows, one call at a time, so the "
+        "scheduler never waits for it (with several instances and streaming.maxLeadMs, fewer "
+        "streams underran on an H100 at 2,000 streams); queued, behind the windows on their "
+        "stream, up to three calls at a time (the most audio per second without a lead "
+        "limit, later first audio). Other runtimes always run it inline.",
     )
 
 

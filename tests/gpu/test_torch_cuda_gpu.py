@@ -101,15 +101,16 @@ def test_stream_scheduler_runs_on_the_gpu_runtime(entry_dir: Path, corpus_ids) -
 def test_the_encoder_beside_the_windows_gives_the_audio_of_the_encoder_in_the_step(
     entry_dir: Path, corpus_ids, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The encoder launched and taken up later, on its own CUDA stream
-    (VOXFLEET_ENCODER_BESIDE=1: its own graph pool, its tensors read on the other stream) or
-    queued on the windows' stream (=queued), must give every stream the audio it gets with
-    the encoder in the step."""
+    """The encoder launched and taken up later, on its own CUDA stream (the plan's
+    encoder_launch "beside": its own graph pool, its tensors read on the other stream) or
+    queued on the windows' stream ("queued"), must give every stream the audio it gets with
+    the encoder in the step ("inline")."""
     import threading
 
     from engines.frontend import Sentence
     from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
-    from engines.torch_cuda.runtime import BESIDE_ENV, TorchCudaStages
+    from engines.torch_cuda import BESIDE_ENV
+    from engines.torch_cuda.runtime import TorchCudaStages
 
     class Sink(StreamSink):
         def __init__(self) -> None:
@@ -127,10 +128,11 @@ def test_the_encoder_beside_the_windows_gives_the_audio_of_the_encoder_in_the_st
     quiet = SynthesisParams(noise_scale=0.0, noise_w=0.0)
     texts = [[Sentence("", corpus_ids[i]), Sentence("", corpus_ids[i + 1])] for i in range(12)]
     audio: dict[str, list[np.ndarray]] = {}
-    for beside in ("0", "1", "queued"):
-        monkeypatch.setenv(BESIDE_ENV, beside)
-        scheduler = StreamScheduler(TorchCudaStages(entry_dir, precision="fp32"), 22050)
-        assert scheduler.backend.encodes_beside is (beside != "0")  # type: ignore[attr-defined]
+    monkeypatch.delenv(BESIDE_ENV, raising=False)
+    for beside in ("inline", "beside", "queued"):
+        stages = TorchCudaStages(entry_dir, precision="fp32", encoder_launch=beside)
+        scheduler = StreamScheduler(stages, 22050)
+        assert scheduler.backend.encodes_beside is (beside != "inline")  # type: ignore[attr-defined]
         scheduler.start()
         try:
             sinks = [Sink() for _ in texts]
@@ -141,8 +143,8 @@ def test_the_encoder_beside_the_windows_gives_the_audio_of_the_encoder_in_the_st
         finally:
             scheduler.stop()
         audio[beside] = [np.concatenate(sink.chunks).astype(np.float64) for sink in sinks]
-    for launched in ("1", "queued"):
-        for inline, beside_audio in zip(audio["0"], audio[launched], strict=True):
+    for launched in ("beside", "queued"):
+        for inline, beside_audio in zip(audio["inline"], audio[launched], strict=True):
             assert inline.shape == beside_audio.shape
             noise = np.sum((beside_audio - inline) ** 2)
             assert 10 * np.log10(np.sum(inline**2) / max(noise, 1e-9)) > 50.0

@@ -125,17 +125,29 @@ def test_window_edits_reach_the_build_and_rebuild_only_shaped_engines() -> None:
     assert job_command(CPU, 32)[-1] == job_command(CPU, 64)[-1]
 
 
-def test_a_lead_limit_reaches_the_stream_model_and_rebuilds_nothing() -> None:
-    def plan_and_key(lead_ms: int) -> tuple[ServingPlan, str]:
-        voice = make_voice(streaming={"maxLeadMs": lead_ms})
+@pytest.mark.parametrize(
+    ("section", "field", "values", "planned"),
+    [
+        ("streaming", "maxLeadMs", (300, 0), "max_lead_ms"),
+        ("batching", "encoderLaunch", ("beside", "inline"), "encoder_launch"),
+    ],
+)
+def test_step_settings_reach_the_stream_model_and_rebuild_nothing(
+    section: str, field: str, values: tuple[Any, Any], planned: str
+) -> None:
+    """A lead limit and how the encoder is launched change how steps are run, not what is
+    built: the plan carries them, the engine key stays."""
+
+    def plan_and_key(value: Any) -> tuple[ServingPlan, str]:
+        voice = make_voice(**{section: {field: value}})
         pools = PoolsConfig(default_pool=T4.name, pools=[T4])
         (job,) = [o for o in render_voices([voice], pools, "cache") if o["kind"] == "Job"]
         command = container(job)["command"]
         return ServingPlan.from_json(command[5]), command[-1]
 
-    (paced, paced_key), (free, free_key) = plan_and_key(300), plan_and_key(0)
-    assert (paced.windows.max_lead_ms, free.windows.max_lead_ms) == (300, 0)
-    assert paced_key == free_key  # it changes how steps are planned, not what is built
+    (first, first_key), (second, second_key) = (plan_and_key(v) for v in values)
+    assert (getattr(first.windows, planned), getattr(second.windows, planned)) == values
+    assert first_key == second_key
 
 
 def test_a_pool_with_mps_tells_its_pods_supervisor_to_run_a_daemon() -> None:

@@ -35,6 +35,7 @@ def test_minimal_voice_gets_the_documented_defaults() -> None:
     assert spec.streaming.max_lead_ms == 0  # audio as fast as it is made
     assert (spec.batching.max_batch_size, spec.batching.max_queue_delay_ms) == (8, 25)
     assert spec.batching.instances == 1
+    assert spec.batching.encoder_launch.value == "inline"  # the encoder in the step
     assert (spec.limits.max_text_bytes, spec.limits.max_concurrent_streams) == (4096, 64)
     assert spec.speaking_rate == 1.0
     assert (spec.autoscaling.min_replicas, spec.autoscaling.max_replicas) == (1, 4)
@@ -85,6 +86,10 @@ def test_minimal_voice_gets_the_documented_defaults() -> None:
         ),
         ({"source": URL_SOURCE, "speakingRate": 9}, "speakingRate: Input should be less"),
         ({"source": URL_SOURCE, "precision": "int4"}, "spec.precision: Input should be"),
+        (
+            {"source": URL_SOURCE, "batching": {"encoderLaunch": "sideways"}},
+            "spec.batching.encoderLaunch: Input should be 'inline', 'beside' or 'queued'",
+        ),
         ({"source": URL_SOURCE, "colour": "blue"}, "spec.colour: Extra inputs"),
     ],
 )
@@ -261,3 +266,11 @@ def test_the_api_offers_the_precisions_the_runtime_registry_knows() -> None:
 
     assert {p.value for p in Precision} == set(PRECISIONS)
     assert set().union(*(info.precisions for info in RUNTIMES.values())) == set(PRECISIONS)
+
+
+def test_the_api_offers_the_encoder_launches_the_plan_knows() -> None:
+    from voxfleet_operator.spec import EncoderLaunch
+
+    from engines.plan import ENCODER_LAUNCHES
+
+    assert tuple(mode.value for mode in EncoderLaunch) == ENCODER_LAUNCHES
