@@ -40,9 +40,11 @@ METHOD = """\
   benchmark process's own CPU while it drives a Triton system: it runs on the same cores.
   *Other processes' CPU* is the machine's busy CPU minus both: work that was not part of the
   benchmark (on a shared machine, the reason two runs of the same point differ). The JSON's
-  `client.loop_lag_ms` (p50, p95, max) is how late the benchmark's event loop woke up during
-  the run: every chunk is timestamped on that loop, so first audio and underruns are the
-  server's only while it stays small. `server.triton_queue_ms` is the mean time a request
+  `client.loop_lag_ms` (p50, p95, max, and `max_at_s`, when in the run the worst came) is
+  how late the benchmark's event loop woke up during the run: every chunk is timestamped on
+  that loop, so first audio and underruns are the server's only while it stays small.
+  `client.gc_pause_ms` (count, total, max) are the benchmark's garbage collections, which
+  stop that loop. `server.triton_queue_ms` is the mean time a request
   waited in Triton's queue before a model instance took it, per model (Triton's statistics).
 - **Batching**: Triton's per-model statistics (executions per batch size) read before and
   after each run. voxfleet's stream model is decoupled and batches inside itself (one vocoder

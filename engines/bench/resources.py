@@ -8,6 +8,7 @@ so the whole tree counts. CPU is process time used during the run over the run's
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import threading
 import time
@@ -157,25 +158,30 @@ class LoopLag:
     Every chunk is timestamped by that loop, so a late loop adds its lateness to first audio
     and can turn a chunk that came in time into an underrun: the run's figures are the
     server's only while this stays small (at 2,000 streams one client process holds them
-    all).
+    all). `max_at_s` says when the latest wake-up was asked for, in seconds from `start()`
+    (the level's start), so a stall can be placed: the ramp of new listeners, the load, or
+    the drain.
     """
 
     def __init__(self, interval_s: float = LOOP_LAG_INTERVAL_S) -> None:
         self._interval_s = interval_s
-        self._lags: list[float] = []
+        self._lags: list[tuple[float, float]] = []  # (asked, seconds late)
+        self._started = 0.0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        self._started = time.perf_counter()
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
         while True:
             asked = time.perf_counter()
             await asyncio.sleep(self._interval_s)
-            self._lags.append(time.perf_counter() - asked - self._interval_s)
+            self._lags.append((asked, time.perf_counter() - asked - self._interval_s))
 
     async def stop(self) -> dict[str, float]:
-        """p50, p95 and max of the lateness in ms (nothing where no wake-up was recorded)."""
+        """p50, p95 and max of the lateness in ms and `max_at_s` (nothing where no wake-up
+        was recorded)."""
         if self._task is not None:
             self._task.cancel()
             try:
@@ -184,5 +190,37 @@ class LoopLag:
                 pass
         if not self._lags:
             return {}
-        lags = [1000 * lag for lag in self._lags]
-        return {"p50": percentile(lags, 50), "p95": percentile(lags, 95), "max": max(lags)}
+        lags = [1000 * lag for _, lag in self._lags]
+        asked, latest = max(self._lags, key=lambda each: each[1])
+        return {
+            "p50": percentile(lags, 50),
+            "p95": percentile(lags, 95),
+            "max": 1000 * latest,
+            "max_at_s": asked - self._started,
+        }
+
+
+class GcPauses:
+    """Python's garbage collections in the load generator between `start()` and `stop()`:
+    each stops the event loop (and so the timestamping of every chunk) for its duration."""
+
+    def __init__(self) -> None:
+        self._pauses: list[float] = []
+        self._began: float | None = None
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        elif self._began is not None:
+            self._pauses.append(time.perf_counter() - self._began)
+            self._began = None
+
+    def start(self) -> None:
+        gc.callbacks.append(self._callback)
+
+    def stop(self) -> dict[str, float]:
+        """How many collections ran, and their total and longest time in ms."""
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+        pauses = [1000 * pause for pause in self._pauses]
+        return {"count": len(pauses), "total": sum(pauses), "max": max(pauses, default=0.0)}

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TextIO
 
 from engines.bench.loadgen import run_closed_loop
 from engines.bench.resources import (
+    GcPauses,
     LoopLag,
     MachineCpuSampler,
     ProcessTree,
@@ -143,8 +144,9 @@ async def _measure(
     queued = await _queue_totals(system)
     machine = MachineCpuSampler()
     machine.start()
-    lag = LoopLag()
+    lag, pauses = LoopLag(), GcPauses()
     lag.start()
+    pauses.start()
     for each in (sampler, client):
         if each:
             each.start()
@@ -170,6 +172,7 @@ async def _measure(
     server: dict[str, Any] = dict(sampler.stop()) if sampler else {}
     client_usage: dict[str, Any] = dict(client.stop()) if client else {}
     client_usage["loop_lag_ms"] = await lag.stop()
+    client_usage["gc_pause_ms"] = pauses.stop()
     machine_cpu = machine.stop()
     profile = profiler.stop() if profiler else {}
     after = await system.batch_counts()

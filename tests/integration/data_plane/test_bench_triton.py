@@ -138,7 +138,9 @@ def test_bench_sweep_writes_json_plot_and_page(
     # How long requests waited in Triton's queue, for the systems behind Triton only.
     assert runs[("voxfleet", 3)]["server"]["triton_queue_ms"]["joe"] >= 0.0
     assert "triton_queue_ms" not in runs[("piper", 3)]["server"]
-    assert set(runs[("voxfleet", 3)]["client"]["loop_lag_ms"]) == {"p50", "p95", "max"}
+    client = runs[("voxfleet", 3)]["client"]
+    assert set(client["loop_lag_ms"]) == {"p50", "p95", "max", "max_at_s"}
+    assert set(client["gc_pause_ms"]) == {"count", "total", "max"}
     assert (docs / "bench.png").stat().st_size > 10_000
     text = page.read_text()
     assert "<!-- gpu:begin -->\nH100: kept as is\n<!-- gpu:end -->" in text

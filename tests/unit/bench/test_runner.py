@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import time
 from collections.abc import AsyncIterator
@@ -84,10 +85,40 @@ async def test_a_run_reports_how_late_the_load_generators_own_loop_was() -> None
     log = io.StringIO()
     (quiet,) = await run_sweep([FakeSystem("voxfleet", 0.001)], ["one"], settings, log=log)
     (busy,) = await run_sweep([BlockingSystem(0.12)], ["one"], settings, log=io.StringIO())
-    assert set(quiet.client["loop_lag_ms"]) == {"p50", "p95", "max"}
+    assert set(quiet.client["loop_lag_ms"]) == {"p50", "p95", "max", "max_at_s"}
     assert busy.client["loop_lag_ms"]["max"] >= 100.0
     assert quiet.client["loop_lag_ms"]["max"] < busy.client["loop_lag_ms"]["max"]
+    # The stall is placed in the level: its streams block the loop while the load runs.
+    assert 0.0 <= busy.client["loop_lag_ms"]["max_at_s"] < busy.wall_seconds
     assert "client loop lag p95" in log.getvalue()
+
+
+class CollectingSystem(FakeSystem):
+    """A system whose streams leave the benchmark a large heap to collect, as a load
+    generator holding many objects would: each stream starts with a full collection."""
+
+    def __init__(self) -> None:
+        super().__init__("voxfleet", 0.001)
+        self.heap: list[object] = []
+
+    async def open_stream(self, text: str) -> AsyncIterator[tuple[int, int]]:
+        if not self.heap:
+            self.heap = [[index] for index in range(500_000)]
+        gc.collect()
+        async for chunk in super().open_stream(text):
+            yield chunk
+
+
+async def test_a_run_reports_the_load_generators_garbage_collections() -> None:
+    """A collection stops the benchmark's event loop: a run says how many ran and the
+    longest, so a loop stall can be told apart from a late server."""
+    settings = SweepSettings([1], duration_s=0.3)
+    callbacks = list(gc.callbacks)
+    (collecting,) = await run_sweep([CollectingSystem()], ["one"], settings, log=io.StringIO())
+    pauses = collecting.client["gc_pause_ms"]
+    assert set(pauses) == {"count", "total", "max"}
+    assert pauses["count"] >= 1 and pauses["total"] >= pauses["max"] > 1.0
+    assert gc.callbacks == callbacks  # nothing of the run's is left listening
 
 
 def test_the_triton_queue_figure_is_the_mean_wait_of_the_runs_own_requests() -> None:
