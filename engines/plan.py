@@ -128,6 +128,12 @@ MAX_VOCODER_BATCH_FRAMES = 8192
 ENCODER_LAUNCHES = ("inline", "beside", "queued")
 
 
+def check_encoder_launch(value: str) -> None:
+    """ValueError unless `value` is one of ENCODER_LAUNCHES, naming them."""
+    if value not in ENCODER_LAUNCHES:
+        raise ValueError(f"encoder_launch is one of {', '.join(ENCODER_LAUNCHES)}, not {value!r}")
+
+
 @dataclass(frozen=True)
 class WindowConfig:
     """Streaming windows in latent frames (one frame = hop samples, 256 at 22,050 Hz ≈ 11.6 ms).
@@ -180,11 +186,7 @@ class WindowConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
-        if self.encoder_launch not in ENCODER_LAUNCHES:
-            raise ValueError(
-                f"encoder_launch is one of {', '.join(ENCODER_LAUNCHES)}, "
-                f"not {self.encoder_launch!r}"
-            )
+        check_encoder_launch(self.encoder_launch)
         if self.first_window_frames > self.window_frames:
             raise ValueError(
                 f"first_window_frames ({self.first_window_frames}) must not exceed "

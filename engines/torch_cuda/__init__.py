@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from engines.plan import ENCODER_LAUNCHES, WindowConfig
+from engines.plan import WindowConfig, check_encoder_launch
 from engines.stages import StageRuntime
 
 # The plan's encoder_launch "beside": the encoder gets a CUDA stream and a graph memory pool
@@ -26,10 +26,7 @@ def encoder_launch_mode(planned: str) -> str:
     VOXFLEET_ENCODER_BESIDE is set; ValueError for a value that is neither."""
     value = os.environ.get(BESIDE_ENV)
     if value is None:
-        if planned not in ENCODER_LAUNCHES:
-            raise ValueError(
-                f"encoder_launch is one of {', '.join(ENCODER_LAUNCHES)}, not {planned!r}"
-            )
+        check_encoder_launch(planned)
         return planned
     if value not in _BESIDE_VALUES:
         raise ValueError(f"{BESIDE_ENV} is 0, 1 or queued, not {value!r}")

@@ -48,6 +48,8 @@ def test_an_unknown_encoder_launch_is_refused_with_the_choices(
 def test_voxfleet_encoder_beside_overrides_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(BESIDE_ENV, raising=False)
     assert [encoder_launch_mode(mode) for mode in ENCODER_LAUNCHES] == list(ENCODER_LAUNCHES)
+    with pytest.raises(ValueError, match="encoder_launch is one of inline, beside, queued"):
+        encoder_launch_mode("sideways")  # a runtime made without a plan is checked too
     for value, mode in (("0", "inline"), ("1", "beside"), ("queued", "queued")):
         monkeypatch.setenv(BESIDE_ENV, value)
         assert encoder_launch_mode("inline") == encoder_launch_mode("beside") == mode
