@@ -44,8 +44,8 @@ METHOD = """\
   how late the benchmark's event loop woke up during the run: every chunk is timestamped on
   that loop, so first audio and underruns are the server's only while it stays small.
   `client.gc_pause_ms` (count, total, max) are the benchmark's garbage collections, which
-  stop that loop. `server.triton_queue_ms` is the mean time a request
-  waited in Triton's queue before a model instance took it, per model (Triton's statistics).
+  stop that loop. `server.triton_queue_ms` is the mean time a request waited in Triton's
+  queue before a model instance took it, per model (Triton's statistics).
 - **Batching**: Triton's per-model statistics (executions per batch size) read before and
   after each run. voxfleet's stream model is decoupled and batches inside itself (one vocoder
   call for the windows of many streams), so Triton sees batch 1 there; its batches come from

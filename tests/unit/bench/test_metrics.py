@@ -109,15 +109,14 @@ def test_a_call_log_says_what_each_step_of_the_last_level_took() -> None:
 
     from engines.bench.profile import call_log_models, call_log_steps
 
-    line = call_log_line
     # Two instances of the voice, each two seconds and 40 (20) steps an interval, their lines
     # interleaved; the last line is left out (the server stopping part-way through an
     # interval).
     log = []
     for n in range(12):
-        log += [line("joe_0_0", n, 40 * n), line("joe_0_1", n, 20 * n)]
+        log += [call_log_line("joe_0_0", n, 40 * n), call_log_line("joe_0_1", n, 20 * n)]
     log.append("I1124 some other server output")
-    log.append(line("joe_0_0", 12, 40 * 11 + 3))
+    log.append(call_log_line("joe_0_0", 12, 40 * 11 + 3))
     assert call_log_models("\n".join(log)) == ["joe_0_0", "joe_0_1"]
     assert call_log_steps("\n".join(log), intervals=7, model="joe_0_1")["steps_per_s"] == 10.0
     steps = call_log_steps("\n".join(log), intervals=7)  # the first to write
