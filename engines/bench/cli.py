@@ -48,6 +48,16 @@ def _host_port(value: str) -> str:
     return value
 
 
+def _at_least_one(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value!r}")
+    return number
+
+
 def _positive(value: str) -> float:
     try:
         number = float(value)
@@ -154,6 +164,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also time the stream model's flow and vocoder windows at batch "
         "1, 4 and 8 on this machine (servers idle)",
+    )
+    parser.add_argument(
+        "--client-processes",
+        type=_at_least_one,
+        default=1,
+        metavar="N",
+        help="client processes that share each level's listeners of the Triton systems, each "
+        "over a connection of its own (default 1: the closed loop runs in this process; piper "
+        "always does)",
     )
     parser.add_argument("--json", type=Path, help="write the results as JSON")
     parser.add_argument("--plot", type=Path, help="write a PNG plot")
@@ -293,7 +312,12 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         if args.profile and "voxfleet" in args.systems:
             profile = ("voxfleet", profile_level(levels, limit.streams))
         settings = SweepSettings(
-            levels, args.duration, args.drain, args.skip_after_p95_ms, profile=profile
+            levels,
+            args.duration,
+            args.drain,
+            args.skip_after_p95_ms,
+            profile=profile,
+            client_processes=args.client_processes,
         )
         runs = await run_sweep(systems, sentences, settings)
     finally:
@@ -308,6 +332,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             "drain_s": args.drain,
             "p95_bound_ms": args.p95_bound_ms,
             "systems": list(args.systems),
+            "client_processes": args.client_processes,
             "corpus_sentences": len(sentences),
         },
         "stage_costs": stage_costs,

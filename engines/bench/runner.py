@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from engines.bench.clients import ClientProcesses, plan_shares
 from engines.bench.loadgen import run_closed_loop
 from engines.bench.resources import (
     GcPauses,
@@ -56,6 +57,9 @@ class SweepSettings:
     underrun_tolerance_s: float = 0.0
     profile: tuple[str, int] | None = None  # (system, concurrency) to sample with py-spy
     profile_dir: Path | None = None
+    # Client processes that share each level's listeners (engines/bench/clients.py), for the
+    # systems that can be reached from another process; 1: the closed loop runs here.
+    client_processes: int = 1
 
 
 def batching_delta(
@@ -138,6 +142,14 @@ async def _measure(
 ) -> RunSummary:
     tree = system.server()
     sampler = ResourceSampler(tree) if tree is not None else None
+    clients = _client_processes(system, concurrency, sentences, settings)
+    if clients is not None:
+        # Started and connected before anything is measured: their start-up is not the level's.
+        try:
+            await clients.start()
+        except BaseException:
+            await clients.close()
+            raise
     # The load generator shares the machine with the server: its own CPU is part of the story.
     client = ResourceSampler(own_process()) if tree is None or tree != own_process() else None
     before = await system.batch_counts()
@@ -161,18 +173,29 @@ async def _measure(
         profiler.start()
     # Every run starts at the top of the same sentence order, so that systems and levels are
     # compared on the same text (a faster system simply gets further down the list).
-    result = await run_closed_loop(
-        system.open_stream,
-        cycle_sentences(sentences),
-        concurrency,
-        settings.duration_s,
-        settings.drain_s,
-        retry_after_s=FAILED_REQUEST_RETRY_S,
-    )
-    server: dict[str, Any] = dict(sampler.stop()) if sampler else {}
-    client_usage: dict[str, Any] = dict(client.stop()) if client else {}
+    try:
+        if clients is None:
+            result = await run_closed_loop(
+                system.open_stream,
+                cycle_sentences(sentences),
+                concurrency,
+                settings.duration_s,
+                settings.drain_s,
+                retry_after_s=FAILED_REQUEST_RETRY_S,
+            )
+        else:
+            result, shares_lag, shares_gc = await clients.run()
+        server: dict[str, Any] = dict(sampler.stop()) if sampler else {}
+        client_usage: dict[str, Any] = dict(client.stop()) if client else {}
+    finally:
+        if clients is not None:
+            await clients.close()
+    client_usage["processes"] = 1 if clients is None else clients.count
     client_usage["loop_lag_ms"] = await lag.stop()
     client_usage["gc_pause_ms"] = pauses.stop()
+    if clients is not None:
+        # The listeners' event loops are the client processes', not this coordinating one's.
+        client_usage["loop_lag_ms"], client_usage["gc_pause_ms"] = shares_lag, shares_gc
     machine_cpu = machine.stop()
     profile = profiler.stop() if profiler else {}
     after = await system.batch_counts()
@@ -193,6 +216,24 @@ async def _measure(
     )
     run.batching = batching_delta(before, after)
     return run
+
+
+def _client_processes(
+    system: BenchSystem, concurrency: int, sentences: Sequence[str], settings: SweepSettings
+) -> ClientProcesses | None:
+    """The level's client processes, where more than one is asked for and the system can be
+    reached from another process (`client_spec()`); None: the closed loop runs here."""
+    spec = getattr(system, "client_spec", None)
+    if settings.client_processes <= 1 or spec is None or concurrency < 2:
+        return None
+    shares = plan_shares(
+        settings.client_processes,
+        concurrency,
+        settings.duration_s,
+        settings.drain_s,
+        FAILED_REQUEST_RETRY_S,
+    )
+    return ClientProcesses(spec(), shares, sentences)
 
 
 def _skipped(system: str, concurrency: int, since: int, bound_ms: float) -> RunSummary:

@@ -127,6 +127,16 @@ class TritonSystem:
         self._stub: Any = None
         self._shape: list[int] = [1]
 
+    def client_spec(self) -> tuple[type[TritonSystem], dict[str, Any]]:
+        """How another client process makes this system (engines/bench/clients.py)."""
+        return type(self), {
+            "name": self.name,
+            "url": self.url,
+            "model": self.model,
+            "streaming": self.streaming,
+            "metrics_url": self.metrics_url,
+        }
+
     async def connect(self, ready_timeout_s: float = 10.0) -> None:
         import grpc
         from tritonclient.grpc import service_pb2, service_pb2_grpc

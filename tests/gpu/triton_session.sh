@@ -164,9 +164,12 @@ if [[ -n "${PROFILE_DELAY:-}" ]]; then
             "$OUT" >"$OUT/profile.json"
     ) &
 fi
+# CLIENTS=N: the benchmark's listeners run in N client processes, each over a gRPC connection
+# of its own (`voxfleet bench --client-processes`; 1, the default, one process).
+CLIENTS=${CLIENTS:-1}
 timeout "${BENCH_TIMEOUT:-380}" python3 -m engines.cli bench --url 127.0.0.1:18000 "${NOBATCH_URL[@]}" \
     --systems "$SYSTEMS" --concurrency "$CONCURRENCY" --duration "${DURATION:-10}" --drain "${DRAIN:-15}" \
-    --p95-bound-ms 150 --json "$OUT/bench-gpu.json" \
-    --note "torch-cuda runtime, FP16 flow+vocoder, CUDA graphs; scheduler $WINDOWS windows / $SENTENCES sentences per step, lead limit $MAX_LEAD_MS ms" \
+    --p95-bound-ms 150 --client-processes "$CLIENTS" --json "$OUT/bench-gpu.json" \
+    --note "torch-cuda runtime, FP16 flow+vocoder, CUDA graphs; scheduler $WINDOWS windows / $SENTENCES sentences per step, lead limit $MAX_LEAD_MS ms, encoder $ENCODER_LAUNCH; $CLIENTS client process(es)" \
     2>&1 | tee "$OUT/bench.log"
 kill -TERM $P1 $P2 2>/dev/null; wait $P1 $P2 2>/dev/null

@@ -145,3 +145,38 @@ def test_bench_sweep_writes_json_plot_and_page(
     text = page.read_text()
     assert "<!-- gpu:begin -->\nH100: kept as is\n<!-- gpu:end -->" in text
     assert "| voxfleet | 3 |" in text and "](bench.png)" in text
+
+
+def test_bench_splits_a_level_over_client_processes(
+    voxfleet_server: TritonServer, tmp_path: Path
+) -> None:
+    status = main(
+        [
+            "bench",
+            "--url",
+            voxfleet_server.grpc_url,
+            "--metrics-url",
+            voxfleet_server.metrics_url,
+            "--systems",
+            "voxfleet",
+            "--concurrency",
+            "2",
+            "--duration",
+            "2",
+            "--limit-sentences",
+            "2",
+            "--client-processes",
+            "2",
+            "--json",
+            str(tmp_path / "bench.json"),
+        ]
+    )
+    assert status == 0
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["settings"]["client_processes"] == 2
+    (run,) = result["runs"]
+    # The two listeners ran in two client processes, and their streams reached the server.
+    assert run["client"]["processes"] == 2
+    assert run["errors"] == 0 and run["streams"] >= 2
+    assert run["chunks"] > run["streams"] and run["first_audio_ms"]["p50"] > 0
+    assert set(run["client"]["loop_lag_ms"]) == {"p50", "p95", "max", "max_at_s"}
