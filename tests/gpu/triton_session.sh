@@ -164,9 +164,10 @@ if [[ -n "${PROFILE_DELAY:-}" ]]; then
             "$OUT" >"$OUT/profile.json"
     ) &
 fi
-# CLIENTS=N: the benchmark's listeners run in N client processes, each over a gRPC connection
-# of its own (`voxfleet bench --client-processes`; 1, the default, one process).
-CLIENTS=${CLIENTS:-1}
+# CLIENTS=N: the benchmark's listeners run in N client processes (4), each over a gRPC
+# connection of its own (`voxfleet bench --client-processes`). One process stamping every chunk
+# of 2,000 streams stalled its own loop for up to 356 ms a level (docs/benchmarks.md, r18).
+CLIENTS=${CLIENTS:-4}
 timeout "${BENCH_TIMEOUT:-380}" python3 -m engines.cli bench --url 127.0.0.1:18000 "${NOBATCH_URL[@]}" \
     --systems "$SYSTEMS" --concurrency "$CONCURRENCY" --duration "${DURATION:-10}" --drain "${DRAIN:-15}" \
     --p95-bound-ms 150 --client-processes "$CLIENTS" --json "$OUT/bench-gpu.json" \
