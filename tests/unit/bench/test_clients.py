@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import multiprocessing
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -24,16 +25,24 @@ class SpawnableSystem:
 
     streaming = True
 
-    def __init__(self, name: str, chunk_s: float = 0.02, refuse_in_clients: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        chunk_s: float = 0.02,
+        refuse_in_clients: bool = False,
+        busy_s: float = 0.0,
+    ) -> None:
         self.name = name
         self.chunk_s = chunk_s
         self.refuse_in_clients = refuse_in_clients
+        self.busy_s = busy_s  # CPU each chunk costs the client (parsing, in a real one)
 
     def client_spec(self) -> tuple[type[SpawnableSystem], dict[str, object]]:
         return type(self), {
             "name": self.name,
             "chunk_s": self.chunk_s,
             "refuse_in_clients": self.refuse_in_clients,
+            "busy_s": self.busy_s,
         }
 
     async def prepare(self, concurrency: int) -> None:
@@ -44,6 +53,9 @@ class SpawnableSystem:
     async def open_stream(self, text: str) -> AsyncIterator[tuple[int, int]]:
         for _ in range(3):
             await asyncio.sleep(self.chunk_s)
+            until = time.process_time() + self.busy_s
+            while time.process_time() < until:
+                pass
             yield 441, 22050
 
     def server(self) -> None:
@@ -82,7 +94,9 @@ def test_client_processes_must_be_at_least_one() -> None:
 
 async def test_a_level_over_client_processes_records_every_listeners_streams() -> None:
     settings = SweepSettings(concurrencies=[6], duration_s=1.0, drain_s=5.0, client_processes=3)
-    runs = await run_sweep([SpawnableSystem("voxfleet")], SENTENCES, settings, log=io.StringIO())
+    # Each chunk costs its client process 3 ms of CPU: about 0.25 s each over the level.
+    system = SpawnableSystem("voxfleet", busy_s=0.003)
+    runs = await run_sweep([system], SENTENCES, settings, log=io.StringIO())
     (run,) = runs
     assert run.errors == 0
     assert run.client["processes"] == 3
@@ -92,7 +106,8 @@ async def test_a_level_over_client_processes_records_every_listeners_streams() -
     assert set(run.client["loop_lag_ms"]) == {"p50", "p95", "max", "max_at_s"}
     assert 0.0 <= run.client["loop_lag_ms"]["max_at_s"] < 1.5
     assert set(run.client["gc_pause_ms"]) == {"count", "total", "max"}
-    assert run.client["cpu_percent"] > 0
+    # The load generator's CPU is the client processes' too, not only this coordinating one's.
+    assert run.client["cpu_percent"] > 20  # about 70; this process alone uses about 1
 
 
 async def test_the_first_sentences_of_a_level_are_the_corpus_order_over_the_processes() -> None:
