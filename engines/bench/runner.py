@@ -156,9 +156,11 @@ async def _measure(
     queued = await _queue_totals(system)
     machine = MachineCpuSampler()
     machine.start()
+    # The listeners' event loop is this one, or each client process's (which measure their own).
     lag, pauses = LoopLag(), GcPauses()
-    lag.start()
-    pauses.start()
+    if clients is None:
+        lag.start()
+        pauses.start()
     for each in (sampler, client):
         if each:
             each.start()
@@ -190,11 +192,12 @@ async def _measure(
     finally:
         if clients is not None:
             await clients.close()
-    client_usage["processes"] = 1 if clients is None else clients.count
-    client_usage["loop_lag_ms"] = await lag.stop()
-    client_usage["gc_pause_ms"] = pauses.stop()
-    if clients is not None:
-        # The listeners' event loops are the client processes', not this coordinating one's.
+    if clients is None:
+        client_usage["processes"] = 1
+        client_usage["loop_lag_ms"] = await lag.stop()
+        client_usage["gc_pause_ms"] = pauses.stop()
+    else:
+        client_usage["processes"] = clients.count
         client_usage["loop_lag_ms"], client_usage["gc_pause_ms"] = shares_lag, shares_gc
     machine_cpu = machine.stop()
     profile = profiler.stop() if profiler else {}
