@@ -208,7 +208,11 @@ def test_a_reload_with_fewer_or_more_instances_is_not_a_dead_voice(
         assert served.wait_for(lambda: served.ready() == 200, 10) is not None
         for instances in (1, 2):
             load(instances)
-            settled = served.wait_for(lambda n=instances: len(served.stubs()) == n, 30)
+            # Triton 2.51 ends the old configuration's stubs once the new ones are loaded,
+            # within about 3 s in most runs; in 3 of about 40 runs here (2026-11-25) an old
+            # stub was still there 30 s later (why is not known). Every old stub must still
+            # end, and its end must not be taken for a death.
+            settled = served.wait_for(lambda n=instances: len(served.stubs()) == n, 90)
             assert settled is not None, "".join(served.output[-30:])
             time.sleep(2)  # the supervisor polls every 0.1 s: time to mistake it for a death
             assert served.ready() == 200
