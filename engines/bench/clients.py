@@ -116,7 +116,7 @@ def _share_main(
     """A client process: connect, say ready, run the share when told, report, wait to be let
     go (the parent reads the processes' CPU time before they exit)."""
     try:
-        asyncio.run(_run_share(conn, factory, kwargs, share, sentences))
+        asyncio.run(_run_share(conn, factory(**kwargs), share, sentences))
     except BaseException as error:  # every failure goes back to the parent, named
         try:
             conn.send(("error", f"{type(error).__name__}: {error}"))
@@ -126,14 +126,7 @@ def _share_main(
         conn.close()
 
 
-async def _run_share(
-    conn: Connection,
-    factory: Callable[..., Any],
-    kwargs: dict[str, Any],
-    share: Share,
-    sentences: Sequence[str],
-) -> None:
-    system = factory(**kwargs)
+async def _run_share(conn: Connection, system: Any, share: Share, sentences: Sequence[str]) -> None:
     try:
         await system.prepare(share.concurrency)
         conn.send(("ready", None))
