@@ -8,8 +8,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tritonclient.grpc import InferenceServerClient
 
 
 class SynthesisError(RuntimeError):
@@ -59,6 +63,39 @@ def _error(error: object) -> SynthesisError:
     return SynthesisError(message)
 
 
+def _reachable_client(url: str, connect_timeout_s: float) -> InferenceServerClient:
+    """A client of `url`; with `connect_timeout_s` > 0, one that has reached the server.
+
+    A Kubernetes Service can refuse connections for a moment after the pods behind it are
+    Ready (its endpoints reach the proxies asynchronously), and a server may still be
+    starting. Each try is a fresh channel (gRPC would otherwise wait out its own reconnect
+    backoff), 0.1 s apart and doubling to 1 s. Nothing is sent before the server answers,
+    so a retry never repeats speech. Other errors are raised at once."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    deadline = time.monotonic() + connect_timeout_s
+    delay = 0.1
+    while True:
+        client = grpcclient.InferenceServerClient(url=url)
+        if connect_timeout_s <= 0:
+            return client
+        try:
+            client.is_server_live()
+            return client
+        except InferenceServerException as error:
+            client.close()
+            failure = _error(error)
+            if failure.code != "UNAVAILABLE":
+                raise failure from None
+            if time.monotonic() + delay > deadline:
+                raise SynthesisError(
+                    f"cannot reach {url} within {connect_timeout_s:g} s: {failure}", failure.code
+                ) from None
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
 def stream_tts(
     url: str,
     text: str | bytes,
@@ -69,15 +106,17 @@ def stream_tts(
     noise_w: float | None = None,
     timeout_s: float = 120.0,
     on_sent: Callable[[], None] | None = None,
+    connect_timeout_s: float = 0.0,
 ) -> Iterator[tuple[int, np.ndarray]]:
     """Yield (sample_rate, int16 chunk) as the server sends them; raise SynthesisError.
 
     `on_sent` is called just before the request goes out (after the client is set up), so
-    that timings start where the benchmark's do."""
+    that timings start where the benchmark's do. `connect_timeout_s` > 0: while the server
+    cannot be reached (UNAVAILABLE), try again for that long before the request is sent."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    client = grpcclient.InferenceServerClient(url=url)
+    client = _reachable_client(url, connect_timeout_s)
     events: queue.Queue[tuple[object, object]] = queue.Queue()
     try:
         raw = text if isinstance(text, bytes) else text.encode("utf-8")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 
@@ -29,11 +30,27 @@ def report(result, out: str, as_json: bool) -> None:  # result: engines.client.S
         )
 
 
+def _seconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not number >= 0 or math.isinf(number):
+        raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {value!r}")
+    return number
+
+
 def handle(args: argparse.Namespace) -> int:
     from engines.client import SynthesisError, synthesize, write_wav
 
     try:
-        result = synthesize(args.url, args.text, voice=args.voice, speaker_id=args.speaker)
+        result = synthesize(
+            args.url,
+            args.text,
+            voice=args.voice,
+            speaker_id=args.speaker,
+            connect_timeout_s=args.connect_timeout,
+        )
     except SynthesisError as error:
         code = f" ({error.code})" if error.code else ""
         print(f"voxfleet say: {error}{code}", file=sys.stderr)
@@ -61,4 +78,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--url", default="localhost:8001", help="Triton gRPC host:port")
     parser.add_argument("--speaker", type=int, default=None, help="speaker id (multi-speaker)")
     parser.add_argument("--json", action="store_true", help="print one JSON object of timings")
+    parser.add_argument(
+        "--connect-timeout",
+        type=_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="keep trying to reach the server for this long before giving up (default 10; "
+        "a Service's endpoint can lag its pods' readiness by a moment); 0: try once",
+    )
     parser.set_defaults(func=handle)

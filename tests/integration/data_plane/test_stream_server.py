@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -85,6 +87,80 @@ def test_say_prints_the_servers_error_and_fails(server: TritonServer) -> None:
     )
     assert completed.returncode != 0
     assert "nobody" in completed.stderr and "NOT_FOUND" in completed.stderr
+
+
+class LateService:
+    """A TCP front for `upstream` that, like a Service whose endpoint has not reached the
+    proxy yet, accepts and at once closes every connection for its first `closed_s`, then
+    forwards them."""
+
+    def __init__(self, upstream: str, closed_s: float) -> None:
+        host, _, port = upstream.rpartition(":")
+        self.upstream = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.opens_at = time.monotonic() + closed_s
+        self.refused = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            if time.monotonic() < self.opens_at:
+                self.refused += 1
+                conn.close()
+                continue
+            up = socket.create_connection(self.upstream)
+            for a, b in ((conn, up), (up, conn)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def say(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "engines.cli", "say", "Hello.", "-o", "-", "--url", url, *extra],
+        capture_output=True,
+        timeout=120,
+    )
+
+
+def test_say_waits_for_a_service_that_closes_connections_for_a_moment(
+    server: TritonServer,
+) -> None:
+    late = LateService(server.grpc_url, closed_s=1.5)
+    try:
+        completed = say(late.url)
+        refused = late.refused
+    finally:
+        late.close()
+    assert completed.returncode == 0, completed.stderr
+    assert refused >= 1, "the first connection should have been closed"
+    assert len(completed.stdout) > 11025, "a quarter of a second of 16-bit audio at least"
+
+    late = LateService(server.grpc_url, closed_s=60)
+    try:
+        started = time.monotonic()
+        gave_up = say(late.url, "--connect-timeout", "1")
+        waited = time.monotonic() - started
+    finally:
+        late.close()
+    assert gave_up.returncode == 1
+    assert f"cannot reach {late.url} within 1 s" in gave_up.stderr.decode()
+    assert "UNAVAILABLE" in gave_up.stderr.decode()
+    assert waited < 30
 
 
 def test_audio_streams_in_several_chunks(server: TritonServer) -> None:
@@ -219,6 +295,7 @@ def test_the_call_log_says_where_the_scheduler_threads_time_went(engine_cache: P
         parts = ("prepare", "plan", "windows", "encode", "publish", "wait", "idle")
         assert {f"{part}_s" for part in parts} <= set(report)
         assert report["cpu_s"] > 0 and report["windows_s"] > 0 and report["encode_s"] > 0
+
         # And where the stream's first audio went, from the request on (the phonemiser first).
         def paths() -> list[dict]:
             return [
