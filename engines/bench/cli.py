@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.bench.stats import SYSTEMS
+from engines.commands.arguments import seconds
 
 DEFAULT_CONCURRENCY = "1,4,16,32,64"
 
@@ -128,6 +129,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--duration", type=_positive, default=10.0, help="seconds of load per point (default 10)"
     )
     parser.add_argument(
+        "--ramp",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help="seconds over which a point's listeners start, evenly (default: a tenth of "
+        "--duration, at most 1); must be shorter than --duration",
+    )
+    parser.add_argument(
         "--drain",
         type=_positive,
         default=30.0,
@@ -220,6 +229,13 @@ def run_bench(args: argparse.Namespace) -> int:
         result["goals"] = [vars(goal) for goal in goals]
         _write_outputs(args, result)
         return 0
+    if args.ramp is not None and args.ramp >= args.duration:
+        print(
+            f"voxfleet bench: --ramp ({args.ramp:g} s) must be shorter than --duration "
+            f"({args.duration:g} s): listeners that start after it never stream",
+            file=sys.stderr,
+        )
+        return 2
     try:
         result = asyncio.run(_bench(args))
     except (BenchSystemError, CorpusError) as error:
@@ -236,6 +252,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    from engines.bench.loadgen import ramp_seconds
     from engines.bench.machine import describe_machine, measure_one_shot_limit
     from engines.bench.runner import SweepSettings, run_sweep
     from engines.bench.stats import auto_concurrencies, evaluate_goals, profile_level
@@ -318,6 +335,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             args.skip_after_p95_ms,
             profile=profile,
             client_processes=args.client_processes,
+            ramp_s=args.ramp,
         )
         runs = await run_sweep(systems, sentences, settings)
     finally:
@@ -329,6 +347,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {
             "concurrencies": list(levels),
             "duration_s": args.duration,
+            "ramp_s": ramp_seconds(args.duration) if args.ramp is None else args.ramp,
             "drain_s": args.drain,
             "p95_bound_ms": args.p95_bound_ms,
             "systems": list(args.systems),

@@ -1,9 +1,9 @@
 """The closed loop of one level split over several client processes.
 
 One Python process is the client of every stream of a level: at 2,000 streams it opens 2,000
-gRPC streams within the level's one-second ramp, over one connection, and stamps every chunk on
-one event loop, so that its own work there adds to the first audio it measures. With
-`voxfleet bench --client-processes N`, N processes each run the closed loop
+gRPC streams within the level's ramp (one second by default), over one connection, and stamps
+every chunk on one event loop, so that its own work there adds to the first audio it
+measures. With `voxfleet bench --client-processes N`, N processes each run the closed loop
 (`engines.bench.loadgen`) for their share of the listeners, over a connection of their own,
 as a population of real listeners would; the parent merges their records into one level.
 
@@ -79,12 +79,14 @@ def plan_shares(
     duration_s: float,
     drain_s: float,
     retry_after_s: float,
+    ramp_s: float | None = None,
 ) -> list[Share]:
-    """The level's listeners dealt to `processes` shares, listener g to share g mod N."""
+    """The level's listeners dealt to `processes` shares, listener g to share g mod N, their
+    starts spread over `ramp_s` (default `loadgen.ramp_seconds`)."""
     if processes < 1:
         raise ValueError(f"client processes must be at least 1, got {processes}")
     processes = min(processes, concurrency)
-    ramp = ramp_seconds(duration_s)
+    ramp = ramp_seconds(duration_s) if ramp_s is None else ramp_s
     shares = []
     for index in range(processes):
         count = len(range(index, concurrency, processes))

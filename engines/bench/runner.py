@@ -60,6 +60,8 @@ class SweepSettings:
     # Client processes that share each level's listeners (engines/bench/clients.py), for the
     # systems that can be reached from another process; 1: the closed loop runs here.
     client_processes: int = 1
+    # Over how long a level's listeners start; None: `loadgen.ramp_seconds` of the duration.
+    ramp_s: float | None = None
 
 
 def batching_delta(
@@ -183,6 +185,7 @@ async def _measure(
                 concurrency,
                 settings.duration_s,
                 settings.drain_s,
+                ramp_s=settings.ramp_s,
                 retry_after_s=FAILED_REQUEST_RETRY_S,
             )
         else:
@@ -235,6 +238,7 @@ def _client_processes(
         settings.duration_s,
         settings.drain_s,
         FAILED_REQUEST_RETRY_S,
+        settings.ramp_s,
     )
     return ClientProcesses(spec(), shares, sentences)
 

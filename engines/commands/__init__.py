@@ -1,1 +1,1 @@
-"""One module per `voxfleet` subcommand."""
+"""One module per `voxfleet` subcommand (and `arguments`, the argument types they share)."""

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
+
+from engines.commands.arguments import seconds
 
 
 def report(result, out: str, as_json: bool) -> None:  # result: engines.client.StreamResult
@@ -28,16 +29,6 @@ def report(result, out: str, as_json: bool) -> None:  # result: engines.client.S
             f"{len(result.chunks)} chunks; real-time factor {result.rtf:.3f} → {target}",
             file=sys.stderr if out == "-" else sys.stdout,
         )
-
-
-def _seconds(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if not number >= 0 or math.isinf(number):
-        raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {value!r}")
-    return number
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -80,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object of timings")
     parser.add_argument(
         "--connect-timeout",
-        type=_seconds,
+        type=seconds,
         default=10.0,
         metavar="SECONDS",
         help="keep trying to reach the server for this long before giving up (default 10; "

@@ -168,9 +168,13 @@ fi
 # connection of its own (`voxfleet bench --client-processes`). One process stamping every chunk
 # of 2,000 streams stalled its own loop for up to 356 ms a level (docs/benchmarks.md, r18).
 CLIENTS=${CLIENTS:-4}
+# RAMP=S: each level's listeners start evenly over S seconds (`voxfleet bench --ramp`; by
+# default a tenth of DURATION, at most 1 s: 2,000 listeners in one second).
+RAMP_ARGS=(); RAMP_NOTE="listeners over the default ramp"
+[[ -n "${RAMP:-}" ]] && { RAMP_ARGS=(--ramp "$RAMP"); RAMP_NOTE="listeners over $RAMP s"; }
 timeout "${BENCH_TIMEOUT:-380}" python3 -m engines.cli bench --url 127.0.0.1:18000 "${NOBATCH_URL[@]}" \
     --systems "$SYSTEMS" --concurrency "$CONCURRENCY" --duration "${DURATION:-10}" --drain "${DRAIN:-15}" \
-    --p95-bound-ms 150 --client-processes "$CLIENTS" --json "$OUT/bench-gpu.json" \
-    --note "torch-cuda runtime, FP16 flow+vocoder, CUDA graphs; scheduler $WINDOWS windows / $SENTENCES sentences per step, lead limit $MAX_LEAD_MS ms, encoder $ENCODER_LAUNCH; $CLIENTS client process(es)" \
+    --p95-bound-ms 150 --client-processes "$CLIENTS" "${RAMP_ARGS[@]}" --json "$OUT/bench-gpu.json" \
+    --note "torch-cuda runtime, FP16 flow+vocoder, CUDA graphs; scheduler $WINDOWS windows / $SENTENCES sentences per step, lead limit $MAX_LEAD_MS ms, encoder $ENCODER_LAUNCH; $CLIENTS client process(es), $RAMP_NOTE" \
     2>&1 | tee "$OUT/bench.log"
 kill -TERM $P1 $P2 2>/dev/null; wait $P1 $P2 2>/dev/null

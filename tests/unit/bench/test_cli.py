@@ -19,6 +19,8 @@ from engines.cli import build_parser
         (["--systems", "voxfleet,tgi"], "unknown system(s) tgi"),
         (["--url", "localhost"], "expected HOST:PORT"),
         (["--duration", "-3"], "expected a positive number"),
+        (["--ramp", "-1"], "expected 0 or more seconds"),
+        (["--ramp", "soon"], "expected a number of seconds"),
     ],
 )
 def test_bad_arguments_are_refused_with_a_reason(
@@ -42,6 +44,14 @@ def test_triton_systems_without_a_server_address_fail_before_any_load(
     args = build_parser().parse_args(["bench", "--systems", "triton-naive"])
     assert args.func(args) == 1
     assert "triton-naive needs --naive-url" in capsys.readouterr().err
+
+
+def test_a_ramp_as_long_as_the_duration_is_refused_before_any_load(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = build_parser().parse_args(["bench", "--duration", "5", "--ramp", "5"])
+    assert args.func(args) == 2
+    assert "--ramp (5 s) must be shorter than --duration (5 s)" in capsys.readouterr().err
 
 
 def test_json_plot_and_page_are_written(tmp_path: Path) -> None:

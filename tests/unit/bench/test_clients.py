@@ -87,6 +87,17 @@ def test_shares_start_their_listeners_when_one_process_would_and_stop_with_the_l
         assert share.delay_s + share.duration_s == pytest.approx(duration)
 
 
+def test_shares_spread_their_starts_over_the_ramp_asked_for() -> None:
+    shares = plan_shares(4, 2000, 10.0, drain_s=30.0, retry_after_s=0.1, ramp_s=3.0)
+    starts = sorted(
+        share.delay_s + share.ramp_s * j / share.concurrency
+        for share in shares
+        for j in range(share.concurrency)
+    )
+    assert starts == pytest.approx([3.0 * g / 2000 for g in range(2000)])
+    assert max(starts) > 2.9, "the last listener starts near the end of the 3 s ramp"
+
+
 def test_client_processes_must_be_at_least_one() -> None:
     with pytest.raises(ValueError, match="client processes must be at least 1, got 0"):
         plan_shares(0, 10, 5.0, 30.0, 0.1)

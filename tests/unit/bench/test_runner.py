@@ -64,6 +64,36 @@ async def test_saturated_system_is_skipped_at_higher_levels_and_text_order_resta
             assert measured[:2] == ["one", "two"]
 
 
+class StampingSystem(FakeSystem):
+    """Each stream takes `delay_s`; when every measured stream was opened is kept."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__("voxfleet", delay_s)
+        self.opened: list[float] = []
+
+    async def open_stream(self, text: str) -> AsyncIterator[tuple[int, int]]:
+        if text != WARM_UP:
+            self.opened.append(time.perf_counter())
+        await asyncio.sleep(self.delay_s)
+        yield 22050, 22050
+
+
+WARM_UP = "Warming up before the measured runs."
+
+
+async def test_a_levels_listeners_start_over_the_ramp_asked_for() -> None:
+    quick, slow = StampingSystem(0.5), StampingSystem(0.5)
+    await run_sweep([quick], ["one"], SweepSettings([4], duration_s=0.8), log=io.StringIO())
+    await run_sweep(
+        [slow], ["one"], SweepSettings([4], duration_s=0.8, ramp_s=0.6), log=io.StringIO()
+    )
+    # Each listener's first stream: 4 of them, started over the ramp (the default for 0.8 s
+    # of load is 0.08 s); the next ones come 0.5 s later.
+    first_quick, first_slow = sorted(quick.opened)[:4], sorted(slow.opened)[:4]
+    assert first_quick[-1] - first_quick[0] < 0.2
+    assert 0.4 < first_slow[-1] - first_slow[0] < 0.6
+
+
 class BlockingSystem(FakeSystem):
     """A system whose streams block the benchmark's own event loop for `block_s` once each,
     as a load generator too busy to read its chunks would."""

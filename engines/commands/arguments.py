@@ -1,0 +1,17 @@
+"""Argument types the subcommands share: a bad value gets argparse's error with a reason."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def seconds(value: str) -> float:
+    """0 or more seconds, finite."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not number >= 0 or math.isinf(number):
+        raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {value!r}")
+    return number
