@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -43,6 +44,9 @@ class StreamResult:
     def rtf(self) -> float:
         return self.total_s / self.audio_seconds if self.audio_seconds else float("inf")
 
+
+# How long a finished stream's close may wait for the server to end it (then it is cancelled).
+STREAM_CLOSE_TIMEOUT_S = 5.0
 
 _STATUS_PREFIX = re.compile(r"^\[([A-Z_]+)\] ")
 
@@ -96,6 +100,28 @@ def _reachable_client(url: str, connect_timeout_s: float) -> InferenceServerClie
         delay = min(delay * 2, 1.0)
 
 
+def _close_stream(client: InferenceServerClient, complete: bool) -> None:
+    """End the client's stream: cancel it if it is not finished; close a finished one.
+
+    A finished stream is closed, not cancelled: Triton 2.51's gRPC frontend, asked to cancel a
+    stream whose final response it has not yet seen written, waits for a callback that never
+    comes and keeps the model referenced, so that a reload's old model never unloads (its
+    stub processes stay) and a shutdown waits out its exit timeout. A close waits for the
+    server to end the stream; after STREAM_CLOSE_TIMEOUT_S it is cancelled after all."""
+    if not complete:
+        client.stop_stream(cancel_requests=True)
+        return
+    fallback = threading.Timer(
+        STREAM_CLOSE_TIMEOUT_S, client.stop_stream, kwargs={"cancel_requests": True}
+    )
+    fallback.daemon = True
+    fallback.start()
+    try:
+        client.stop_stream(cancel_requests=False)
+    finally:
+        fallback.cancel()
+
+
 def stream_tts(
     url: str,
     text: str | bytes,
@@ -117,6 +143,7 @@ def stream_tts(
     from tritonclient.utils import InferenceServerException
 
     client = _reachable_client(url, connect_timeout_s)
+    complete = False
     events: queue.Queue[tuple[object, object]] = queue.Queue()
     try:
         raw = text if isinstance(text, bytes) else text.encode("utf-8")
@@ -155,15 +182,17 @@ def stream_tts(
                 raise _error(failure)
             response = result.get_response()  # type: ignore[attr-defined]
             final = response.parameters.get("triton_final_response")
+            # Set before the last chunk is handed out: a caller may stop there.
+            complete = final is not None and final.bool_param
             audio = result.as_numpy("AUDIO")  # type: ignore[attr-defined]
             if audio is not None and audio.size:
                 rate = int(result.as_numpy("SAMPLE_RATE")[0])  # type: ignore[attr-defined]
                 yield rate, audio.astype(np.int16, copy=False)
-            if final is not None and final.bool_param:
+            if complete:
                 return
     finally:
         try:
-            client.stop_stream(cancel_requests=True)
+            _close_stream(client, complete)
         finally:
             client.close()
 

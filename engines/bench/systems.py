@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from engines.bench.resources import ProcessTree, find_listening_process, own_process
+from engines.client import STREAM_CLOSE_TIMEOUT_S
 
 # Audio responses of long sentences exceed gRPC's 4 MiB default only for unusually long text,
 # but a benchmark should never fail on a limit the server does not have.
-STREAM_CLOSE_TIMEOUT_S = 5.0
 _GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
