@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import re
 import threading
@@ -111,9 +112,12 @@ def _close_stream(client: InferenceServerClient, complete: bool) -> None:
     if not complete:
         client.stop_stream(cancel_requests=True)
         return
-    fallback = threading.Timer(
-        STREAM_CLOSE_TIMEOUT_S, client.stop_stream, kwargs={"cancel_requests": True}
-    )
+
+    def cancel() -> None:
+        with contextlib.suppress(Exception):  # the close may end while this runs
+            client.stop_stream(cancel_requests=True)
+
+    fallback = threading.Timer(STREAM_CLOSE_TIMEOUT_S, cancel)
     fallback.daemon = True
     fallback.start()
     try:
