@@ -8,6 +8,7 @@ would feel (apply to first audio, recovery after a crash) are reported at the en
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import urllib.request
@@ -94,7 +95,20 @@ def joe(installation: Installation) -> dict[str, Any]:
     out = installation.kubectl.apply(voice("joe"))
     assert "ttsvoice.voxfleet.io/joe created" in out
     obj = ready_voice(installation, "joe", timeout=300)
-    first = stream(installation, obj["status"]["endpoint"], "joe")
+    try:
+        first = stream(installation, obj["status"]["endpoint"], "joe")
+    except SayError as error:
+        # What the Service selects on, as the cluster sees it now: its pods' labels and
+        # readiness (a refusal right after Ready said nothing of them).
+        seen = [
+            {
+                "pod": p["metadata"]["name"],
+                "labels": p["metadata"].get("labels"),
+                "conditions": (p.get("status") or {}).get("conditions"),
+            }
+            for p in pool_pods(installation)
+        ]
+        raise AssertionError(f"{error}\npool pods: {json.dumps(seen)[:3000]}") from None
     installation.timings["apply_to_first_audio_s"] = first.first_audio_at - started
     installation.timings["joe_first_audio_ms"] = first.first_audio_s * 1000
     return {"voice": obj, "first": first}
