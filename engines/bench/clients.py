@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from engines.bench.loadgen import LoadResult, ramp_seconds, run_closed_loop
-from engines.bench.resources import GcPauses, LoopLag
+from engines.bench.loadgen import LoadResult, ramp_seconds, run_closed_loop_watched
 from engines.bench.timeline import StreamRecord
 from engines.corpus import cycle_sentences
 
@@ -136,24 +135,20 @@ async def _run_share(conn: Connection, system: Any, share: Share, sentences: Seq
         if start_at is None:  # the parent gave up before the level started
             return
         await asyncio.sleep(max(0.0, start_at + share.delay_s - time.perf_counter()))
-        lag, pauses = LoopLag(), GcPauses()
-        lag.start()
-        pauses.start()
         started = time.perf_counter()
         order = itertools.islice(cycle_sentences(sentences), share.index, None, share.processes)
-        result = await run_closed_loop(
+        result, loop_lag, gc_pauses = await run_closed_loop_watched(
             system.open_stream,
             order,
             share.concurrency,
             share.duration_s,
             share.drain_s,
-            ramp_s=share.ramp_s,
-            retry_after_s=share.retry_after_s,
+            share.ramp_s,
+            share.retry_after_s,
         )
-        loop_lag = await lag.stop()
         if loop_lag:
             loop_lag["max_at_s"] += share.delay_s  # from the level's start
-        report = ShareResult(result.records, started, result.wall_s, loop_lag, pauses.stop())
+        report = ShareResult(result.records, started, result.wall_s, loop_lag, gc_pauses)
         conn.send(("done", report))
         await asyncio.to_thread(conn.recv)
     finally:

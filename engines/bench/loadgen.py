@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
+from engines.bench.resources import GcPauses, LoopLag
 from engines.bench.timeline import Chunk, StreamRecord
 
 # A system under test: text in, (samples, sample_rate) per audio chunk out, as they arrive.
@@ -96,3 +97,29 @@ async def run_closed_loop(
     ends = [r.ended_s for r in records if r.ended_s is not None]
     wall = (max(ends) if ends else clock()) - start
     return LoadResult(records, wall)
+
+
+async def run_closed_loop_watched(
+    open_stream: StreamOpener,
+    sentences: Iterator[str],
+    concurrency: int,
+    duration_s: float,
+    drain_s: float,
+    ramp_s: float | None,
+    retry_after_s: float,
+) -> tuple[LoadResult, dict[str, float], dict[str, float]]:
+    """`run_closed_loop`, with how late this event loop woke up during it (`LoopLag`) and its
+    process's garbage collections (`GcPauses`): every chunk is stamped on this loop."""
+    lag, pauses = LoopLag(), GcPauses()
+    lag.start()
+    pauses.start()
+    result = await run_closed_loop(
+        open_stream,
+        sentences,
+        concurrency,
+        duration_s,
+        drain_s,
+        ramp_s=ramp_s,
+        retry_after_s=retry_after_s,
+    )
+    return result, await lag.stop(), pauses.stop()

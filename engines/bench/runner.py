@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from engines.bench.clients import ClientProcesses, plan_shares
-from engines.bench.loadgen import run_closed_loop
+from engines.bench.loadgen import run_closed_loop_watched
 from engines.bench.resources import (
-    GcPauses,
-    LoopLag,
     MachineCpuSampler,
     ProcessTree,
     ResourceSampler,
@@ -158,11 +156,6 @@ async def _measure(
     queued = await _queue_totals(system)
     machine = MachineCpuSampler()
     machine.start()
-    # The listeners' event loop is this one, or each client process's (which measure their own).
-    lag, pauses = LoopLag(), GcPauses()
-    if clients is None:
-        lag.start()
-        pauses.start()
     for each in (sampler, client):
         if each:
             each.start()
@@ -177,31 +170,27 @@ async def _measure(
         profiler.start()
     # Every run starts at the top of the same sentence order, so that systems and levels are
     # compared on the same text (a faster system simply gets further down the list).
+    # The listeners' event loop is this one, or each client process's (which watch their own).
     try:
         if clients is None:
-            result = await run_closed_loop(
+            result, loop_lag, gc_pauses = await run_closed_loop_watched(
                 system.open_stream,
                 cycle_sentences(sentences),
                 concurrency,
                 settings.duration_s,
                 settings.drain_s,
-                ramp_s=settings.ramp_s,
-                retry_after_s=FAILED_REQUEST_RETRY_S,
+                settings.ramp_s,
+                FAILED_REQUEST_RETRY_S,
             )
         else:
-            result, shares_lag, shares_gc = await clients.run()
+            result, loop_lag, gc_pauses = await clients.run()
         server: dict[str, Any] = dict(sampler.stop()) if sampler else {}
         client_usage: dict[str, Any] = dict(client.stop()) if client else {}
     finally:
         if clients is not None:
             await clients.close()
-    if clients is None:
-        client_usage["processes"] = 1
-        client_usage["loop_lag_ms"] = await lag.stop()
-        client_usage["gc_pause_ms"] = pauses.stop()
-    else:
-        client_usage["processes"] = clients.count
-        client_usage["loop_lag_ms"], client_usage["gc_pause_ms"] = shares_lag, shares_gc
+    client_usage["processes"] = 1 if clients is None else clients.count
+    client_usage["loop_lag_ms"], client_usage["gc_pause_ms"] = loop_lag, gc_pauses
     machine_cpu = machine.stop()
     profile = profiler.stop() if profiler else {}
     after = await system.batch_counts()
