@@ -460,7 +460,7 @@ async def test_voice_is_loaded_onto_ready_pool_pods_through_the_keyed_api(
             pod = await api.get("v1", "pods", "pod-ready")
     message = condition(status, "Available")["message"]
     assert message.startswith("pod pod-ready: ")
-    assert "HTTP 400" in message and "403" not in message  # the key was accepted
+    assert "HTTP 400" in message and "HTTP 403" not in message  # the key was accepted
     assert "load failed for model 'joe'" in message  # Triton's own words
     assert "pod-starting" not in message  # a pod that is not ready is left alone
     assert condition(status, "Scheduled")["status"] == "True"
