@@ -22,7 +22,9 @@ Every substitution, in one place:
   mounted at their paths (launcher.py); a missing mount point such as `/engines` is created
   empty on the host and removed when the cluster stops, unless another local cluster runs
   then (removing it would detach that cluster's mounts). `/dev/shm` is the host's unless a
-  volume is mounted there (a memory emptyDir is a tmpfs of its sizeLimit).
+  volume is mounted there (a memory emptyDir is a tmpfs of its sizeLimit). The project and
+  its Python stand for the image's files: a volume mounted above them (the operator's
+  emptyDir at /tmp over a checkout in /tmp) leaves them in place (`image_paths`).
 - Volumes: a PersistentVolumeClaim is a directory per claim under the workdir, shared by all
   pods that mount it, without a PersistentVolumeClaim object (volumes.py). Secret and
   ConfigMap volumes are written when the pod starts and not updated afterwards; an

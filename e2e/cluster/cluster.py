@@ -49,6 +49,14 @@ log = logging.getLogger("cluster")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+def default_image_paths() -> list[str]:
+    """The files that stand for every container's image: the project (its sources, `.venv`
+    and `.tools`) and the Python that runs it, outermost directories only."""
+    project = Path(__file__).resolve().parents[2]
+    found = {str(Path(p).resolve()) for p in (project, sys.prefix, sys.base_prefix)}
+    return sorted(p for p in found if not any(p.startswith(q + "/") for q in found))
+
+
 class LocalCluster:
     """A one-node cluster of real processes for the API server at `api_url`.
 
@@ -58,6 +66,10 @@ class LocalCluster:
     own https://kubernetes.default.svc, see forward.py).
     `env`: extra variables every container starts with (as an image's ENV).
     `stop_grace_s`: at stop(), the longest any pod gets between SIGTERM and SIGKILL.
+    `image_paths`: host directories that stand for the image's own files (default: the
+    project and its Python, `default_image_paths()`); a volume mounted above one of them
+    (an emptyDir at /tmp over a checkout in /tmp) leaves it in place, as a real image keeps
+    its files outside its volumes.
     """
 
     def __init__(
@@ -71,6 +83,7 @@ class LocalCluster:
         tick_s: float = 0.2,
         job_backoff_s: float = 1.0,
         stop_grace_s: float = 5.0,
+        image_paths: list[str] | None = None,
     ) -> None:
         self.api_url = api_url.rstrip("/")
         self.workdir = Path(workdir).absolute()
@@ -80,6 +93,7 @@ class LocalCluster:
         self.tick_s = tick_s
         self.job_backoff_s = job_backoff_s
         self.stop_grace_s = stop_grace_s
+        self.image_paths = default_image_paths() if image_paths is None else list(image_paths)
         self.network = PodNetwork()
         self.services: ServiceProxies | None = None
         self.kubelet: Kubelet | None = None
@@ -232,6 +246,7 @@ class LocalCluster:
                 node = Node(
                     api=api, session=probe_session, network=self.network, cpus=CpuAllocator(),
                     workdir=self.workdir, base_env=self._base_env(),
+                    image_paths=self.image_paths,
                     service_account={"token": (self.token or "local-cluster").encode(),
                                      "ca.crt": self.ca_cert},
                 )

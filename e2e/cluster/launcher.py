@@ -7,7 +7,11 @@ rendered path (bind mounts of host directories, tmpfs for memory-backed emptyDir
 where asked), the CPU set is applied, and the container's argv is exec'ed with its
 environment and working directory. Mount points missing on the host's root filesystem are
 created there (empty; the mounts themselves stay private) and listed in SPEC's
-`created_file`, so that the cluster removes them when it stops.
+`created_file`, so that the cluster removes them when it stops. SPEC's `image_paths` stand
+for the image's own files: one that a volume's mount point lies above (an emptyDir at /tmp,
+the project checked out in /tmp) is bound back at its path inside that volume, so the
+container's command still runs; a volume mounted at such a path itself hides it, as in a
+container.
 FD, when given, is a pipe's write end that the exec closes: the kubelet reports the
 container running (and starts probing it) only then.
 Standard library only: it runs before anything of the pod exists.
@@ -29,6 +33,13 @@ def _mount(args: list[str], pass_fds: tuple[int, ...] = ()) -> None:
     subprocess.run(["mount", *args], check=True, pass_fds=pass_fds)
 
 
+def _bind(fd: int, target: str) -> None:
+    """Binds what `fd` (opened before any mount) is at `target`. Not canonicalized: mount(8)
+    would otherwise turn /proc/self/fd/N back into its path, which a mount made since may
+    cover."""
+    _mount(["--no-canonicalize", "--bind", f"/proc/self/fd/{fd}", target], pass_fds=(fd,))
+
+
 def _make_mount_point(target: str, is_file: bool, created: list[str]) -> None:
     missing: list[str] = []
     parent = os.path.dirname(target) if is_file else target
@@ -40,6 +51,14 @@ def _make_mount_point(target: str, is_file: bool, created: list[str]) -> None:
         open(target, "a").close()
         missing.insert(0, target)
     created.extend(missing)
+
+
+def _keep_image_paths(target: str, image: dict[str, int]) -> None:
+    """Binds back, inside the volume just mounted at `target`, each image path below it."""
+    for path, fd in image.items():
+        if path.startswith(target.rstrip("/") + "/"):
+            os.makedirs(path, exist_ok=True)  # inside the volume, not on the host
+            _bind(fd, path)
 
 
 def _die_with_the_kubelet() -> None:
@@ -62,6 +81,7 @@ def main(spec_path: str) -> None:
     # under /tmp from the mounts that follow it.
     fds = [os.open(m["source"], os.O_PATH) if m["source"] else -1 for m in mounts]
     files = [bool(m["source"]) and os.path.isfile(m["source"]) for m in mounts]
+    image = {path: os.open(path, os.O_PATH) for path in spec.get("image_paths", [])}
     # Opened now for the same reason: the workdir may be under a path a mount covers.
     created_fd = os.open(spec["created_file"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     created: list[str] = []
@@ -75,11 +95,14 @@ def main(spec_path: str) -> None:
         if fd < 0:
             _mount(["-t", "tmpfs", "-o", f"size={mount['tmpfs_bytes']}", "tmpfs", target])
         else:
-            _mount(["--bind", f"/proc/self/fd/{fd}", target], pass_fds=(fd,))
-            if mount["read_only"]:
-                _mount(["-o", "remount,bind,ro", target])
+            _bind(fd, target)
+        _keep_image_paths(target, image)
+        if fd >= 0 and mount["read_only"]:
+            _mount(["-o", "remount,bind,ro", target])
         if fd >= 0:
             os.close(fd)
+    for fd in image.values():
+        os.close(fd)
     os.write(created_fd, "".join(path + "\n" for path in created).encode())
     os.close(created_fd)
     socket.sethostname(spec["hostname"])  # a UTS namespace of its own, as a pod has

@@ -23,6 +23,9 @@ class Node:
     # The environment an image would set (PATH with the project's .venv/bin first, HOME);
     # the kubelet adds HOSTNAME and the KUBERNETES_SERVICE_* variables.
     base_env: dict[str, str]
+    # Host directories that stand for the image's files: kept visible under volumes mounted
+    # above them (launcher.py).
+    image_paths: list[str]
     # Files of the service-account mount: token, ca.crt.
     service_account: dict[str, bytes]
     # /etc/hosts lines naming the Services, for pods of a namespace (services.py).

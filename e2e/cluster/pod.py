@@ -196,6 +196,7 @@ class PodRuntime:
                     "argv": container_argv(spec, defined),
                     "env": env,
                     "mounts": volumes.mounts(spec),
+                    "image_paths": self.node.image_paths,
                     "cpus": self.cpus,
                     "working_dir": spec.get("workingDir", ""),
                     "created_file": str(self.node.created_file),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import aiohttp
 from cluster import LocalCluster
@@ -43,3 +44,47 @@ async def test_a_deployment_pod_serves_on_its_own_ip(
     assert status["replicas"] == status["updatedReplicas"] == status["availableReplicas"] == 1
     # The emptyDir at /srv is the pod's own: the host's /srv has no such file.
     assert not os.path.exists("/srv/site/index.html")
+
+
+async def test_a_volume_above_the_image_files_leaves_them_in_place(
+    api: tuple[KubeApi, str], tmp_path: Path
+) -> None:
+    """A checkout under /tmp and an emptyDir at /tmp (the operator's pod has one): the command
+    that an image keeps elsewhere still runs, and the rest of the directory is the volume's."""
+    covered = tmp_path / "covered"
+    image = covered / "project"
+    (image / "bin").mkdir(parents=True)
+    (covered / "on-the-host").write_text("not the pod's\n")
+    hello = image / "bin" / "hello"
+    hello.write_text(f"#!/bin/sh\nls {covered} > /events/listing\necho from the image\n")
+    hello.chmod(0o755)
+    pod = {
+        "metadata": {"name": "hello"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "main",
+                "image": "busybox",
+                "command": ["sh", "-c", f"{hello} > /events/said"],
+                "volumeMounts": [{"name": "events", "mountPath": "/events"},
+                                 {"name": "scratch", "mountPath": str(covered)}],
+            }],
+            "volumes": [{"name": "events", "persistentVolumeClaim": {"claimName": "events"}},
+                        {"name": "scratch", "emptyDir": {}}],
+        },
+    }
+    kube = api[0]
+    workdir = tmp_path / "cluster"
+    async with LocalCluster(api[1], workdir, tick_s=0.1, image_paths=[str(image)]):
+        await kube.create("Pod", "default", pod)
+
+        async def finished() -> str | None:
+            current = await kube.get("Pod", "default", "hello")
+            phase = ((current or {}).get("status") or {}).get("phase")
+            return phase if phase in ("Succeeded", "Failed") else None
+
+        phase = await eventually(finished, timeout=30)
+    events = workdir / "claims" / "default" / "events"
+    assert phase == "Succeeded", (workdir / "logs" / "hello_main.log").read_text()
+    assert (events / "said").read_text() == "from the image\n"
+    assert (events / "listing").read_text().split() == ["project"]  # not the host's file
