@@ -79,12 +79,12 @@ def _reachable_client(url: str, connect_timeout_s: float) -> InferenceServerClie
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
+    if connect_timeout_s <= 0:
+        return grpcclient.InferenceServerClient(url=url)
     deadline = time.monotonic() + connect_timeout_s
     delay = 0.1
     while True:
         client = grpcclient.InferenceServerClient(url=url)
-        if connect_timeout_s <= 0:
-            return client
         try:
             client.is_server_live()
             return client

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.bench.stats import SYSTEMS
-from engines.commands.arguments import seconds
+from engines.commands.arguments import positive_seconds, seconds
 
 DEFAULT_CONCURRENCY = "1,4,16,32,64"
 
@@ -56,16 +56,6 @@ def _at_least_one(value: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
     if number < 1:
         raise argparse.ArgumentTypeError(f"expected at least 1, got {value!r}")
-    return number
-
-
-def _positive(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if not number > 0 or math.isinf(number):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
     return number
 
 
@@ -126,7 +116,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "or 'auto': 1, 2, 4 and levels around the measured machine limit",
     )
     parser.add_argument(
-        "--duration", type=_positive, default=10.0, help="seconds of load per point (default 10)"
+        "--duration",
+        type=positive_seconds,
+        default=10.0,
+        help="seconds of load per point (default 10)",
     )
     parser.add_argument(
         "--ramp",
@@ -138,19 +131,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--drain",
-        type=_positive,
+        type=positive_seconds,
         default=30.0,
         help="seconds open streams may take to finish after a point ends",
     )
     parser.add_argument(
         "--p95-bound-ms",
-        type=_positive,
+        type=positive_seconds,
         default=300.0,
         help="first-audio p95 bound of a real-time stream (default 300)",
     )
     parser.add_argument(
         "--skip-after-p95-ms",
-        type=_positive,
+        type=positive_seconds,
         default=5000.0,
         help="stop raising a system's concurrency once its p95 passed this",
     )
@@ -347,7 +340,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {
             "concurrencies": list(levels),
             "duration_s": args.duration,
-            "ramp_s": ramp_seconds(args.duration) if args.ramp is None else args.ramp,
+            "ramp_s": ramp_seconds(args.duration, args.ramp),
             "drain_s": args.drain,
             "p95_bound_ms": args.p95_bound_ms,
             "systems": list(args.systems),

@@ -85,7 +85,7 @@ def plan_shares(
     if processes < 1:
         raise ValueError(f"client processes must be at least 1, got {processes}")
     processes = min(processes, concurrency)
-    ramp = ramp_seconds(duration_s) if ramp_s is None else ramp_s
+    ramp = ramp_seconds(duration_s, ramp_s)
     shares = []
     for index in range(processes):
         count = len(range(index, concurrency, processes))

@@ -25,9 +25,10 @@ StreamOpener = Callable[[str], AsyncIterator[tuple[int, int]]]
 MAX_RETRY_AFTER_S = 2.0
 
 
-def ramp_seconds(duration_s: float) -> float:
-    """Over how long a level's workers start: a tenth of its duration, at most a second."""
-    return min(1.0, duration_s / 10)
+def ramp_seconds(duration_s: float, asked_s: float | None = None) -> float:
+    """Over how long a level's workers start: `asked_s`, or by default a tenth of its
+    duration, at most a second."""
+    return min(1.0, duration_s / 10) if asked_s is None else asked_s
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ async def run_closed_loop(
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     if duration_s <= 0:
         raise ValueError(f"duration must be positive, got {duration_s} s")
-    ramp = ramp_seconds(duration_s) if ramp_s is None else ramp_s
+    ramp = ramp_seconds(duration_s, ramp_s)
     records: list[StreamRecord] = []
     start = clock()
     deadline = start + duration_s

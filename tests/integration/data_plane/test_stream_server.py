@@ -38,26 +38,17 @@ def live_streams(server: TritonServer) -> float:
     return float(match.group(1))
 
 
+def say(*args: str) -> subprocess.CompletedProcess[bytes]:
+    """`voxfleet say ARGS` as a user runs it; its output as bytes (`-o -` writes audio)."""
+    return subprocess.run(
+        [sys.executable, "-m", "engines.cli", "say", *args], capture_output=True, timeout=120
+    )
+
+
 def test_say_writes_a_wav_and_reports_json(server: TritonServer, tmp_path: Path) -> None:
     out = tmp_path / "hello.wav"
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "engines.cli",
-            "say",
-            "Hello from voxfleet.",
-            "-o",
-            str(out),
-            "--url",
-            server.grpc_url,
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    completed = say("Hello from voxfleet.", "-o", str(out), "--url", server.grpc_url, "--json")
+    assert completed.returncode == 0, completed.stderr
     report = json.loads(completed.stdout)
     assert set(report) == {"first_audio_ms", "chunks", "audio_seconds", "rtf"}
     assert report["chunks"] >= 1 and 0 < report["first_audio_ms"] < 10_000
@@ -69,24 +60,10 @@ def test_say_writes_a_wav_and_reports_json(server: TritonServer, tmp_path: Path)
 
 
 def test_say_prints_the_servers_error_and_fails(server: TritonServer) -> None:
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "engines.cli",
-            "say",
-            "hi",
-            "--voice",
-            "nobody",
-            "--url",
-            server.grpc_url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    completed = say("hi", "--voice", "nobody", "--url", server.grpc_url)
     assert completed.returncode != 0
-    assert "nobody" in completed.stderr and "NOT_FOUND" in completed.stderr
+    stderr = completed.stderr.decode()
+    assert "nobody" in stderr and "NOT_FOUND" in stderr
 
 
 class LateService:
@@ -129,20 +106,12 @@ class LateService:
         self.listener.close()
 
 
-def say(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "engines.cli", "say", "Hello.", "-o", "-", "--url", url, *extra],
-        capture_output=True,
-        timeout=120,
-    )
-
-
 def test_say_waits_for_a_service_that_closes_connections_for_a_moment(
     server: TritonServer,
 ) -> None:
     late = LateService(server.grpc_url, closed_s=1.5)
     try:
-        completed = say(late.url)
+        completed = say("Hello.", "-o", "-", "--url", late.url)
         refused = late.refused
     finally:
         late.close()
@@ -153,7 +122,7 @@ def test_say_waits_for_a_service_that_closes_connections_for_a_moment(
     late = LateService(server.grpc_url, closed_s=60)
     try:
         started = time.monotonic()
-        gave_up = say(late.url, "--connect-timeout", "1")
+        gave_up = say("Hello.", "-o", "-", "--url", late.url, "--connect-timeout", "1")
         waited = time.monotonic() - started
     finally:
         late.close()
