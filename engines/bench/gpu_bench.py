@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engines.torch_cuda.runtime import TorchCudaStages, encoder_arithmetic, padded_phonemes
+from engines.torch_cuda.runtime import TorchCudaStages, padded_phonemes
 
 SAMPLE_RATE = 22050
 HOP = 256
@@ -341,7 +341,7 @@ def profile_encoder(
     ids = torch.nn.functional.pad(ids, (0, padded - ids.shape[1])).to(stages.device)
     lengths = lengths.to(stages.device)
     noise = torch.randn(batch, 2, padded, device=stages.device) * 0.8
-    with encoder_arithmetic(False):
+    with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False):
         for _ in range(3):
             outputs = core(ids, lengths, noise)
         m_p, logs_p, x_mask, logw = outputs

@@ -84,6 +84,20 @@ class EncoderCore(torch.nn.Module):
             reverse=True,
         )
 
+    def weight_tensors(self) -> dict[str, Tensor]:
+        """Every weight the core reads, by name (engines/torch_cuda/weights.py packs them)."""
+        return {
+            **{f"w:{name}": tensor for name, tensor in self.w.items()},
+            "embedding": self.embedding,
+            "exp_neg_logs": self.exp_neg_logs,
+        }
+
+    def use_weights(self, tensors: dict[str, Tensor]) -> None:
+        """Read the weights from `tensors` (named as `weight_tensors` names them) from now on."""
+        self.w = {name[2:]: tensor for name, tensor in tensors.items() if name.startswith("w:")}
+        self.embedding = tensors["embedding"]
+        self.exp_neg_logs = tensors["exp_neg_logs"]
+
     # -- text encoder ------------------------------------------------------------------------
     def _relative_embeddings(self, table: Tensor, length: int) -> Tensor:
         pad = max(length - (self.window + 1), 0)

@@ -11,7 +11,6 @@ The runtime must offer the device tensor API of `TorchCudaStages`: ``device``, `
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -24,11 +23,12 @@ from engines.frames import LATENT_CHANNELS, SENTENCE_FLOW_FRAMES, FramePool, sen
 
 # 4,096 pages of 32 frames: 131,072 frames (25 minutes of audio) before the stores first grow.
 INITIAL_PAGES = 4096
-ASYNC_ENV = "VOXFLEET_ASYNC_CALLS"
-# VOXFLEET_SENTENCE_FLOW_GROUPS=0 pads a whole encoder batch to its longest sentence's size in
-# one flow call (the earlier form, for A/B measurements) instead of one call per size.
-SENTENCE_FLOW_GROUPS_ENV = "VOXFLEET_SENTENCE_FLOW_GROUPS"
-FILL_BUCKETS_ENV = "VOXFLEET_FILL_BUCKETS"
+
+
+def _voice(voice: Any) -> dict[str, Any]:
+    """The runtime call's voice argument: none for the runtime's own voice, so that a runtime
+    of one voice (TensorRT's) needs no such argument."""
+    return {} if voice is None else {"voice": voice}
 
 
 class PendingAudio:
@@ -104,11 +104,10 @@ class DeviceBackend:
         self.runtime = runtime
         self.device = torch.device(runtime.device)
         # Vocoder calls return before their audio is on the host (`vocode_async`): the
-        # scheduler plans its next step while the GPU decodes this one. On by default on a
-        # CUDA device; the scheduler keeps its synchronous path where this is False.
-        # VOXFLEET_ASYNC_CALLS=0 keeps the synchronous path (for A/B measurements).
+        # scheduler plans its next step while the GPU decodes this one. On a CUDA device; the
+        # scheduler keeps its synchronous path where this is False (the CPU, tests).
         if async_calls is None:
-            async_calls = self.device.type == "cuda" and os.environ.get(ASYNC_ENV, "1") != "0"
+            async_calls = self.device.type == "cuda"
         self.async_calls = async_calls
         # With asynchronous calls, a runtime that launches its encoder
         # (TorchCudaStages.encodes_beside: the plan's encoder_launch "beside", on a CUDA
@@ -122,13 +121,9 @@ class DeviceBackend:
         self.encoder_calls_in_flight = int(getattr(runtime, "encoder_calls_in_flight", 1))
         queued = bool(getattr(runtime, "encoder_queued", False))
         self.encoder_queued = self.encodes_beside and queued
-        self.sentence_flow_groups = os.environ.get(SENTENCE_FLOW_GROUPS_ENV, "1") != "0"
         # The batch sizes the flow and vocoder calls are padded up to (CUDA graphs): the
         # scheduler fills the padding rows with windows not due yet (planner.fill_buckets).
-        # VOXFLEET_FILL_BUCKETS=0 leaves them empty (for A/B measurements).
-        self.batch_buckets: tuple[int, ...] = ()
-        if os.environ.get(FILL_BUCKETS_ENV, "1") != "0":
-            self.batch_buckets = tuple(getattr(runtime, "padded_batch_buckets", ()))
+        self.batch_buckets: tuple[int, ...] = tuple(getattr(runtime, "padded_batch_buckets", ()))
         self.pool = FramePool(initial_pages)
         frames = self.pool.capacity_frames
         self._prior = torch.zeros(
@@ -161,21 +156,28 @@ class DeviceBackend:
             torch.from_numpy(np.asarray(scales, dtype=np.float32)),
         )
 
-    def encode(self, ids, lengths, scales, speakers):
+    def encode(self, ids, lengths, scales, speakers, voice=None):
         prior, mask = self.runtime.encode_tensor(
-            *self._encoder_inputs(ids, lengths, scales), speakers
+            *self._encoder_inputs(ids, lengths, scales), speakers, **_voice(voice)
         )
         frames = mask[:, 0, :].sum(dim=1).to(torch.int64).cpu().numpy()
         return prior, frames
 
-    def encode_launch(self, ids, lengths, scales, speakers) -> Any:
+    def encode_launch(self, ids, lengths, scales, speakers, voice=None) -> Any:
         """`encode` without waiting (where `encodes_beside`): a call whose `done()` says its
         frame counts are on the host and whose `finish()` gives (prior, frames) as `encode`
         does, the prior queued behind the call (engines.torch_cuda.runtime.EncoderCall)."""
-        return self.runtime.encode_launch(*self._encoder_inputs(ids, lengths, scales), speakers)
+        return self.runtime.encode_launch(
+            *self._encoder_inputs(ids, lengths, scales), speakers, **_voice(voice)
+        )
 
     def flow_sentences(
-        self, prior: torch.Tensor, tables: Sequence[np.ndarray], frames: np.ndarray, speakers
+        self,
+        prior: torch.Tensor,
+        tables: Sequence[np.ndarray],
+        frames: np.ndarray,
+        speakers,
+        voice: Any = None,
     ) -> bool:
         """The flow over whole sentences of an encoder batch, latents stored; False (nothing
         done) when the longest is beyond SENTENCE_FLOW_FRAMES.
@@ -189,7 +191,7 @@ class DeviceBackend:
         Frames past a sentence's end are masked, so a sentence's latents do not depend on
         its call's width.
         """
-        groups = sentence_flow_groups(frames, self.sentence_flow_groups)
+        groups = sentence_flow_groups(frames)
         if groups is None:
             return False
         speakers = np.asarray(speakers) if speakers is not None else None
@@ -204,7 +206,7 @@ class DeviceBackend:
             valid = np.arange(size)[None, :] < part_frames[:, None]
             mask = self._upload(valid[:, None, :].astype(np.float32))
             latent = self.runtime.flow_tensor(
-                padded, mask, speakers[rows] if speakers is not None else None
+                padded, mask, speakers[rows] if speakers is not None else None, **_voice(voice)
             )
             index, valid = FramePool.window_index(
                 part_tables, np.zeros(len(rows), np.int64), part_frames, size
@@ -219,34 +221,36 @@ class DeviceBackend:
         )
         self._scatter(self._prior, prior, index, valid)
 
-    def flow(self, tables, starts, limits, width, context, ends, speakers):
+    def flow(self, tables, starts, limits, width, context, ends, speakers, voice=None):
         index, valid = FramePool.window_index(tables, starts, limits, width)
         prior = self._prior[self._upload(index)].permute(0, 2, 1)
         mask = self._upload(valid[:, None, :].astype(np.float32))
-        latent = self.runtime.flow_tensor(prior, mask, speakers)
+        latent = self.runtime.flow_tensor(prior, mask, speakers, **_voice(voice))
         columns = np.arange(width)[None, :]
         keep = valid & (columns >= context) & (starts[:, None] + columns < ends[:, None])
         self._scatter(self._latent, latent, index, keep)
 
-    def vocode(self, tables, starts, limits, width, speakers, cut):
+    def vocode(self, tables, starts, limits, width, speakers, cut, voice=None):
         index, _ = FramePool.window_index(tables, starts, limits, width)
         latent = self._latent[self._upload(index)].permute(0, 2, 1)
-        audio = self.runtime.vocode_tensor(latent, speakers)[:, cut[0] : cut[1]]
+        audio = self.runtime.vocode_tensor(latent, speakers, **_voice(voice))[:, cut[0] : cut[1]]
         pcm = (audio.float().clamp(-1.0, 1.0) * 32767.0).to(torch.int16)
         return pcm.cpu().numpy()
 
-    def vocode_async(self, tables, starts, limits, width, speakers, cut) -> PendingAudio:
+    def vocode_async(
+        self, tables, starts, limits, width, speakers, cut, voice=None
+    ) -> PendingAudio:
         """`vocode` without waiting: the PCM comes back through the returned `PendingAudio`,
         after everything queued on the device before it."""
         if self.device.type != "cuda":
             started = time.perf_counter()
-            pcm = self.vocode(tables, starts, limits, width, speakers, cut)
+            pcm = self.vocode(tables, starts, limits, width, speakers, cut, voice)
             return PendingAudio(torch.from_numpy(pcm), time.perf_counter() - started)
         start = torch.cuda.Event(enable_timing=True)
         start.record()
         index, _ = FramePool.window_index(tables, starts, limits, width)
         latent = self._latent[self._upload(index)].permute(0, 2, 1)
-        audio = self.runtime.vocode_tensor(latent, speakers)[:, cut[0] : cut[1]]
+        audio = self.runtime.vocode_tensor(latent, speakers, **_voice(voice))[:, cut[0] : cut[1]]
         pcm = (audio.float().clamp(-1.0, 1.0) * 32767.0).to(torch.int16)
         # The caching host allocator hands the pinned block back once the copy is done and
         # nothing refers to it (the numpy rows sent as responses keep it alive until then).
@@ -311,10 +315,12 @@ class DeviceBackend:
         warm = getattr(self.runtime, "warmup", None)
         if warm is None:
             return 0
-        warm(flow_frames=SENTENCE_FLOW_FRAMES, vocoder_frames=(), max_batch=sentences)
+        # The whole-sentence flow sizes take at most an encoder call's sentences a call.
+        limits = dict.fromkeys(SENTENCE_FLOW_FRAMES, sentences)
+        limits.update(dict.fromkeys(flow_frames, windows))
         return int(
             warm(
-                flow_frames=flow_frames,
+                flow_frames=limits,
                 vocoder_frames=vocoder_frames,
                 encoder_phonemes=phonemes,
                 max_batch=windows,

@@ -14,8 +14,8 @@ needs a few reads and runs eagerly).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Sequence
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +72,9 @@ class _Node:
 # A GPU module in FP16 runs its 1-D convolutions as channels-last 2-D ones: cuDNN's tensor-core
 # kernels work in channels-last, and a 1-D convolution in the default layout paid two layout
 # transposes per call, 31 % of the vocoder's device time on the H100; without them a window
-# costs 0.84 to 0.90 us per frame against 1.23 to 1.32 (scripts/vocoder_cost_probe.py,
-# docs/benchmarks.md). VOXFLEET_CONV_CHANNELS_LAST=0 keeps the default layout (A/B runs).
-CHANNELS_LAST_ENV = "VOXFLEET_CONV_CHANNELS_LAST"
+# costs 0.84 to 0.90 us per frame against 1.23 to 1.32 (docs/gpu.md).
+# Prefix of a convolution weight's channels-last form among a module's weight tensors.
+ROWS_PREFIX = "rows:"
 
 
 class OnnxModule:
@@ -113,11 +113,7 @@ class OnnxModule:
         # Host values the device needs, by content: the same shapes give the same index
         # tensors call after call, and a pageable host-to-device copy waits for the GPU.
         self._uploads: dict[tuple[str, torch.dtype, tuple[int, ...], bytes], Tensor] = {}
-        self.channels_last = (
-            self.device.type == "cuda"
-            and float_dtype == torch.float16
-            and os.environ.get(CHANNELS_LAST_ENV, "1") != "0"
-        )
+        self.channels_last = self.device.type == "cuda" and float_dtype == torch.float16
         # Convolution weights as channels-last 2-D ones, made once (a graph replays no copy).
         self._channels_last_weights: dict[str, Tensor] = {}
 
@@ -137,7 +133,57 @@ class OnnxModule:
         return cached
 
     def parameter_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.device_constants.values())
+        return sum(t.numel() * t.element_size() for t in self.weight_tensors().values())
+
+    def _prepare_weights(self) -> None:
+        """The channels-last forms of the 1-D convolution weights, made now rather than at
+        their first call (`_rows_weight`), so that `weight_tensors` is complete before any."""
+        if not self.channels_last:
+            return
+        for node in self.nodes:
+            if node.op not in ("Conv", "ConvTranspose") or len(node.inputs) < 2:
+                continue
+            name = node.inputs[1]
+            weight = self.device_constants.get(name)
+            if weight is not None and weight.dim() == 3 and name not in self._channels_last_weights:
+                self._channels_last_weights[name] = _as_rows(weight)
+
+    def weight_tensors(self) -> dict[str, Tensor]:
+        """Every float tensor the graph reads, by name: a convolution weight run on
+        channels-last rows in that form only (`ROWS_PREFIX`), the rest as initialized."""
+        self._prepare_weights()
+        tensors = {f"{ROWS_PREFIX}{n}": t for n, t in self._channels_last_weights.items()}
+        tensors.update(
+            (n, t) for n, t in self.device_constants.items() if n not in self._channels_last_weights
+        )
+        return tensors
+
+    def use_weights(self, tensors: Mapping[str, Tensor]) -> None:
+        """Read the weights from `tensors` (as `weight_tensors` names them) from now on: views
+        of a bound buffer (engines/torch_cuda/weights.py). A convolution weight's plain form
+        becomes a view of its channels-last one, so that only that one takes memory."""
+        for key, tensor in tensors.items():
+            if key.startswith(ROWS_PREFIX):
+                name = key[len(ROWS_PREFIX) :]
+                self._channels_last_weights[name] = tensor
+                self.device_constants[name] = tensor.squeeze(2)
+            else:
+                self.device_constants[key] = tensor
+
+    def structure(self) -> str:
+        """A digest of the graph without its float weights: nodes, attributes, integer
+        constants, inputs, outputs and precision. Two voices with the same structure can run
+        on one module, each with its own weights."""
+        digest = hashlib.sha256(str(self.float_dtype).encode())
+        for names in (self.input_names, self.output_names):
+            digest.update(repr(names).encode())
+        for node in self.nodes:
+            attrs = sorted((k, repr(v)) for k, v in node.attrs.items())
+            digest.update(repr((node.op, node.inputs, node.outputs, attrs)).encode())
+        for name in sorted(self.host_constants):
+            digest.update(name.encode())
+            digest.update(self.host_constants[name].numpy().tobytes())
+        return digest.hexdigest()
 
     def __call__(self, **inputs: Tensor) -> list[Tensor]:
         return self.forward(**inputs)

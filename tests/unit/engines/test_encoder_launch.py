@@ -1,7 +1,6 @@
 """How a GPU runs encoder calls is part of the serving plan (`WindowConfig.encoder_launch`):
 `voxfleet serve --encoder-launch` and a TTSVoice's `batching.encoderLaunch` set it, the plan
-refuses what no runtime knows, and VOXFLEET_ENCODER_BESIDE still overrides it for A/B runs.
-(That the scheduler gives the same audio in every mode is checked on a GPU:
+refuses what no runtime knows. (That the scheduler gives the same audio in every mode is checked on a GPU:
 tests/gpu/test_torch_cuda_gpu.py.)"""
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ import pytest
 from engines import cli
 from engines.commands.serve import plan_from_args
 from engines.plan import ENCODER_LAUNCHES, ServingPlan, WindowConfig
-from engines.torch_cuda import BESIDE_ENV, encoder_launch_mode
 
 
 def _serve_plan(monkeypatch: pytest.MonkeyPatch, *options: str) -> ServingPlan:
@@ -43,16 +41,3 @@ def test_an_unknown_encoder_launch_is_refused_with_the_choices(
     assert "invalid choice: 'sideways'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="encoder_launch is one of inline, beside, queued"):
         WindowConfig(encoder_launch="sideways")
-
-
-def test_voxfleet_encoder_beside_overrides_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(BESIDE_ENV, raising=False)
-    assert [encoder_launch_mode(mode) for mode in ENCODER_LAUNCHES] == list(ENCODER_LAUNCHES)
-    with pytest.raises(ValueError, match="encoder_launch is one of inline, beside, queued"):
-        encoder_launch_mode("sideways")  # a runtime made without a plan is checked too
-    for value, mode in (("0", "inline"), ("1", "beside"), ("queued", "queued")):
-        monkeypatch.setenv(BESIDE_ENV, value)
-        assert encoder_launch_mode("inline") == encoder_launch_mode("beside") == mode
-    monkeypatch.setenv(BESIDE_ENV, "yes")
-    with pytest.raises(ValueError, match="VOXFLEET_ENCODER_BESIDE is 0, 1 or queued, not 'yes'"):
-        encoder_launch_mode("inline")
