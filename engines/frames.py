@@ -15,13 +15,10 @@ builds the index on the host with a few vectorised NumPy operations.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
-
-from engines.names import LEAD_WINDOWS_ENV
 
 PAGE_FRAMES = 32
 LATENT_CHANNELS = 192
@@ -31,17 +28,14 @@ LATENT_CHANNELS = 192
 SENTENCE_FLOW_FRAMES = (256, 512, 1024, 2048)
 
 
-def sentence_flow_groups(
-    frames: np.ndarray, grouped: bool = True
-) -> list[tuple[int, np.ndarray]] | None:
+def sentence_flow_groups(frames: np.ndarray) -> list[tuple[int, np.ndarray]] | None:
     """(size, rows) of the whole-sentence flow calls for sentences of `frames` frames: one
-    call per size of SENTENCE_FLOW_FRAMES that a sentence needs, or (not `grouped`) one call
-    of the longest one's size; None when a sentence is longer than the largest size."""
+    call per size of SENTENCE_FLOW_FRAMES that a sentence needs (one call of the longest's
+    size for all of them padded short sentences up to the long one's cost); None when a
+    sentence is longer than the largest size."""
     sizes = np.searchsorted(np.asarray(SENTENCE_FLOW_FRAMES), frames)
     if len(frames) == 0 or int(sizes.max()) >= len(SENTENCE_FLOW_FRAMES):
         return None
-    if not grouped:
-        return [(SENTENCE_FLOW_FRAMES[int(sizes.max())], np.arange(len(frames)))]
     return [
         (SENTENCE_FLOW_FRAMES[int(size)], np.flatnonzero(sizes == size))
         for size in np.unique(sizes)
@@ -111,9 +105,15 @@ class StreamBackend(Protocol):
     pool: FramePool
 
     def encode(
-        self, ids: np.ndarray, lengths: np.ndarray, scales: np.ndarray, speakers: np.ndarray
+        self,
+        ids: np.ndarray,
+        lengths: np.ndarray,
+        scales: np.ndarray,
+        speakers: np.ndarray,
+        voice: Any = None,
     ) -> tuple[Any, np.ndarray]:
-        """Prior [B, 192, T] and the frame count of each row."""
+        """Prior [B, 192, T] and the frame count of each row, with `voice`'s weights (every
+        call takes them: `VoiceSlot.weights`, None for the runtime's own voice)."""
         ...
 
     def store_prior(self, prior: Any, tables: Sequence[np.ndarray], frames: np.ndarray) -> None:
@@ -129,6 +129,7 @@ class StreamBackend(Protocol):
         context: int,
         ends: np.ndarray,
         speakers: np.ndarray,
+        voice: Any = None,
     ) -> None:
         """Run the flow on windows ``[starts, starts + width)`` of the priors (padding past
         ``limits``) and store latent frames ``[starts + context, ends)`` of each row."""
@@ -142,6 +143,7 @@ class StreamBackend(Protocol):
         width: int,
         speakers: np.ndarray,
         cut: tuple[int, int],
+        voice: Any = None,
     ) -> np.ndarray:
         """Decode latent windows and return int16 PCM samples ``[cut[0], cut[1])`` of each row
         as one host array [B, cut[1] - cut[0]]."""
@@ -157,15 +159,13 @@ def to_pcm16(samples: np.ndarray) -> np.ndarray:
 
 
 class HostBackend:
-    """A NumPy `StageRuntime` (onnxruntime on the CPU) with its frame stores in host memory."""
+    """A NumPy `StageRuntime` (onnxruntime on the CPU) with its frame stores in host memory.
+
+    A voice's weights are a `StageRuntime` of its own (its onnxruntime sessions): every call
+    runs on the one it is given, or on `runtime` (the first voice's)."""
 
     def __init__(self, runtime: Any, initial_pages: int = 256) -> None:
         self.runtime = runtime
-        # Whether a stream with a lead takes longer windows (planner.WindowRules): fewer
-        # context frames, but a call that long delays a new stream's first audio. Measured on
-        # 2 cores (docs/streaming.md): first-audio p95 20 to 200 ms later at 2 to 10 streams
-        # for about 2 % more audio, so off unless VOXFLEET_LEAD_WINDOWS=1.
-        self.lead_windows = os.environ.get(LEAD_WINDOWS_ENV, "0") == "1"
         self.pool = FramePool(initial_pages)
         self._prior = np.zeros((self.pool.capacity_frames, LATENT_CHANNELS), np.float32)
         self._latent = np.zeros_like(self._prior)
@@ -177,8 +177,8 @@ class HostBackend:
             self._prior = np.concatenate([self._prior, pad])
             self._latent = np.concatenate([self._latent, pad])
 
-    def encode(self, ids, lengths, scales, speakers):
-        prior, mask = self.runtime.encode(ids, lengths, scales, speakers)
+    def encode(self, ids, lengths, scales, speakers, voice=None):
+        prior, mask = (voice or self.runtime).encode(ids, lengths, scales, speakers)
         return prior, mask[:, 0, :].sum(axis=1).astype(np.int64)
 
     def store_prior(self, prior, tables, frames):
@@ -188,19 +188,19 @@ class HostBackend:
         )
         self._prior[index[valid]] = prior.transpose(0, 2, 1)[valid]
 
-    def flow(self, tables, starts, limits, width, context, ends, speakers):
+    def flow(self, tables, starts, limits, width, context, ends, speakers, voice=None):
         index, valid = FramePool.window_index(tables, starts, limits, width)
         prior = np.ascontiguousarray(self._prior[index].transpose(0, 2, 1))
         mask = valid[:, None, :].astype(np.float32)
-        latent = self.runtime.flow(prior, mask, speakers)
+        latent = (voice or self.runtime).flow(prior, mask, speakers)
         keep = valid & (np.arange(width)[None, :] >= context)
         keep &= (starts[:, None] + np.arange(width)[None, :]) < ends[:, None]
         self._latent[index[keep]] = latent.transpose(0, 2, 1)[keep]
 
-    def vocode(self, tables, starts, limits, width, speakers, cut):
+    def vocode(self, tables, starts, limits, width, speakers, cut, voice=None):
         index, _ = FramePool.window_index(tables, starts, limits, width)
         latent = np.ascontiguousarray(self._latent[index].transpose(0, 2, 1))
-        audio = self.runtime.vocode(latent, speakers)
+        audio = (voice or self.runtime).vocode(latent, speakers)
         return to_pcm16(audio[:, cut[0] : cut[1]])
 
     def sync(self) -> None:

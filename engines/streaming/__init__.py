@@ -16,6 +16,7 @@ from engines.streaming.types import (
     StreamCancelled,
     StreamSink,
     SynthesisParams,
+    VoiceSlot,
 )
 
 __all__ = [
@@ -27,5 +28,6 @@ __all__ = [
     "StreamScheduler",
     "StreamSink",
     "SynthesisParams",
+    "VoiceSlot",
     "WindowConfig",
 ]

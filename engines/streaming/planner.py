@@ -244,13 +244,20 @@ def first_call_width(cfg: WindowConfig, rules: WindowRules) -> int:
     return _span_call((0, first), first + cfg.vocoder_context_frames, cfg, rules, False)[0]
 
 
+# A stage call: (stage, width, voice). Windows share a call only where all three agree: the
+# voices of one scheduler each run with their own weights (VoiceSlot).
+Call = tuple[str, int, object]
+
+
 def window_calls(
     window: Window, cfg: WindowConfig, rules: WindowRules = WindowRules()
-) -> list[tuple[str, int]]:
-    """The (stage, width) calls a window takes part in; same-width windows share one."""
-    calls = [("vocoder", call_key(window, cfg, rules)[0])]
+) -> list[Call]:
+    """The (stage, width, voice) calls a window takes part in; same-width windows of one
+    voice share one."""
+    voice = window.stream.voice
+    calls: list[Call] = [("vocoder", call_key(window, cfg, rules)[0], voice)]
     if window.flow[1] > window.flow[0]:
-        calls.append(("flow", call_key(window, cfg, rules, flow=True)[0]))
+        calls.append(("flow", call_key(window, cfg, rules, flow=True)[0], voice))
     return calls
 
 
@@ -266,10 +273,8 @@ def group_calls(
     return list(groups.values())
 
 
-def _cost(costs: CostModel, calls: list[tuple[str, int]], planned: set[tuple[str, int]]) -> float:
-    return sum(
-        costs.estimate(stage, width, (stage, width) not in planned) for stage, width in calls
-    )
+def _cost(costs: CostModel, calls: list[Call], planned: set[Call]) -> float:
+    return sum(costs.estimate(call[0], call[1], call not in planned) for call in calls)
 
 
 def plan_step(
@@ -321,8 +326,8 @@ def plan_step(
     step_s = cfg.max_step_ms / 1000
     step_cost, budget = 0.0, step_s
     waiting_slack = float("inf")  # the least slack of a playing stream left for later
-    planned: set[tuple[str, int]] = set()  # calls the step makes so far
-    rows: Counter[tuple[str, int]] = Counter()  # windows in each of the step's calls
+    planned: set[Call] = set()  # calls the step makes so far
+    rows: Counter[Call] = Counter()  # windows in each of the step's calls
     new = (
         sum(1 for s in streams if s.first_audio_at is None and s.current is None) if batching else 0
     )
@@ -348,7 +353,7 @@ def plan_step(
                 continue
             # New streams' encoder call (one per step is counted: they split by length
             # only) and first windows (a vocoder call of their own, after the encoder).
-            calls = [("encoder", 0), ("first-window", 0)]
+            calls: list[Call] = [("encoder", 0, stream.voice), ("first-window", 0, stream.voice)]
             cost = 0.0
             if not encoder_beside:
                 cost = costs.estimate(
@@ -423,7 +428,7 @@ def fill_buckets(
     cfg: WindowConfig,
     rules: WindowRules,
     limit: int,
-    rows: Mapping[tuple[str, int], int] | None = None,
+    rows: Mapping[Call, int] | None = None,
 ) -> int:
     """Fill the rows a step's calls are padded with (`rules.batch_buckets`, ascending) with
     `candidates`, the next windows of playing streams left out of the step, most urgent
@@ -518,16 +523,16 @@ def encoder_calls(
     waiting: list[Stream], costs: CostModel, batching: bool
 ) -> Iterator[tuple[Scales, list[Stream]]]:
     """The encoder calls for streams whose next sentence is to be encoded: batches sharing
-    scales and speaker, sorted by length and split where padding costs more than a call.
+    scales, speaker and voice, sorted by length and split where padding costs more than a call.
 
     A generator: each split is decided with the cost model as it stands after the calls
     before it have run and been observed.
     """
-    groups: dict[tuple[float, float, float, int], list[Stream]] = {}
+    groups: dict[tuple[float, float, float, int, object], list[Stream]] = {}
     for stream in waiting:
-        key = (*stream.params.scales(), stream.params.speaker_id)
+        key = (*stream.params.scales(), stream.params.speaker_id, stream.voice)
         groups.setdefault(key, []).append(stream)
-    for (noise, length, noise_w, _), streams in groups.items():
+    for (noise, length, noise_w, _, _), streams in groups.items():
         # Padding a short sentence to a long one costs the long one's time: split at 1.25x,
         # unless one more call costs more than the padding (a GPU's fixed cost per call).
         streams.sort(key=lambda s: len(s.sentences[0].ids))

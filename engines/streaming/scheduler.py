@@ -57,6 +57,7 @@ from engines.streaming.types import (
     StreamCancelled,
     StreamSink,
     SynthesisParams,
+    VoiceSlot,
     Window,
 )
 
@@ -165,8 +166,19 @@ class _SummedTiming:
         return sum(part.seconds() for part in self.parts)
 
 
+def _weights(voice: VoiceSlot | None) -> Any:
+    """What the backend's calls take for `voice`'s weights (None: the runtime's own voice)."""
+    return voice.weights if voice is not None else None
+
+
 class StreamScheduler:
-    """Owns all live streams of one voice and one thread that steps them."""
+    """Owns all live streams of its voices and one thread that steps them.
+
+    A scheduler made for one voice serves the runtime's own voice; one that serves several
+    (a pod's voice host, engines/voice_host) is given each stream's `VoiceSlot` at `submit`.
+    Every step is planned over the streams of all voices, earliest deadline first, so a voice
+    with one listener waits behind no voice with a thousand; the calls split by voice, since
+    each voice's run with its own weights, and each voice keeps stats of its own."""
 
     def __init__(
         self,
@@ -186,14 +198,14 @@ class StreamScheduler:
         # onnxruntime runs a window of any width at the same cost per frame, so its calls are
         # as wide as their windows, take no context past a sentence's edges, and a stream's
         # windows grow by half; a sentence's short tail goes with the window or flow chunk
-        # before it, and where the backend asks for them (`lead_windows`) a stream with a lead
+        # before it, and where the plan asks for them (`lead_windows`) a stream with a lead
         # takes windows twice the steady size and flow chunks of four steady windows; engines
         # built for fixed shapes (CUDA graphs, TensorRT profiles) keep the size classes, and
         # where their calls are padded to batch buckets (CUDA graphs) the padding rows take
         # windows that are not due yet. (planner.WindowRules)
         if exact_widths is None:
             exact_widths = getattr(runtime, "name", "") == "onnxruntime"
-        lead = self.windows.window_frames if getattr(self.backend, "lead_windows", False) else 0
+        lead = self.windows.window_frames if self.windows.lead_windows else 0
         self.rules = (
             cpu_rules(lead)
             if exact_widths
@@ -201,10 +213,10 @@ class StreamScheduler:
         )
         self.batching = cross_stream_batching
         self.stats = SchedulerStats()
-        # Read by profiling runs' call log (engines/triton_model/model.py, VOXFLEET_COSTS_LOG_S).
+        # Read by profiling runs' call log (engines/voice_host/host.py, VOXFLEET_COSTS_LOG_S).
         self.step_times = StepTimes()
         # Where new streams' first audio spends its time, when a profiling run asks for it
-        # (the Triton model's call log sets it; None: not recorded).
+        # (the voice host's call log sets it; None: not recorded).
         self.first_audio_paths: FirstAudioPaths | None = None
         # Only a device backend's calls have a fixed cost worth planning around; the CPU keeps
         # the proportional model its benchmark figures were measured with (docs/streaming.md).
@@ -229,6 +241,8 @@ class StreamScheduler:
         self._in_flight: deque[Any] = deque()
         self._last_launched: Any = None
         self._risk_counted_at = 0.0
+        # The voices whose per-voice live and at-risk counts the last count set.
+        self._voices_seen: set[VoiceSlot] = set()
         self._planned_at = time.monotonic()  # when the last step was planned
         self._rest_until: float | None = None  # the last plan's (StepPlan.rest_until)
         # Encoder calls running beside the windows, in launch order, with their streams (which
@@ -337,11 +351,14 @@ class StreamScheduler:
         params: SynthesisParams,
         sink: StreamSink,
         received: float | None = None,
+        voice: VoiceSlot | None = None,
     ) -> int:
         """Start a stream; `received`: when its request reached the server (time.monotonic()),
-        if earlier than now (its text was phonemised meanwhile)."""
+        if earlier than now (its text was phonemised meanwhile); `voice`: the voice it speaks
+        with, where the scheduler serves several."""
         stream = Stream(next(self._ids), deque(sentences), params, sink, time.monotonic())
         stream.received = received
+        stream.voice = voice
         with self._wake:
             self._incoming.append(stream)
             self._wake.notify()
@@ -362,6 +379,8 @@ class StreamScheduler:
                     stream = self._incoming.popleft()
                     self._streams[stream.stream_id] = stream
                     self.stats.streams_total += 1
+                    if stream.voice is not None:
+                        stream.voice.stats.streams_total += 1
             try:
                 if not self.step():
                     # Only held new streams or streams resting on their lead (see
@@ -468,11 +487,15 @@ class StreamScheduler:
     def _run(self, windows: list[Window]) -> None:
         flows = [w for w in windows if w.flow[1] > w.flow[0]]
         for batch in group_calls(
-            flows, lambda w: call_key(w, self.windows, self.rules, flow=True), self.batching
+            flows,
+            lambda w: (call_key(w, self.windows, self.rules, flow=True), w.stream.voice),
+            self.batching,
         ):
             self._flow(batch)
         for batch in group_calls(
-            windows, lambda w: call_key(w, self.windows, self.rules), self.batching
+            windows,
+            lambda w: (call_key(w, self.windows, self.rules), w.stream.voice),
+            self.batching,
         ):
             self._run_windows(batch)
 
@@ -531,10 +554,11 @@ class StreamScheduler:
         if self.first_audio_paths is not None:
             self.first_audio_paths.add(stream, now)
         waited = now - stream.requested
-        stats.first_audio_seconds_sum += waited
-        stats.first_audio_count += 1
-        if len(stats.first_audio_samples) < MAX_FIRST_AUDIO_SAMPLES:
-            stats.first_audio_samples.append(waited)
+        for counted in (stats, stream.voice.stats) if stream.voice is not None else (stats,):
+            counted.first_audio_seconds_sum += waited
+            counted.first_audio_count += 1
+            if len(counted.first_audio_samples) < MAX_FIRST_AUDIO_SAMPLES:
+                counted.first_audio_samples.append(waited)
 
     def _end_sentence(self, stream: Stream) -> None:
         if stream.current is not None:
@@ -561,17 +585,18 @@ class StreamScheduler:
         lengths = np.array([len(s.ids) for s in sentences], dtype=np.int64)
         speakers = np.array([s.params.speaker_id for s in streams], dtype=np.int64)
         scale_array = np.array(scales, dtype=np.float32)
+        voice = _weights(streams[0].voice)  # one voice a call (planner.encoder_calls)
         if self._beside:
             # The call runs beside this step's windows and the next steps'; its streams are
             # taken up once their frame counts are on the host (`_take_up_encoded`).
-            call = self.backend.encode_launch(ids, lengths, scale_array, speakers)  # type: ignore[attr-defined]
+            call = self.backend.encode_launch(ids, lengths, scale_array, speakers, voice)  # type: ignore[attr-defined]
             self._encoding.append(_Encoding(call, streams, speakers, longest))
             return
         started = time.perf_counter()
         # With asynchronous calls the device may still be decoding an earlier call: time the
         # encoder's own device work, not the wait for that one.
         timing = self.backend.timer() if self._async else None  # type: ignore[attr-defined]
-        prior, frames = self.backend.encode(ids, lengths, scale_array, speakers)
+        prior, frames = self.backend.encode(ids, lengths, scale_array, speakers, voice)
         self._start_sentences(streams, prior, frames, speakers)
         if timing is not None:
             # No wait here: the cost is read once the device is done (`_observe_timings`),
@@ -615,7 +640,8 @@ class StreamScheduler:
         # GPU backends may run the flow over the whole sentences here (engines/torch_cuda/
         # backend.py); the windows then need the vocoder only.
         flow_sentences = getattr(self.backend, "flow_sentences", None)
-        flowed = bool(flow_sentences and flow_sentences(prior, tables, frames, speakers))
+        voice = _weights(streams[0].voice)
+        flowed = bool(flow_sentences and flow_sentences(prior, tables, frames, speakers, voice))
         now = time.monotonic()
         for row, stream in enumerate(streams):
             if stream.stream_id not in self._streams:  # cancelled while it was encoded
@@ -632,10 +658,15 @@ class StreamScheduler:
     # -- flow and vocoder calls for batches of same-sized windows --------------------------------
     def _run_windows(self, windows: list[Window]) -> None:
         started = time.monotonic()
+        voice = windows[0].stream.voice  # one voice a call (`_run`)
         for window in windows:
             if window.stream.window_ready_at is not None:
-                self.stats.queue_seconds_sum += started - window.stream.window_ready_at
+                waited = started - window.stream.window_ready_at
+                self.stats.queue_seconds_sum += waited
                 self.stats.queue_count += 1
+                if voice is not None:
+                    voice.stats.queue_seconds_sum += waited
+                    voice.stats.queue_count += 1
         if self._async:
             self._launch_windows(windows)
             return
@@ -721,12 +752,15 @@ class StreamScheduler:
             width,
             self._speakers(windows),
             (before * self.hop, (before + max(sizes)) * self.hop),
+            _weights(windows[0].stream.voice),
         )
         return sizes, width, args
 
     def _count_vocoder_batch(self, windows: list[Window]) -> None:
-        batches = self.stats.vocoder_batches
-        batches[len(windows)] = batches.get(len(windows), 0) + 1
+        voice = windows[0].stream.voice
+        for stats in (self.stats, voice.stats) if voice is not None else (self.stats,):
+            batches = stats.vocoder_batches
+            batches[len(windows)] = batches.get(len(windows), 0) + 1
 
     def _vocode_launch(self, windows: list[Window]) -> tuple[Any, list[int], int]:
         sizes, width, args = self._vocoder_call(windows)
@@ -752,6 +786,7 @@ class StreamScheduler:
             before,
             ends,
             self._speakers(windows),
+            _weights(windows[0].stream.voice),
         )
         if timing is not None:
             self._timings.append(("flow", timing.stop(), len(windows), width))
@@ -779,11 +814,23 @@ class StreamScheduler:
         self.stats.live_streams = len(self._streams) + len(self._incoming)
         if not self._async or now - self._risk_counted_at >= RISK_COUNT_INTERVAL_S:
             self._risk_counted_at = now
-            self.stats.underrun_risk_streams = sum(
-                1
-                for s in self._streams.values()
-                if s.first_audio_at is not None and s.buffered_seconds(now) < window_seconds
-            )
+            self.stats.underrun_risk_streams = 0
+            voices: dict[VoiceSlot, list[int]] = {}
+            for stream in [*self._streams.values(), *list(self._incoming)]:
+                risk = int(
+                    stream.first_audio_at is not None
+                    and stream.buffered_seconds(now) < window_seconds
+                )
+                self.stats.underrun_risk_streams += risk
+                if stream.voice is not None:
+                    counts = voices.setdefault(stream.voice, [0, 0])
+                    counts[0] += 1
+                    counts[1] += risk
+            for voice in self._voices_seen | set(voices):
+                voice.stats.live_streams, voice.stats.underrun_risk_streams = voices.get(
+                    voice, (0, 0)
+                )
+            self._voices_seen = set(voices)
         if self._on_step is not None:
             try:
                 self._on_step(self.stats)

@@ -45,6 +45,18 @@ class StreamSink:
         return False
 
 
+@dataclass(eq=False)
+class VoiceSlot:
+    """One of the voices a scheduler serves: its name, its weights as the stream backend
+    knows them (`weights`, passed to every stage call of its streams; None: the runtime's own
+    voice) and its own stats. Streams of different voices never share a stage call; each
+    voice's calls run with its own weights (engines/torch_cuda/weights.py)."""
+
+    name: str
+    weights: Any = None
+    stats: SchedulerStats = field(default_factory=lambda: SchedulerStats())
+
+
 @dataclass
 class SentenceState:
     pages: np.ndarray  # page table of its prior and latent frames (engines.frames)
@@ -71,6 +83,8 @@ class Stream:
     # audio's path (`FirstAudioPaths`).
     received: float | None = None
     encoded_at: float | None = None
+    # The voice it speaks with, where the scheduler serves several (None: its only voice).
+    voice: VoiceSlot | None = None
 
     @property
     def requested(self) -> float:

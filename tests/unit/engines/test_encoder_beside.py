@@ -47,7 +47,7 @@ class BesideBackend(HostBackend):
         self.windows_while_encoding = 0
         self._vocode = HostBackend.vocode
 
-    def encode_launch(self, ids, lengths, scales, speakers) -> _Call:
+    def encode_launch(self, ids, lengths, scales, speakers, voice=None) -> _Call:
         self.launched += 1
         return _Call(self, (ids, lengths, scales, speakers))
 

@@ -271,12 +271,12 @@ def test_a_stream_with_a_lead_takes_a_longer_window_on_exact_widths_only() -> No
     (window,) = plan_step([ahead], cfg, costs, True, NOW, cpu).windows
     assert window.decode == (0, 256)
     assert window.flow == (0, 512)
-    assert window_calls(window, cfg, cpu) == [("vocoder", 256 + 16), ("flow", 512 + 48)]
+    assert window_calls(window, cfg, cpu) == [("vocoder", 256 + 16, None), ("flow", 512 + 48, None)]
 
     # Fixed-shape engines keep the steady window and its size classes.
     (window,) = plan_step([ahead], cfg, costs, True, NOW).windows
     assert window.decode == (0, 128)
-    assert window_calls(window, cfg) == [("vocoder", 128 + 16), ("flow", 256 + 48)]
+    assert window_calls(window, cfg) == [("vocoder", 128 + 16, None), ("flow", 256 + 48, None)]
 
     # Without a lead, the usual window.
     behind = make_stream(2, frames=1000, buffered_s=0.2, windows_sent=4)
@@ -304,8 +304,8 @@ def test_exact_widths_decode_a_sentence_tail_without_padding() -> None:
     stream.current.flowed = 100  # type: ignore[union-attr]
     window = next_window(stream, cfg)
     assert window.decode == (0, 100)
-    assert window_calls(window, cfg, WindowRules(exact_widths=True)) == [("vocoder", 116)]
-    assert window_calls(window, cfg) == [("vocoder", 128 + 16)]
+    assert window_calls(window, cfg, WindowRules(exact_widths=True)) == [("vocoder", 116, None)]
+    assert window_calls(window, cfg) == [("vocoder", 128 + 16, None)]
 
 
 def test_calls_at_a_sentences_edges_take_no_context_past_them_where_edges_are_trimmed() -> None:
@@ -321,8 +321,8 @@ def test_calls_at_a_sentences_edges_take_no_context_past_them_where_edges_are_tr
     assert call_key(first, cfg, cpu, flow=True) == (32 + 24, 0)
     # Without trimming, the same window's calls carry the context on both sides.
     assert window_calls(first, cfg, WindowRules(exact_widths=True)) == [
-        ("vocoder", 16 + 16),
-        ("flow", 32 + 48),
+        ("vocoder", 16 + 16, None),
+        ("flow", 32 + 48, None),
     ]
 
     state.flowed, state.vocoded, stream.windows_sent = 32, 16, 1
@@ -332,7 +332,7 @@ def test_calls_at_a_sentences_edges_take_no_context_past_them_where_edges_are_tr
     state.flowed, state.vocoded, stream.windows_sent = 400, 300, 6
     last = next_window(stream, cfg, cpu)  # frames 300-400, the sentence's end
     assert last.decode == (300, 400)
-    assert window_calls(last, cfg, cpu) == [("vocoder", 100 + 8)]
+    assert window_calls(last, cfg, cpu) == [("vocoder", 100 + 8, None)]
 
     with pytest.raises(ValueError, match="trim_edges needs exact_widths"):
         WindowRules(trim_edges=True)

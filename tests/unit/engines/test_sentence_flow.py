@@ -69,21 +69,14 @@ def flow_batch(stages: OnnxStages, voice: Voice) -> tuple[RecordingTensorStages,
 
 
 def test_a_batch_is_flowed_in_one_call_per_size_its_sentences_need(
-    stages: OnnxStages, joe: Voice, monkeypatch: pytest.MonkeyPatch
+    stages: OnnxStages, joe: Voice
 ) -> None:
-    runtime, frames, grouped = flow_batch(stages, joe)
+    runtime, frames, _ = flow_batch(stages, joe)
     sizes = [next(s for s in SENTENCE_FLOW_FRAMES if s >= count) for count in frames]
     assert len(set(sizes)) == 2, f"the texts should need two sizes, got {frames}"
     # The two short sentences share the smallest size; the long one has a call of its own.
     assert sorted(runtime.flow_calls) == [(1, 192, max(sizes)), (2, 192, min(sizes))]
 
-    monkeypatch.setenv("VOXFLEET_SENTENCE_FLOW_GROUPS", "0")
-    padded_runtime, padded_frames, padded = flow_batch(stages, joe)
-    assert padded_runtime.flow_calls == [(3, 192, max(sizes))]
-    assert list(padded_frames) == list(frames)
-    for ours, theirs in zip(grouped, padded, strict=True):
-        # The same latents, whatever the call's width (frames past a sentence are masked).
-        np.testing.assert_allclose(ours, theirs, atol=1e-3)
 
 
 def test_flow_groups_follow_the_sizes_and_give_up_past_the_largest() -> None:
@@ -95,7 +88,4 @@ def test_flow_groups_follow_the_sizes_and_give_up_past_the_largest() -> None:
         (512, [1]),
         (2048, [3]),
     ]
-    padded = sentence_flow_groups(frames, grouped=False)
-    assert padded is not None
-    assert [(size, list(rows)) for size, rows in padded] == [(2048, [0, 1, 2, 3, 4])]
     assert sentence_flow_groups(np.array([100, 2049])) is None

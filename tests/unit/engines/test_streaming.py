@@ -283,19 +283,18 @@ def test_the_cost_model_learns_what_a_call_costs_besides_its_frames() -> None:
     assert costs.per_frame["flow"] == pytest.approx(5e-5, rel=0.01)
 
 
-def test_cpu_streams_take_longer_windows_with_a_lead_only_when_asked(
-    stages, sentences, monkeypatch
-) -> None:
+def test_cpu_streams_take_longer_windows_with_a_lead_only_when_asked(stages, sentences) -> None:
     """A lead window (twice the steady one) saves context frames but is a call long enough to
-    hold up a new listener's first audio: off unless VOXFLEET_LEAD_WINDOWS=1."""
+    hold up a new listener's first audio: off unless the plan's windows ask for it
+    (`WindowConfig.lead_windows`)."""
     steady = WindowConfig().window_frames * 256
     longest = {}
-    for lead in ("0", "1"):
-        monkeypatch.setenv("VOXFLEET_LEAD_WINDOWS", lead)
+    for lead in (False, True):
         sink = CollectingSink()
-        run_streams(StreamScheduler(stages, 22050), [sink], sentences * 3)
+        windows = WindowConfig(lead_windows=lead)
+        run_streams(StreamScheduler(stages, 22050, windows=windows), [sink], sentences * 3)
         assert sink.error is None
-        longest[lead] = max(len(chunk) for chunk in sink.chunks)
+        longest["1" if lead else "0"] = max(len(chunk) for chunk in sink.chunks)
     # A steady window, or one with a sentence's short tail merged (at most a first window).
     assert longest["0"] <= steady + WindowConfig().first_window_frames * 256
     # Alone, the stream races ahead of playback and takes lead windows.
