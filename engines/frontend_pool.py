@@ -9,13 +9,12 @@ would copy half-way) with this interpreter or, inside the Triton stub (an embedd
 the ``python3`` first on PATH, which is the Python the stub runs (engines/triton_server.py
 puts it there).
 
-``FrontendPool(config_path, workers=0)`` phonemises in the calling thread instead, with the
-same interface: the CPU data plane uses that, so its figures stay comparable.
+``FrontendPool(workers=0)`` phonemises in the calling thread instead, with the same
+interface: the CPU data plane uses that, so its figures stay comparable.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import multiprocessing
 import shutil
@@ -27,28 +26,29 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from engines.frontend import Sentence, text_to_sentences
-from engines.voice import VoiceConfig
+from engines.voice import VoiceConfig, read_voice_config
 
 LOGGER = logging.getLogger(__name__)
 
-_WORKER_CONFIG: VoiceConfig | None = None
 STARTUP_TIMEOUT_S = 120.0
+# Voice configs a process has read, by path: a pod's voices are phonemised by one pool.
+_CONFIGS: dict[str, VoiceConfig] = {}
 
 
-def _load_config(config_path: str) -> VoiceConfig:
-    with open(config_path, encoding="utf-8") as handle:
-        return VoiceConfig.from_dict(json.load(handle), config_path)
+def _config(config_path: str) -> VoiceConfig:
+    config = _CONFIGS.get(config_path)
+    if config is None:
+        config = _CONFIGS[config_path] = read_voice_config(config_path)
+    return config
 
 
-def _worker_start(config_path: str) -> None:
-    global _WORKER_CONFIG
-    _WORKER_CONFIG = _load_config(config_path)
-    text_to_sentences("Ready.", _WORKER_CONFIG)  # loads espeak-ng's data before requests come
+def _worker_start(config_path: str | None) -> None:
+    if config_path:  # loads espeak-ng's data before requests come
+        text_to_sentences("Ready.", _config(config_path))
 
 
-def _worker_sentences(text: str) -> list[Sentence]:
-    assert _WORKER_CONFIG is not None, "worker started without a voice"
-    return text_to_sentences(text, _WORKER_CONFIG)
+def _worker_sentences(config_path: str, text: str) -> list[Sentence]:
+    return text_to_sentences(text, _config(config_path))
 
 
 def worker_python() -> str:
@@ -59,12 +59,14 @@ def worker_python() -> str:
 
 
 class FrontendPool:
-    """`submit(text, done)` phonemises `text` and calls ``done(sentences, error)`` once."""
+    """`submit(config_path, text, done)` phonemises `text` for the voice whose Piper config is
+    at `config_path` and calls ``done(sentences, error)`` once. One pool serves every voice of
+    a pod: its workers read each voice's config the first time they meet it. `warm_config`:
+    a config the workers read as they start."""
 
-    def __init__(self, config_path: str, workers: int = 0) -> None:
-        self.config_path = config_path
+    def __init__(self, workers: int = 0, warm_config: str | None = None) -> None:
         self.workers = workers
-        self._config = _load_config(config_path)
+        self.warm_config = warm_config
         self._lock = threading.Lock()
         self._pool: ProcessPoolExecutor | None = self._start() if workers > 0 else None
 
@@ -75,20 +77,23 @@ class FrontendPool:
             self.workers,
             mp_context=context,
             initializer=_worker_start,
-            initargs=(self.config_path,),
+            initargs=(self.warm_config,),
         )
         # Workers start on demand, each taking about a second (a Python, espeak-ng's data):
         # start them all now, or the first burst of listeners waits for them.
-        for started in [pool.submit(_worker_sentences, "Ready.") for _ in range(self.workers)]:
+        for started in [pool.submit(_worker_start, self.warm_config) for _ in range(self.workers)]:
             started.result(timeout=STARTUP_TIMEOUT_S)
         return pool
 
     def submit(
-        self, text: str, done: Callable[[list[Sentence] | None, Exception | None], None]
+        self,
+        config_path: str,
+        text: str,
+        done: Callable[[list[Sentence] | None, Exception | None], None],
     ) -> None:
         if self._pool is None:
             try:
-                sentences = text_to_sentences(text, self._config)
+                sentences = text_to_sentences(text, _config(config_path))
             except Exception as error:
                 done(None, error)
                 return
@@ -97,7 +102,7 @@ class FrontendPool:
         with self._lock:
             pool = self._pool
         try:
-            future = pool.submit(_worker_sentences, text)
+            future = pool.submit(_worker_sentences, config_path, text)
         except BrokenProcessPool as error:
             self._restart(pool)
             done(None, error)

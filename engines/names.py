@@ -69,10 +69,16 @@ LIVE_PATH = "/live"
 # Environment the supervisor gives tritonserver (and so the stream model).
 DRAIN_FILE_ENV = "VOXFLEET_DRAIN_FILE"  # exists once the server drains: new streams refused
 RESTARTS_ENV = "VOXFLEET_MODEL_RESTARTS"  # JSON {model: restarts so far}
-# Threads per onnxruntime call (a pool pod sets it to its CPU request); unset or 0: the CPUs
-# the process may run on (engines.runtime.cpu_threads).
-THREADS_ENV = "VOXFLEET_THREADS"
-# =1: on the CPU a stream with a lead takes windows and flow chunks twice the usual size
-# (engines.frames.HostBackend.lead_windows); off by default, as it delays other streams' first
-# audio (docs/streaming.md).
-LEAD_WINDOWS_ENV = "VOXFLEET_LEAD_WINDOWS"
+# The pod's voice host (engines/voice_host): the Unix socket its stream models reach it on.
+VOICE_HOST_ENV = "VOXFLEET_VOICE_HOST"
+MEMORY_PATH = "/memory"  # the pod's memory report (JSON) on the health port
+# The pod's GPU memory (MiB) where a pool declares it, for the voice host's budget.
+GPU_MEMORY_ENV = "VOXFLEET_GPU_MEMORY_MIB"
+# Memory the voice host keeps free on top of what it places (MiB).
+MEMORY_MARGIN_MIB = 512
+
+# -- memory metrics (the health port's /metrics) ------------------------------------------
+MEMORY_TOTAL_BYTES = "voxfleet_memory_total_bytes"  # labelled device: gpu or cpu
+MEMORY_USED_BYTES = "voxfleet_memory_used_bytes"
+MEMORY_FIXED_BYTES = "voxfleet_memory_fixed_bytes"
+VOICE_MEMORY_BYTES = "voxfleet_voice_memory_bytes"  # labelled model

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from engines import names
 from engines.plan import WindowConfig, runtime_info
 from engines.stages import StageRuntime
 
@@ -22,25 +21,30 @@ __all__ = ["OnnxStages", "StageRuntime", "load_onnx", "load_stages"]
 
 
 def cpu_threads() -> int:
-    """Threads for each onnxruntime call: `VOXFLEET_THREADS` when set (a pool pod passes its
-    CPU request), else as many as the CPUs this process may run on. Never onnxruntime's own
-    default (0): that is one thread per physical core of the machine, each pinned to its core,
-    which escapes a CPU set (taskset, a cpuset container) and oversubscribes a pod limited by
-    CPU quota."""
-    configured = int(os.environ.get(names.THREADS_ENV) or 0)
-    return configured if configured > 0 else len(os.sched_getaffinity(0))
+    """Threads for each onnxruntime call where none are given (a pool pod's voice host is
+    given its CPU request: `voxfleet triton --cpu-threads`): as many as the CPUs this process
+    may run on. Never onnxruntime's own default (0): that is one thread per physical core of
+    the machine, each pinned to its core, which escapes a CPU set (taskset, a cpuset
+    container) and oversubscribes a pod limited by CPU quota."""
+    return len(os.sched_getaffinity(0))
 
 
 class OnnxStages:
-    """The three split graphs on onnxruntime's CPU provider."""
+    """The three split graphs on onnxruntime's CPU provider.
+
+    Another voice is another `OnnxStages` (`load_voice`): sessions of its own, with the same
+    threads; the stream backend runs each call on the voice's own (engines.frames.HostBackend).
+    """
 
     name = "onnxruntime"
 
     def __init__(self, engine_dir: Path, threads: int | None = None) -> None:
         import onnxruntime as ort
 
+        self.engine_dir = Path(engine_dir)
+        self.threads = threads or cpu_threads()
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or cpu_threads()
+        options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
         # Spinning workers of one stage's pool steal the cores the next stage needs: measured
         # on 2 cores, the three stages run 18-25% slower with spinning on (docs/streaming.md).
@@ -57,6 +61,25 @@ class OnnxStages:
             for stage, session in self._sessions.items()
         }
         self.multi_speaker = "sid" in self._inputs["encoder"]
+
+    @property
+    def default_voice(self) -> OnnxStages:
+        return self
+
+    def load_voice(self, engine_dir: Path, name: str = "") -> OnnxStages:
+        """Another voice's sessions; ValueError where its stages do not take the same inputs."""
+        other = OnnxStages(engine_dir, self.threads)
+        if other._inputs != self._inputs:
+            raise ValueError("its stage graphs take other inputs than this architecture's")
+        return other
+
+    def unload_voice(self, voice: OnnxStages) -> None:
+        return None  # its sessions go with the last reference to them
+
+    def weights_bytes(self) -> int:
+        """An estimate of a voice's footprint: its ONNX files (the host measures later
+        voices' resident memory instead)."""
+        return sum(f.stat().st_size for f in self.engine_dir.glob("*.onnx"))
 
     def _run(self, stage: str, feeds: dict[str, np.ndarray], speaker_ids: np.ndarray | None):
         if "sid" in self._inputs[stage]:
@@ -84,18 +107,22 @@ class OnnxStages:
         return audio.reshape(audio.shape[0], -1)
 
 
-def load_onnx(engine_dir: Path, windows: WindowConfig) -> StageRuntime:
+def load_onnx(
+    engine_dir: Path, windows: WindowConfig, cpu_threads: int | None = None
+) -> StageRuntime:
     """onnxruntime's loader (the registry's): shape-free, so the windows change nothing."""
-    return OnnxStages(engine_dir)
+    return OnnxStages(engine_dir, cpu_threads)
 
 
 def load_stages(
-    runtime: str, engine_dir: Path, windows: WindowConfig | None = None
+    runtime: str,
+    engine_dir: Path,
+    windows: WindowConfig | None = None,
+    cpu_threads: int | None = None,
 ) -> StageRuntime:
-    """The stages of the engine entry `engine_dir` on `runtime`, sized for `windows`."""
+    """The stages of the engine entry `engine_dir` on `runtime`, sized for `windows`;
+    `cpu_threads`: threads per call where the runtime runs on the CPU."""
     info = runtime_info(runtime)
     module, _, attribute = info.loader.partition(":")
-    factory: Callable[[Path, WindowConfig], StageRuntime] = getattr(
-        importlib.import_module(module), attribute
-    )
-    return factory(Path(engine_dir), windows or WindowConfig())
+    factory: Callable[..., StageRuntime] = getattr(importlib.import_module(module), attribute)
+    return factory(Path(engine_dir), windows or WindowConfig(), cpu_threads=cpu_threads)

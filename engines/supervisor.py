@@ -48,6 +48,7 @@ from engines import names
 from engines.mps import MpsDaemon
 from engines.repository import MODEL_SOURCE, instance_count, stream_model_source
 from engines.triton_server import ended_with_this_process
+from engines.voice_host.process import HostOptions, VoiceHostError, VoiceHostProcess
 
 STUB_NAME = "triton_python_backend_stub"
 WATCH_INTERVAL_S = 0.1
@@ -145,6 +146,7 @@ class Supervisor:
         health_port: int | None = names.HEALTH_PORT,
         health_host: str = "0.0.0.0",
         mps: MpsDaemon | None = None,
+        host_options: HostOptions | None = None,
     ) -> None:
         self.command = command
         self.env = env
@@ -163,6 +165,11 @@ class Supervisor:
         self._health: ThreadingHTTPServer | None = None
         # A CUDA MPS daemon tritonserver's backend processes share the GPU through (engines/mps.py).
         self.mps = mps
+        # The voice host the stream models run their voices on (engines/voice_host): started
+        # before tritonserver, and again (with it) if it dies.
+        self.host_options = host_options or HostOptions()
+        self.host = VoiceHostProcess(work_dir, env, self.host_options)
+        self._host_client: Any = None
 
     # -- tritonserver ---------------------------------------------------------------------
     @property
@@ -186,13 +193,19 @@ class Supervisor:
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return 0, b""
 
+    def _start_host(self) -> None:
+        self.host = VoiceHostProcess(self.work_dir, self.env, self.host_options)
+        self.host.start()
+
     def _start_triton(self) -> None:
         self.drain_file.unlink(missing_ok=True)
-        env = {
-            **self.env,
-            names.DRAIN_FILE_ENV: str(self.drain_file),
-            names.RESTARTS_ENV: json.dumps(self.state.restarts),
-        }
+        env = self.host.tritonserver_env(
+            {
+                **self.env,
+                names.DRAIN_FILE_ENV: str(self.drain_file),
+                names.RESTARTS_ENV: json.dumps(self.state.restarts),
+            }
+        )
         # Started from the main thread (start, run): it ends with this process.
         self.process = subprocess.Popen(
             ended_with_this_process(list(self.command)), env=env, start_new_session=True
@@ -352,6 +365,14 @@ class Supervisor:
         # the new server would come up without that voice.
         self._read_configs()
         self._kill_triton()
+        if not self.host.alive():
+            # The voices' weights went with it: a new host, and every voice loaded again.
+            self.host.kill()
+            try:
+                self._start_host()
+            except VoiceHostError as error:
+                print(f"voxfleet: the voice host did not start again: {error}", flush=True)
+                return False
         self._start_triton()
         if not self.wait_ready(HEAL_TIMEOUT_S):
             return False
@@ -420,6 +441,7 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 self._kill_triton()
         self._remove_shared_memory()
+        self.host.stop()
         return 0
 
     # -- the health port --------------------------------------------------------------------
@@ -441,11 +463,21 @@ class Supervisor:
                 elif self.path == names.LIVE_PATH:
                     ok = state.healing or time.monotonic() - state.last_tick < 10
                     text = "live" if ok else "the supervisor is stuck"
+                elif self.path in (names.MEMORY_PATH, "/metrics"):
+                    report = supervisor.memory()
+                    ok = report is not None
+                    if report is None:
+                        text = "the voice host does not answer"
+                    elif self.path == names.MEMORY_PATH:
+                        text = json.dumps(report)
+                    else:
+                        text = memory_metrics(report)
                 else:
                     ok, text = False, "not found"
                 body = (text + "\n").encode()
                 self.send_response(200 if ok else (404 if text == "not found" else 503))
-                self.send_header("Content-Type", "text/plain")
+                kind = "application/json" if self.path == names.MEMORY_PATH and ok else "text/plain"
+                self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -458,6 +490,39 @@ class Supervisor:
         threading.Thread(
             target=self._health.serve_forever, name="voxfleet-health", daemon=True
         ).start()
+
+    def memory(self) -> dict[str, Any] | None:
+        """The voice host's memory report (engines.voice_host.host.MemoryReport.to_dict), with
+        the resident memory of tritonserver and its stream models in `server_rss_mib`; None
+        where the host does not answer."""
+        from engines.voice_host.client import HostClient, HostError
+
+        try:
+            client = self._host_client
+            if client is None or not client.connected:
+                client = self._host_client = HostClient(self.host.socket_path, 2.0)
+            report = client.memory()
+        except HostError:
+            self._host_client = None
+            return None
+        report["server_rss_mib"] = round(self._server_rss() / (1 << 20), 1)
+        return report
+
+    def _server_rss(self) -> int:
+        process = self.process
+        if process is None:
+            return 0
+        total = 0
+        try:
+            parent = psutil.Process(process.pid)
+            for member in [parent, *parent.children(recursive=True)]:
+                try:
+                    total += member.memory_info().rss
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+        except psutil.NoSuchProcess:
+            return 0
+        return total
 
     # -- the whole life ---------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -483,6 +548,12 @@ class Supervisor:
         except OSError:
             self._stop_mps()
             raise
+        try:
+            self._start_host()
+        except VoiceHostError as error:
+            self._close_health()
+            self._stop_mps()
+            raise OSError(str(error)) from None
         self._start_triton()
 
     @property
@@ -499,6 +570,11 @@ class Supervisor:
                 code = self.process.poll()
                 if code is not None:
                     if not self._heal(f"tritonserver exited with {code}", None):
+                        return self._give_up()
+                    continue
+                if not self.host.alive():
+                    cause = f"the voice host exited with {self.host.returncode}"
+                    if not self._heal(cause, None):
                         return self._give_up()
                     continue
                 dead = self._dead_model()
@@ -521,6 +597,7 @@ class Supervisor:
         """Kill tritonserver, stop the MPS daemon and close the health port (a start that
         failed)."""
         self._kill_triton()
+        self.host.stop()
         self._stop_mps()
         self._close_health()
 
@@ -539,4 +616,32 @@ class Supervisor:
             return self._drain_and_stop()
         print("voxfleet: could not heal the server; exiting", flush=True)
         self._kill_triton()
+        self.host.stop()
         return 1
+
+
+def memory_metrics(report: dict[str, Any]) -> str:
+    """A memory report in Prometheus' text format (the health port's /metrics)."""
+    mib = 1 << 20
+    device = report.get("device", "cpu")
+    lines = []
+    for name, key, help_text in (
+        (names.MEMORY_TOTAL_BYTES, "total_mib", "Memory the pod places voices in"),
+        (names.MEMORY_USED_BYTES, "used_mib", "Memory the pod's voice host uses"),
+        (names.MEMORY_FIXED_BYTES, "fixed_mib", "Used memory that is no voice's own"),
+    ):
+        lines += [
+            f"# HELP {name} {help_text}",
+            f"# TYPE {name} gauge",
+            f'{name}{{device="{device}"}} {float(report.get(key, 0)) * mib:.0f}',
+        ]
+    lines += [
+        f"# HELP {names.VOICE_MEMORY_BYTES} Memory a voice's weights and state take",
+        f"# TYPE {names.VOICE_MEMORY_BYTES} gauge",
+    ]
+    for voice, entry in sorted(report.get("voices", {}).items()):
+        lines.append(
+            f'{names.VOICE_MEMORY_BYTES}{{{names.MODEL_LABEL}="{voice}",device="{device}"}} '
+            f"{float(entry['mib']) * mib:.0f}"
+        )
+    return "\n".join(lines)

@@ -117,6 +117,10 @@ class TritonServer:
         self._work = work_dir or Path(tempfile.mkdtemp(prefix="voxfleet-triton-"))
         self.log_path = log_path or self._work / "tritonserver.log"
         self.process: subprocess.Popen[bytes] | None = None
+        # The voice host its stream models run on (engines/voice_host), started with it.
+        from engines.voice_host.process import VoiceHostProcess
+
+        self.host = VoiceHostProcess(self._work, server_env(), log_path=self.log_path)
 
     @property
     def work_dir(self) -> Path:
@@ -151,11 +155,19 @@ class TritonServer:
         ]
 
     def start(self, timeout_s: float = 120.0, stdout_to_log: bool = True) -> TritonServer:
+        from engines.voice_host.process import VoiceHostError
+
+        if not stdout_to_log:
+            self.host.log_path = None
+        try:
+            self.host.start()
+        except VoiceHostError as error:
+            raise TritonError(f"{error}:\n{self.log_tail()}") from None
         log = open(self.log_path, "ab") if stdout_to_log else None
         try:
             self.process = subprocess.Popen(
                 ended_with_this_process(self.command()),
-                env=server_env(),
+                env=self.host.tritonserver_env(server_env()),
                 stdout=log,
                 stderr=subprocess.STDOUT if log else None,
                 start_new_session=True,
@@ -191,14 +203,17 @@ class TritonServer:
             return "(no log)"
 
     def stop(self, timeout_s: float = EXIT_TIMEOUT_SECONDS + 5) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGINT)
         try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+            if self.process is None or self.process.poll() is not None:
+                return
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        finally:
+            self.host.stop()
 
     def run_foreground(self) -> int:
         """Wait for the server to exit; Ctrl-C or SIGTERM stop it cleanly. Returns the exit code."""

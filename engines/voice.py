@@ -54,6 +54,18 @@ class VoiceConfig:
             ) from None
 
 
+def read_voice_config(path: str | Path) -> VoiceConfig:
+    """The Piper config at `path`; VoiceError where it is missing or not one."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = json.load(handle)
+    except OSError as error:
+        raise VoiceError(f"voice config {path} cannot be read: {error.strerror}") from None
+    except ValueError as error:
+        raise VoiceError(f"{path} is not valid JSON: {error}") from None
+    return VoiceConfig.from_dict(raw, source=str(path))
+
+
 @dataclass(frozen=True)
 class Voice:
     name: str

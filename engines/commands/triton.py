@@ -7,8 +7,13 @@ nvidia-pytriton wheel, with the Python backend's stub for the running Python (as
 supervisor (engines/supervisor.py): it restarts the server when a voice's backend process
 dies and loads the voices again, answers the pod's probes on its health port (8003, or
 $VOXFLEET_HEALTH_PORT: GET /ready, /live), and on SIGTERM drains streams before stopping it.
-With VOXFLEET_MPS=1 (a pool with `mps: true`) the backend processes share the GPU through a
-CUDA MPS daemon of the container's own (engines/mps.py).
+With VOXFLEET_MPS=1 (a pool with `mps: true`) the voice host runs on the GPU through a CUDA
+MPS daemon of the container's own (engines/mps.py).
+
+Before tritonserver it starts the pod's voice host (engines/voice_host), which runs every
+voice of the pod in one process. Its options lead the arguments and are not tritonserver's:
+`--voice-host-memory-mib=N` (the pool's memory to place voices in; 0: the device's own) and
+`--voice-host-cpu-threads=N` (threads per onnxruntime call: the pod's CPU request).
 """
 
 from __future__ import annotations
@@ -20,7 +25,29 @@ import sys
 import tempfile
 from pathlib import Path
 
+from engines.voice_host.process import HostOptions
+
 BACKEND_DIRECTORY_ARG = "--backend-directory"
+HOST_MEMORY_ARG = "--voice-host-memory-mib"
+HOST_THREADS_ARG = "--voice-host-cpu-threads"
+
+
+def split_host_options(args: list[str]) -> tuple[HostOptions, list[str]]:
+    """The voice host's options (`--voice-host-...=N`) and tritonserver's arguments, apart;
+    ValueError for a voice host option without a whole number."""
+    values = {HOST_MEMORY_ARG: 0, HOST_THREADS_ARG: 0}
+    rest = []
+    for arg in args:
+        name, _, value = arg.partition("=")
+        if name not in values:
+            rest.append(arg)
+            continue
+        if not value.isdigit():
+            raise ValueError(f"{name} takes a whole number (={value!r} given)")
+        values[name] = int(value)
+    return HostOptions(
+        memory_mib=values[HOST_MEMORY_ARG], cpu_threads=values[HOST_THREADS_ARG]
+    ), rest
 
 
 def triton_command(args: list[str], work_dir: Path) -> tuple[list[str], dict[str, str]]:
@@ -46,6 +73,7 @@ def run(triton_args: list[str]) -> int:
 
     work_dir = Path(tempfile.mkdtemp(prefix="voxfleet-triton-"))
     try:
+        host_options, triton_args = split_host_options(triton_args)
         command, env = triton_command(triton_args, work_dir)
         health_port = int(os.environ.get(names.HEALTH_PORT_ENV) or names.HEALTH_PORT)
         mps = MpsDaemon(work_dir) if mps_from_env() else None
@@ -53,7 +81,13 @@ def run(triton_args: list[str]) -> int:
         print(f"voxfleet triton: {error}", file=sys.stderr)
         return 2
     supervisor = Supervisor(
-        command, env, TritonEndpoints.from_args(triton_args), work_dir, health_port, mps=mps
+        command,
+        env,
+        TritonEndpoints.from_args(triton_args),
+        work_dir,
+        health_port,
+        mps=mps,
+        host_options=host_options,
     )
     supervisor.install_signal_handlers()
     try:

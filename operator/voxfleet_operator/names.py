@@ -28,7 +28,6 @@ METRICS_PORT = 8002
 HEALTH_PORT = data_plane_names.HEALTH_PORT
 SUPERVISOR_READY_PATH = data_plane_names.READY_PATH
 SUPERVISOR_LIVE_PATH = data_plane_names.LIVE_PATH
-THREADS_ENV = data_plane_names.THREADS_ENV
 MPS_ENV = data_plane_names.MPS_ENV
 
 # Voice names become DNS labels and label-key names (63 characters at most). MAX_VOICE_NAME

@@ -52,7 +52,10 @@ class _Model(BaseModel):
     )
 
 
-DEFAULT_RUNTIME = "tensorrt"
+DEFAULT_RUNTIME = "torch-cuda"
+# GPU memory (MiB) by `nvidia.com/gpu.product`, as GPU feature discovery's `nvidia.com/gpu.memory`
+# label gives it for these products.
+KNOWN_GPU_MEMORY_MIB = {"Tesla-T4": 15360, "NVIDIA-L4": 23034, "NVIDIA-A10G": 23028}
 # Requests of a pool pod where the pool sets none: a GPU pod feeds its GPU from two cores; a
 # CPU pod runs one voice's stages on one core.
 GPU_POD_CPU, GPU_POD_MEMORY = "2", "8Gi"
@@ -100,6 +103,13 @@ class Pool(_Model):
         description="Triton image with the voxfleet engines package; also runs engine builds.",
     )
     max_pods: int = Field(default=8, ge=1, le=1000, description="Most Triton pods in the pool.")
+    gpu_memory_mib: int | None = Field(
+        default=None,
+        ge=1024,
+        description="GPU memory of one pool pod, in MiB, that voices are placed in. Default: "
+        "the pool nodes' `nvidia.com/gpu.memory` label (GPU feature discovery), else the GPU "
+        "product's own (15360 for Tesla-T4). A pod never places more than its GPU has.",
+    )
     mps: bool = Field(
         default=False,
         description="Run each pod's Triton backend processes (every voice and instance) on its "
@@ -132,6 +142,14 @@ class Pool(_Model):
     def target_product(self) -> str:
         """What the pool's engines are built for: its GPU product, or `cpu`."""
         return self.gpu_product if self.needs_gpu else "cpu"
+
+    @property
+    def declared_gpu_memory_mib(self) -> int:
+        """The GPU memory the pool's config gives, else its product's known size, else 0
+        (then the nodes' label, or what each pod's GPU has)."""
+        if not self.needs_gpu:
+            return 0
+        return self.gpu_memory_mib or KNOWN_GPU_MEMORY_MIB.get(self.gpu_product, 0)
 
     @property
     def cpu_request(self) -> str:

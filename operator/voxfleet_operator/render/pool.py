@@ -6,6 +6,7 @@ removing a voice loads or unloads a model on running pods instead of rolling the
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from voxfleet_operator.names import (
@@ -19,7 +20,6 @@ from voxfleet_operator.names import (
     REPOSITORY_KEY_SECRET_KEY,
     SUPERVISOR_LIVE_PATH,
     SUPERVISOR_READY_PATH,
-    THREADS_ENV,
     pool_deployment_name,
     pool_metrics_service_name,
     pool_selector,
@@ -52,6 +52,24 @@ KEY_ENV = "VOXFLEET_REPOSITORY_KEY"
 TRITON_COMMAND = ["voxfleet", "triton"]
 
 
+def voice_host_args(pool: Pool) -> list[str]:
+    """The pod's voice host options (`voxfleet triton`, engines/commands/triton.py): the
+    pool's GPU memory to place voices in, and onnxruntime's threads per call, the pod's CPU
+    request in whole cores, rounded up (without it a CPU pod would run one thread per core of
+    the node)."""
+    return [
+        f"--voice-host-memory-mib={pool.declared_gpu_memory_mib}",
+        f"--voice-host-cpu-threads={cpu_cores(pool.cpu_request)}",
+    ]
+
+
+def cpu_cores(quantity: str) -> int:
+    """Whole cores of a Kubernetes CPU quantity ("2", "1500m", "0.5"), rounded up, at least 1."""
+    text = quantity.strip()
+    cores = int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+    return max(1, math.ceil(cores))
+
+
 def triton_args() -> list[str]:
     key = f"model-repository:{REPOSITORY_HEADER_KEY}=$({KEY_ENV})"
     return [
@@ -82,7 +100,7 @@ def build_pool_deployment(pool: Pool, namespace: str, engine_cache_pvc: str) -> 
         "image": pool.triton_image,
         # `voxfleet triton` runs the image's tritonserver with these arguments as they are.
         "command": TRITON_COMMAND,
-        "args": triton_args(),
+        "args": [*voice_host_args(pool), *triton_args()],
         "env": [
             {
                 "name": KEY_ENV,
@@ -94,18 +112,6 @@ def build_pool_deployment(pool: Pool, namespace: str, engine_cache_pvc: str) -> 
                 },
             },
             {"name": "HOME", "value": "/tmp"},
-            # onnxruntime's threads per call: the pod's CPU request in whole cores, rounded up
-            # (without it a CPU pod would run one thread per core of the node).
-            {
-                "name": THREADS_ENV,
-                "valueFrom": {
-                    "resourceFieldRef": {
-                        "containerName": "triton",
-                        "resource": "requests.cpu",
-                        "divisor": "1",
-                    }
-                },
-            },
             # The pool's backend processes share the GPU through an MPS daemon of the pod's.
             *([{"name": MPS_ENV, "value": "1"}] if pool.mps else []),
         ],

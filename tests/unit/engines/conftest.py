@@ -25,3 +25,11 @@ def engine_dir(joe: Voice, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def stages(engine_dir: Path) -> OnnxStages:
     """The split joe voice on onnxruntime, loaded once per test session."""
     return OnnxStages(engine_dir)
+
+
+@pytest.fixture(scope="session")
+def joe_plan(joe: Voice, engine_dir: Path):
+    """A serving plan of the joe voice on onnxruntime (its engines built above)."""
+    from engines.plan import ServingPlan
+
+    return ServingPlan("joe", str(engine_dir), voice_config_path=str(joe.config_path))

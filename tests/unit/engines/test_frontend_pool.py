@@ -24,18 +24,18 @@ class Result:
         self.done.set()
 
 
-def phonemise(pool: FrontendPool, text: str) -> Result:
+def phonemise(pool: FrontendPool, text: str, config_path: str) -> Result:
     result = Result()
-    pool.submit(text, result)
+    pool.submit(config_path, text, result)
     assert result.done.wait(60), "the frontend never answered"
     return result
 
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_workers_give_the_same_ids_as_the_model_process(joe: Voice, workers: int) -> None:
-    pool = FrontendPool(str(joe.config_path), workers)
+    pool = FrontendPool(workers)
     try:
-        result = phonemise(pool, TEXT)
+        result = phonemise(pool, TEXT, str(joe.config_path))
     finally:
         pool.close()
     assert result.error is None
@@ -44,14 +44,15 @@ def test_workers_give_the_same_ids_as_the_model_process(joe: Voice, workers: int
 
 
 def test_a_killed_worker_fails_its_requests_and_is_replaced(joe: Voice) -> None:
-    pool = FrontendPool(str(joe.config_path), workers=1)
+    pool = FrontendPool(workers=1, warm_config=str(joe.config_path))
+    config = str(joe.config_path)
     try:
-        assert phonemise(pool, "Warm up.").error is None
+        assert phonemise(pool, "Warm up.", config).error is None
         assert pool._pool is not None
         for pid in list(pool._pool._processes):  # the worker, as an OOM killer would
             os.kill(pid, signal.SIGKILL)
-        lost = phonemise(pool, TEXT)
-        recovered = phonemise(pool, TEXT)
+        lost = phonemise(pool, TEXT, config)
+        recovered = phonemise(pool, TEXT, config)
     finally:
         pool.close()
     assert lost.error is not None, "a request to a dead worker must fail, not hang"

@@ -1,26 +1,16 @@
-"""onnxruntime's thread count: what a pod asks for, else the CPUs the process may use."""
+"""onnxruntime's thread count: what the voice host is given (a pod's CPU request), else the
+CPUs the process may use."""
 
 from __future__ import annotations
 
 import os
 
-import pytest
-
 from engines.runtime import cpu_threads
+from engines.voice_host.host import VoiceHost
 
 
-def test_threads_follow_the_pods_cpu_request(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VOXFLEET_THREADS", "3")
-    assert cpu_threads() == 3
-
-
-@pytest.mark.parametrize("value", ["", "0"])
-def test_without_a_request_threads_are_the_cpus_this_process_may_use(
-    monkeypatch: pytest.MonkeyPatch, value: str
-) -> None:
-    # A pod without a CPU request gets 0 from the downward API; a CPU set (taskset, a cpuset
-    # container) is then the bound, not the machine's cores.
-    monkeypatch.setenv("VOXFLEET_THREADS", value)
+def test_without_a_request_threads_are_the_cpus_this_process_may_use() -> None:
+    # A CPU set (taskset, a cpuset container) is the bound, not the machine's cores.
     allowed = os.sched_getaffinity(0)
     try:
         os.sched_setaffinity(0, {min(allowed)})
@@ -28,3 +18,13 @@ def test_without_a_request_threads_are_the_cpus_this_process_may_use(
     finally:
         os.sched_setaffinity(0, allowed)
     assert cpu_threads() == len(allowed)
+
+
+def test_the_voice_host_runs_onnxruntime_with_the_threads_it_is_given(joe_plan) -> None:
+    host = VoiceHost(cpu_threads=3)
+    try:
+        host.load(joe_plan)
+        (architecture,) = host._architectures.values()
+        assert architecture.runtime.threads == 3
+    finally:
+        host.close()

@@ -28,7 +28,10 @@ def test_pools_file_with_defaults_filled_in(tmp_path: Path) -> None:
     pools = load_pools(path)
     assert pools.get(None).name == "t4"
     t4 = pools.get("t4")
-    assert t4.gpu_product == "Tesla-T4" and t4.runtime == "tensorrt" and t4.gpus_per_pod == 1
+    # A GPU pool runs the runtime that has served audio on a GPU unless told otherwise, and
+    # places voices in its product's memory.
+    assert t4.gpu_product == "Tesla-T4" and t4.runtime == "torch-cuda" and t4.gpus_per_pod == 1
+    assert t4.declared_gpu_memory_mib == 15360 and pools.get("cpu").declared_gpu_memory_mib == 0
     assert t4.node_selector == {"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}
     assert pools.get("l4").gpus_per_pod == 2 and pools.get("l4").max_pods == 3
     assert not t4.mps  # MPS is asked for, never assumed

@@ -25,6 +25,7 @@ from engines.plan import ServingPlan
 
 T4 = Pool(
     name="t4",
+    runtime="tensorrt",
     node_selector={"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"},
     tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     max_pods=6,
@@ -169,13 +170,9 @@ def test_triton_deployment_serves_safely_and_drains() -> None:
         in args
     )
     assert "--http-restricted-api=model-repository:voxfleet-key=$(VOXFLEET_REPOSITORY_KEY)" in args
-    # onnxruntime runs as many threads as the pod requests CPUs, not one per node core
-    threads = next(e for e in main["env"] if e["name"] == "VOXFLEET_THREADS")
-    assert threads["valueFrom"]["resourceFieldRef"] == {
-        "containerName": "triton",
-        "resource": "requests.cpu",
-        "divisor": "1",
-    }
+    # onnxruntime runs as many threads as the pod requests CPUs, not one per node core; the
+    # voice host places voices in the pool's GPU memory
+    assert args[:2] == ["--voice-host-memory-mib=15360", "--voice-host-cpu-threads=2"]
     key_env = next(e for e in main["env"] if e["name"] == "VOXFLEET_REPOSITORY_KEY")
     assert key_env["valueFrom"]["secretKeyRef"] == {
         "name": "voxfleet-repository-key",
