@@ -72,8 +72,8 @@ class _Node:
 # A GPU module in FP16 runs its 1-D convolutions as channels-last 2-D ones: cuDNN's tensor-core
 # kernels work in channels-last, and a 1-D convolution in the default layout paid two layout
 # transposes per call, 31 % of the vocoder's device time on the H100; without them a window
-# costs 0.84 to 0.90 us per frame against 1.23 to 1.32 (scripts/vocoder_cost_probe.py,
-# docs/benchmarks.md). VOXFLEET_CONV_CHANNELS_LAST=0 keeps the default layout (A/B runs).
+# costs 0.84 to 0.90 us per frame against 1.23 to 1.32 (a probe of 2026-11-24,
+# docs/history.md). VOXFLEET_CONV_CHANNELS_LAST=0 keeps the default layout (A/B runs).
 CHANNELS_LAST_ENV = "VOXFLEET_CONV_CHANNELS_LAST"
 
 

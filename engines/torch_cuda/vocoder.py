@@ -3,7 +3,7 @@
 Ported node by node (engines.torch_cuda.convert), the vocoder's element-wise work (the leaky
 ReLUs, residual adds and the division of each stage's resblock sum) runs a kernel per ONNX
 node: 71 % of its device time on the H100 once its convolutions are channels-last
-(scripts/vocoder_cost_probe.py). `VocoderCore` computes the same arithmetic as plain torch
+(a probe of 2026-11-24, docs/history.md). `VocoderCore` computes the same arithmetic as plain torch
 calls, so that torch.compile (inductor) can fuse that work into few kernels:
 
 - convolutions over channels-last rows [N, C, 1, T] (``rows=True``, as the port runs them on

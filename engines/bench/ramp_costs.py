@@ -1,20 +1,21 @@
 """What a new stream costs the CPU before its steady windows: the encoder call of a median
-phrase and the calls of its window ramp, timed alone on onnxruntime (median of 15 calls).
+phrase and the calls of its window ramp, each timed alone on onnxruntime (median of 15).
 
-    .venv/bin/python scripts/ramp_costs.py [--doubling]
+    python -m engines.bench.ramp_costs [--doubling]
 
 The phrase is the median (in phoneme ids) of the phrases of the corpus's first 40 texts, as
-the frontend cuts them. The ramp is what the planner (`next_window`, `window_calls`, with the
-CPU's rules, `cpu_rules`) cuts for a long sentence: windows of 16, 24, 36, 54, 81, 121 and 128
-frames (with `--doubling`: 16, 32, 64 and 128) and the flow chunks they need, context
-included.
+the frontend cuts them; the encoder is timed on 2 threads and on 1. The ramp is what the
+planner (`next_window`, `window_calls`, with the CPU's rules, `cpu_rules`) cuts for a long
+sentence: windows of 16, 24, 36, 54, 81, 121 and 128 frames and the flow chunks they need,
+context included, on 2 threads. `--doubling` cuts it as fixed-shape engines do (16, 32, 64,
+128, with context past the sentence's edges), for comparison. Prints a Markdown table;
 docs/benchmarks.md quotes a run.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
-import sys
 import tempfile
 import time
 from collections import deque
@@ -24,8 +25,8 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from window_overhead import cut_sentence  # scripts/, beside this one
 
+from engines.bench.window_frames import cut_sentence
 from engines.corpus import load_corpus, sentence_order
 from engines.engine_build import build_engines
 from engines.frontend import text_to_sentences
@@ -39,7 +40,8 @@ LATENT_CHANNELS = 192
 
 
 def median_ms(call: Callable[[], object], repeats: int = 15) -> float:
-    call()  # the first call of a shape allocates
+    """The median time of `repeats` calls, after one call that allocates the shapes."""
+    call()
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
@@ -48,7 +50,14 @@ def median_ms(call: Callable[[], object], repeats: int = 15) -> float:
     return statistics.median(times) * 1000
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument(
+        "--doubling",
+        action="store_true",
+        help="cut the ramp as fixed-shape engines do: doubling, context past the edges",
+    )
+    args = parser.parse_args(argv)
     voice = load_voice("joe")
     entry = build_engines(voice.model_path, "onnxruntime", None, Path(tempfile.mkdtemp()))
     phrases = [
@@ -62,7 +71,7 @@ def main() -> None:
     scales = np.array([0.667, 1.0, 0.8], dtype=np.float32)
     cfg = WindowConfig()
     rng = np.random.default_rng(0)
-    print(f"median phrase: {ids.shape[1]} ids of {len(phrases)} phrases")
+    print(f"median phrase: {ids.shape[1]} ids of {len(phrases)} phrases\n")
     print("| call | frames | threads | ms |")
     print("|---|---:|---:|---:|")
     for threads in (2, 1):
@@ -70,10 +79,8 @@ def main() -> None:
         ms = median_ms(partial(stages.encode, ids, lengths, scales))
         print(f"| encoder | {ids.shape[1]} ids | {threads} | {ms:.1f} |")
     stages = OnnxStages(entry.path, threads=2)
-    # The CPU's cut, no lead windows; `--doubling`: the CPU's cut before 2026-11-24 (doubling,
-    # context past the sentence's edges).
     rules = cpu_rules()
-    if "--doubling" in sys.argv[1:]:
+    if args.doubling:
         rules = replace(rules, ramp=2.0, trim_edges=False)
     stream = Stream(0, deque(), SynthesisParams(), StreamSink(), 0.0)
     for window in cut_sentence(stream, 10**6, cfg, rules):
@@ -90,7 +97,8 @@ def main() -> None:
             print(f"| {label} | {width} | 2 | {ms:.1f} |")
         if size == cfg.window_frames:
             break
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

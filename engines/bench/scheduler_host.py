@@ -1,61 +1,56 @@
 """How much audio one stream-model scheduler thread can plan and launch when the device costs
-nothing: the host's own ceiling on the GPU path (docs/benchmarks.md: at 2,000 streams through
-Triton the H100 is busy 60 % of the time while the scheduler thread plans, launches and waits).
+nothing: the host's own ceiling on the GPU path, to compare host-side changes with each other.
+
+    python -m engines.bench.scheduler_host [--streams 2000] [--seconds 10]
 
 The scheduler runs as on a GPU (`DeviceBackend`: asynchronous vocoder calls, fixed window
 sizes, calls padded to batch buckets) over stages that do no arithmetic: the encoder gives
-zero prior frames, 2.2 frames per phoneme id, the flow and vocoder zeros of their shapes, all
-on the CPU with PyTorch. N closed-loop listeners each ask for one corpus sentence at a time
-(ids from tests/gpu/data/corpus_ids.json), as `voxfleet bench` does. What it reports is
-the host's work alone: steps, sentences finished and audio per second of wall time after the
-first second, the scheduler thread's CPU time per step (there is no device to wait for),
-and its wall time per step by part (`StreamScheduler.step_times`, which a server reports in
-its call log with VOXFLEET_COSTS_LOG_S). It runs the scheduler's Python and PyTorch's CPU
-tensor calls (the frame stores' gathers and scatters move real bytes here), not CUDA's
-launches, Triton's response path or a GPU, so it compares host-side changes with each other,
-not with the server.
+zero prior frames, 2.2 frames per phoneme id, the flow and the vocoder zeros of their shapes,
+all on the CPU with PyTorch. N closed-loop listeners each ask for one corpus sentence at a
+time (ids from tests/gpu/data/corpus_ids.json), as `voxfleet bench` does. It prints, as JSON,
+the host's work alone after the first second: steps, sentences finished and audio per second
+of wall time, the scheduler thread's CPU time per step (there is no device to wait for), its
+wall time per step by part (`StreamScheduler.step_times`, which a server's call log reports
+with VOXFLEET_COSTS_LOG_S) and the vocoder rows per step. It runs the scheduler's Python and
+PyTorch's CPU tensor calls (the frame stores' gathers and scatters move real bytes), not
+CUDA's launches, Triton's response path or a GPU: compare its figures with each other, not
+with a server's.
 
 The scheduler's cost model is held at the H100's figures (`H100_COSTS`, from a server's call
-log), so the planner fills its steps as it does on that GPU: by their estimated device time
-(about 105 windows a step at 2,000 streams, padding rows filled included), not only by the
-128-window limit, which is all that calls costing nothing ever reach. Before it was held, the
-probe's steps were all full by their window limit, and the planner's cost per step when a
-step is full by its time (7.8 ms of 31 at 2,000 streams, before `PLAN_SCAN_WINDOWS`) did not
-show.
+log), so that the planner fills its steps by their estimated device time, as on that GPU,
+not only up to the 128-window limit that calls costing nothing would always reach.
 
-Needs PyTorch; the CPU build is enough (the project's CPU environment has none, so for
-example `pip install --no-deps --target /tmp/torch torch==2.13.0+cpu` and add /tmp/torch to
-PYTHONPATH). Usage:
-    PYTHONPATH=. python3 scripts/scheduler_host_probe.py [STREAMS] [SECONDS]
+Needs PyTorch; the CPU build is enough (the project's environment has none: for example
+`pip install --target /tmp/torch torch` and PYTHONPATH=/tmp/torch).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from engines.bench.gpu_bench import load_corpus_ids
 from engines.frontend import Sentence
 from engines.plan import WindowConfig
 from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
 from engines.streaming.costs import CostModel
-from engines.torch_cuda.backend import DeviceBackend
-from engines.torch_cuda.runtime import DEFAULT_BATCH_BUCKETS
+
+if TYPE_CHECKING:
+    from engines.torch_cuda.backend import DeviceBackend
 
 HOP = 256
 SAMPLE_RATE = 22050
 CHANNELS = 192
 FRAMES_PER_ID = 2.2  # about the joe voice's: 305 frames for a sentence of 136 ids
 PAGES_PER_STREAM = 48  # of 32 frames: the longest corpus sentence (647 ids, 1,424 frames)
+CORPUS_IDS = Path(__file__).resolve().parents[2] / "tests" / "gpu" / "data" / "corpus_ids.json"
 # Seconds per call and per frame (phoneme id for the encoder) of each stage through Triton on
 # the H100, the last line of a server's call log at 2,000 streams (VOXFLEET_COSTS_LOG_S,
-# 2026-11-24, the default mode).
+# 2026-11-24, the encoder in the step).
 H100_COSTS = {
     "encoder": (12.73e-3, 1.2482e-6),
     "flow": (1.292e-3, 0.1541e-6),
@@ -84,34 +79,56 @@ class NoArithmetic:
     computing nothing: zeros of each stage's output shape."""
 
     name = "torch-cuda"
-    device = torch.device("cpu")
-    flow_dtype = torch.float32
-    vocoder_dtype = torch.float32
-    padded_batch_buckets = DEFAULT_BATCH_BUCKETS
 
-    def encode_tensor(self, ids, lengths, scales, speaker_ids=None):
+    def __init__(self, pages: int) -> None:
+        import torch
+
+        from engines.torch_cuda.runtime import DEFAULT_BATCH_BUCKETS
+
+        self.padded_batch_buckets = DEFAULT_BATCH_BUCKETS
+        self.torch = torch
+        self.device = torch.device("cpu")
+        self.flow_dtype = self.vocoder_dtype = torch.float32
+        self.pages = pages
+
+    def encode_tensor(
+        self, ids: Any, lengths: Any, scales: Any, speaker_ids: Any = None
+    ) -> tuple[Any, Any]:
+        torch = self.torch
         frames = np.ceil(lengths.numpy() * FRAMES_PER_ID).astype(np.int64)
         longest = int(frames.max())
         mask = torch.from_numpy(np.arange(longest)[None, :] < frames[:, None]).float()
         return torch.zeros(len(frames), CHANNELS, longest), mask[:, None, :]
 
-    def flow_tensor(self, prior, mask, speaker_ids=None):
-        return torch.zeros_like(prior)
+    def flow_tensor(self, prior: Any, mask: Any, speaker_ids: Any = None) -> Any:
+        return self.torch.zeros_like(prior)
 
-    def vocode_tensor(self, latent, speaker_ids=None):
-        return torch.zeros(latent.shape[0], latent.shape[-1] * HOP)
-
-    def __init__(self, pages: int) -> None:
-        self.pages = pages
+    def vocode_tensor(self, latent: Any, speaker_ids: Any = None) -> Any:
+        return self.torch.zeros(latent.shape[0], latent.shape[-1] * HOP)
 
     def stream_backend(self) -> DeviceBackend:
+        from engines.torch_cuda.backend import DeviceBackend
+
         return DeviceBackend(self, initial_pages=self.pages, async_calls=True)
+
+    # The host (numpy) calls of a `StageRuntime`: a scheduler over `stream_backend()` never
+    # makes them.
+    def encode(
+        self, ids: np.ndarray, lengths: np.ndarray, scales: np.ndarray, speaker_ids: Any = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError("the device backend encodes through encode_tensor")
+
+    def flow(self, prior: np.ndarray, mask: np.ndarray, speaker_ids: Any = None) -> np.ndarray:
+        raise NotImplementedError("the device backend flows through flow_tensor")
+
+    def vocode(self, latent: np.ndarray, speaker_ids: Any = None) -> np.ndarray:
+        raise NotImplementedError("the device backend vocodes through vocode_tensor")
 
 
 class Listener(StreamSink):
     """A closed-loop listener: its next sentence as soon as the last one has ended."""
 
-    def __init__(self, probe: Probe) -> None:
+    def __init__(self, probe: HostProbe) -> None:
         self.probe = probe
 
     def audio(self, pcm: np.ndarray) -> None:
@@ -124,7 +141,7 @@ class Listener(StreamSink):
         self.probe.submit(self)
 
 
-class Probe:
+class HostProbe:
     def __init__(self, streams: int, corpus: list[list[int]]) -> None:
         windows = WindowConfig(max_batch_windows=128, max_encoder_batch=32)
         # Frame stores for every listener's sentence from the start: growing them copies the
@@ -180,13 +197,23 @@ class Probe:
         return result
 
 
-def main() -> None:
-    streams = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
-    seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--streams", type=int, default=2000, help="closed-loop listeners")
+    parser.add_argument("--seconds", type=float, default=10.0, help="seconds measured")
+    args = parser.parse_args(argv)
+    if args.streams < 1 or args.seconds <= 0:
+        parser.error("--streams must be at least 1 and --seconds more than 0")
+    try:
+        import torch
+    except ImportError:
+        parser.error("needs PyTorch (the CPU build is enough); see this module's docstring")
     torch.set_num_threads(1)
-    corpus = load_corpus_ids(Path("tests/gpu/data/corpus_ids.json"))
-    print(json.dumps(Probe(streams, corpus).run(seconds)), flush=True)
+    corpus = [entry["ids"] for entry in json.loads(CORPUS_IDS.read_text())["sentences"]]
+    probe = HostProbe(args.streams, corpus)
+    print(json.dumps(probe.run(args.seconds)), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
