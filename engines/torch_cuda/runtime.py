@@ -5,7 +5,7 @@
   read per call), and FP16 or TF32 there moves frame boundaries (``ceil`` of durations).
   VOXFLEET_ENCODER_TF32=1 and VOXFLEET_ENCODER_COMPILE=1 (off by default) capture the core
   with TF32 allowed and compiled by torch.compile: on the H100 2.2 times faster alone, but
-  through Triton the encoder call's time is mostly the host's (docs/benchmarks.md). With the
+  through Triton the encoder call's time is mostly the host's (docs/history.md). With the
   plan's `encoder_launch` "beside" (`batching.encoderLaunch` of a TTSVoice; "inline" by
   default) `encode_launch` runs it on a CUDA stream of its own (its graphs in a memory pool
   of their own), and with "queued" on the windows' stream behind them, so that the stream
@@ -50,7 +50,7 @@ DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 # Encoder calls the scheduler keeps in flight when they are queued on the windows' stream:
 # they run one after another there, so more in flight only means that new sentences wait
 # less for a call. On the H100 through Triton, 3 gave more audio and a lower first-audio p95
-# than 1 or 6 (one to two runs each, docs/benchmarks.md).
+# than 1 or 6 (one to two runs each, docs/history.md).
 QUEUED_ENCODER_CALLS_IN_FLIGHT = 3
 # VOXFLEET_ENCODER_BANDED=0: the encoder's relative attention over all 2L - 1 relative
 # positions, as the ONNX graph computes it (the earlier form, for A/B measurements).

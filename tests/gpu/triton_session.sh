@@ -168,7 +168,7 @@ if [[ -n "${PROFILE_DELAY:-}" ]]; then
 fi
 # CLIENTS=N: the benchmark's listeners run in N client processes (4), each over a gRPC
 # connection of its own (`voxfleet bench --client-processes`). One process stamping every chunk
-# of 2,000 streams stalled its own loop for up to 356 ms a level (docs/benchmarks.md).
+# of 2,000 streams stalled its own loop for up to 356 ms a level (docs/history.md).
 CLIENTS=${CLIENTS:-4}
 # RAMP=S: each level's listeners start evenly over S seconds (`voxfleet bench --ramp`; by
 # default a tenth of DURATION, at most 1 s: 2,000 listeners in one second).
