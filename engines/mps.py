@@ -6,8 +6,8 @@ its own. Without MPS the GPU takes those contexts in turns, so one process's enc
 chain of small kernels, leaves most of the GPU idle while another process's vocoder call
 waits. Under an MPS server the processes share one context and their kernels run side by
 side. On the H100 through Triton, two instances under MPS served 1.13 to 1.16 times the audio
-of two without at 500 and 1,000 streams, and the same at 2,000 (docs/benchmarks.md has the
-runs and their spread).
+of two without at 500 and 1,000 streams, and the same at 2,000 (docs/history.md; the runs
+and their spread are in git at 1ad14ac).
 
 The daemon (`nvidia-cuda-mps-control -f`, in the foreground) is started before tritonserver
 with its pipe and log directories in the supervisor's work directory; tritonserver, and so

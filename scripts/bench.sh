@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# `make bench`: start every server the benchmark needs, run the short sweep, write
-# docs/benchmarks.md (table, plot, date, machine) with the raw JSON beside it, stop the servers.
+# `make bench`: start every server the benchmark needs, run the short sweep, write the raw
+# results to results/benchmarks-cpu.json and the plot to docs/img/benchmarks-cpu.png, rewrite
+# the generated part of docs/benchmarks.md (table, plot, date, machine; the hand-written
+# analysis and GPU sections are kept), stop the servers.
 #
 # Servers (each a real tritonserver from the nvidia-pytriton wheel, on free local ports):
 #   voxfleet          voxfleet serve --voice joe
@@ -16,7 +18,8 @@ cd "$(dirname "$0")/.."
 
 PY=.venv/bin/python
 VOXFLEET=.venv/bin/voxfleet
-DOCS=docs
+RESULTS=results
+IMG=docs/img
 WORK=$(mktemp -d -t voxfleet-bench-XXXXXX)
 PIDS=()
 
@@ -88,7 +91,7 @@ wait_ready voxfleet "$VOX"
 wait_ready voxfleet-nobatch "$NOBATCH"
 wait_ready triton-naive "$NAIVE"
 
-mkdir -p "$DOCS"
+mkdir -p "$RESULTS" "$IMG"
 NOTES=()
 if [[ -n "${BENCH_NOTE:-}" ]]; then
   NOTES+=(--note "$BENCH_NOTE")
@@ -98,8 +101,8 @@ fi
   --url "127.0.0.1:$VOX" --nobatch-url "127.0.0.1:$NOBATCH" --naive-url "127.0.0.1:$NAIVE" \
   --systems "${BENCH_SYSTEMS:-piper,triton-naive,voxfleet-nobatch,voxfleet}" \
   --concurrency "${BENCH_CONCURRENCY:-auto}" --duration "${BENCH_DURATION:-10}" --profile --stage-costs \
-  --json "$DOCS/benchmarks-cpu.json" --plot "$DOCS/benchmarks-cpu.png" \
-  --markdown "$DOCS/benchmarks.md" "${NOTES[@]}"
+  --json "$RESULTS/benchmarks-cpu.json" --plot "$IMG/benchmarks-cpu.png" \
+  --markdown docs/benchmarks.md "${NOTES[@]}"
 
 stop_servers
-echo "bench: wrote $DOCS/benchmarks.md, $DOCS/benchmarks-cpu.png, $DOCS/benchmarks-cpu.json" >&2
+echo "bench: wrote docs/benchmarks.md, $IMG/benchmarks-cpu.png, $RESULTS/benchmarks-cpu.json" >&2

@@ -1,4 +1,5 @@
-"""What `make autoscale` writes: docs/autoscaling.json, the timeline plot, the doc's numbers.
+"""What `make autoscale` writes: results/autoscaling.json, the timeline plot (docs/img/), and
+the measured numbers of docs/autoscaling.md.
 
 Also usable alone on an existing JSON: `python -m autoscale.step --report-only`.
 """
@@ -6,6 +7,7 @@ Also usable alone on an existing JSON: `python -m autoscale.step --report-only`.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +96,11 @@ def _fmt(value: Any, unit: str = "") -> str:
     return "not reached" if value is None else f"{value}{unit}"
 
 
-def markdown(results: dict[str, Any]) -> str:
-    """The measured numbers for docs/autoscaling.md (between its markers)."""
+def markdown(
+    results: dict[str, Any], json_link: str = "autoscaling.json", plot_link: str = "autoscaling.png"
+) -> str:
+    """The measured numbers for docs/autoscaling.md (between its markers), linking the raw
+    JSON and the plot by the given paths (relative to the page)."""
     pool = results.get("pool") or {}
     voice = results.get("per_voice") or {}
     marks = {True: "yes", False: "**no**", None: "not reached"}
@@ -108,7 +113,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"SLO (targetFirstAudioP95Ms) {results['slo_ms']} ms, targetQueueMs "
         f"{results.get('queue_target_ms', results['slo_ms'])} ms, "
         f"one pod's capacity taken as {results['pod_capacity_streams']} "
-        "streams. Raw data: [autoscaling.json](autoscaling.json).",
+        f"streams. Raw data: [{json_link}]({json_link}).",
         "",
         "| measure | value | goal | met |",
         "|---|---|---|---|",
@@ -145,22 +150,33 @@ def markdown(results: dict[str, Any]) -> str:
                 f"- {key.replace('_', '-')} {event['t']} s: {event['target']} "
                 f"{event['from_replicas']} → {event['to_replicas']} ({event['reason']}; {usage})"
             )
-    lines += ["", "![timeline](autoscaling.png)", END]
+    lines += ["", f"![timeline]({plot_link})", END]
     return "\n".join(lines)
 
 
-def write(results: dict[str, Any], out: Path) -> None:
+def write(
+    results: dict[str, Any], out: Path, doc: Path | None = None, plot_path: Path | None = None
+) -> None:
+    """The JSON to `out`, the plot to `plot_path` and the numbers into `doc`, where it exists
+    (by default both beside `out`, with its name)."""
+    doc = doc or out.with_suffix(".md")
+    plot_path = plot_path or out.with_suffix(".png")
     results["goals"] = goals(results)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")
-    plot(results, out.with_suffix(".png"))
-    doc = out.with_suffix(".md")
+    plot_path.parent.mkdir(parents=True, exist_ok=True)
+    plot(results, plot_path)
     if doc.exists():
+        block = markdown(results, _link(out, doc), _link(plot_path, doc))
         text = doc.read_text()
         if BEGIN in text and END in text:
             head, rest = text.split(BEGIN, 1)
-            text = head + markdown(results) + rest.split(END, 1)[1]
+            text = head + block + rest.split(END, 1)[1]
         else:
-            text = text.rstrip("\n") + "\n\n" + markdown(results) + "\n"
+            text = text.rstrip("\n") + "\n\n" + block + "\n"
         doc.write_text(text)
-    print(f"wrote {out}, {out.with_suffix('.png')} and {doc}")
+    print(f"wrote {out}, {plot_path} and {doc}")
+
+
+def _link(path: Path, page: Path) -> str:
+    return Path(os.path.relpath(path.resolve(), page.resolve().parent)).as_posix()

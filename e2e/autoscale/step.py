@@ -14,7 +14,8 @@ beside it, the real Prometheus, the chart's adapter rules and the HPA algorithm
 - per-voice: `joe` and `joe-fast` on one pool, both `autoscaling.perVoice`, only joe loaded:
   joe's own HPA scales joe to 2 pods, joe-fast stays on 1.
 
-Writes docs/autoscaling.json and docs/autoscaling.png; docs/autoscaling.md explains them.
+Writes results/autoscaling.json, docs/img/autoscaling.png and the measured block of
+docs/autoscaling.md, which explains them.
 `--calibrate` measures one pod's first audio and underruns at 1..4 streams (`--calibrate-levels`)
 instead.
 """
@@ -544,11 +545,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--report-only", action="store_true", help="redraw the plot and doc from --out's JSON"
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "autoscaling.json")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="the raw JSON (default results/autoscaling.json, with the plot in docs/img/ and the "
+        "numbers in docs/autoscaling.md); elsewhere, the plot and any page go beside it",
+    )
     args = parser.parse_args(argv)
+    doc: Path | None = None
+    plot_path: Path | None = None
+    if args.out is None:
+        args.out = ROOT / "results" / "autoscaling.json"
+        doc, plot_path = ROOT / "docs" / "autoscaling.md", ROOT / "docs" / "img" / "autoscaling.png"
     targets = Targets(args.slo_ms, args.queue_target_ms or args.slo_ms)
     if args.report_only:
-        write(json.loads(args.out.read_text()), args.out)
+        write(json.loads(args.out.read_text()), args.out, doc, plot_path)
         return 0
     if shutil.which("kubectl") is None or shutil.which("helm") is None:
         raise SystemExit("kubectl and helm must be on PATH (.tools/bin after `make setup`)")
@@ -608,7 +619,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         )
                 finally:
                     results.setdefault("controller_errors", {})[scenario] = controllers.errors[-20:]
-            write(results, args.out)
+            write(results, args.out, doc, plot_path)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -62,3 +62,16 @@ def test_write_replaces_only_the_measured_block(tmp_path: Path) -> None:
     assert "old numbers" not in text
     assert "| 45.0 s | ≤ 60 s | yes |" in text
     assert (tmp_path / "autoscaling.png").stat().st_size > 10_000
+
+
+def test_write_links_raw_data_and_plot_kept_outside_the_docs(tmp_path: Path) -> None:
+    # `make autoscale`: the JSON in results/, the plot in docs/img/, the page in docs/.
+    doc = tmp_path / "docs" / "autoscaling.md"
+    doc.parent.mkdir()
+    doc.write_text(f"# Autoscaling\n\n{BEGIN}\nold numbers\n{END}\n")
+    out, plot_path = tmp_path / "results" / "autoscaling.json", doc.parent / "img" / "a.png"
+    write(results(45.0, 1500.0, 0), out, doc, plot_path)
+    text = doc.read_text()
+    assert "Raw data: [../results/autoscaling.json](../results/autoscaling.json)." in text
+    assert "![timeline](img/a.png)" in text
+    assert out.exists() and plot_path.stat().st_size > 10_000

@@ -666,7 +666,7 @@ def _status(code: int, reason: str) -> dict[str, Any]:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _rv(item: Mapping[str, Any]) -> str:

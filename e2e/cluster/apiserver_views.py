@@ -175,7 +175,8 @@ def _age(timestamp: str) -> str:
         then = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ")
     except ValueError:
         return timestamp
-    seconds = int((datetime.datetime.now(datetime.UTC).replace(tzinfo=None) - then).total_seconds())
+    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    seconds = int((now - then).total_seconds())
     if seconds < 120:
         return f"{max(seconds, 0)}s"
     if seconds < 3600:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -182,7 +183,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--markdown",
         type=Path,
         help="rewrite this page (e.g. docs/benchmarks.md) with table and plot, "
-        "keeping its GPU section",
+        "keeping its analysis and GPU sections; links to --json and --plot are relative",
     )
     parser.add_argument(
         "--from-json",
@@ -435,7 +436,5 @@ def _write_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
 
 def _relative(path: Path, page: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(page.resolve().parent))
-    except ValueError:
-        return str(path)
+    """The link from `page` to `path`: the page in docs/, its raw results in results/."""
+    return Path(os.path.relpath(path.resolve(), page.resolve().parent)).as_posix()

@@ -9,7 +9,7 @@
             it has played out, playback starting at first audio); then the control, M
             listeners and nothing refused, for the server's own underruns at that load.
 
-    python -m engines.bench.faults stop heal overload --runs 3 --out docs/reliability-faults.json
+    python -m engines.bench.faults stop heal overload --runs 3 --out results/reliability-faults.json
 """
 
 from __future__ import annotations
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overload-seconds", type=float, default=60)
     parser.add_argument("--listeners", type=int, help="default: twice --max-streams")
     parser.add_argument("--retry-after-s", type=float, default=0.25, help="a refused client")
-    parser.add_argument("--out", type=Path, default=Path("docs/reliability-faults.json"))
+    parser.add_argument("--out", type=Path, default=Path("results/reliability-faults.json"))
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="voxfleet-faults-"))
     report: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}

@@ -7,7 +7,7 @@ Counts the outcomes and tritonserver's restarts (from the supervisor's log). Wit
 end in a response of its own after the last audio, such hang-ups crashed tritonserver 2.51
 with SIGSEGV about once in 1,000 requests (docs/reliability.md).
 
-    python -m engines.bench.hangups --requests 6000 --out docs/reliability-hangups.json
+    python -m engines.bench.hangups --requests 6000 --out results/reliability-hangups.json
 """
 
 from __future__ import annotations

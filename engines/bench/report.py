@@ -23,10 +23,11 @@ METHOD = """\
 - **Load**: closed loop. Each of N workers holds one request open and sends the next corpus
   sentence as soon as the previous one has ended. Every run starts at the top of the same
   fixed shuffle of the corpus, so all systems and levels get the same sentences in the same
-  order. Starts are spread over the first second. No new request starts after the run's
-  duration; open ones may finish. A worker whose request failed waits 0.1 s before its next
-  one, twice as long after each failure in a row (at most 2 s), instead of asking again at
-  once.
+  order. Starts are spread evenly over the first second (over a tenth of the duration if that
+  is shorter; `--ramp S`, the GPU session script's `RAMP`, sets another span, recorded as
+  `settings.ramp_s`). No new request starts after the run's duration; open ones may finish.
+  A worker whose request failed waits 0.1 s before its next one, twice as long after each
+  failure in a row (at most 2 s), instead of asking again at once.
 - **First audio**: request sent → first non-empty audio chunk received. For `piper` and
   `triton-naive` that is when the whole sentence is ready, because that is all they offer.
 - **Underrun**: a chunk that arrives after all audio received before it would have finished
@@ -44,8 +45,13 @@ METHOD = """\
   how late the benchmark's event loop woke up during the run: every chunk is timestamped on
   that loop, so first audio and underruns are the server's only while it stays small.
   `client.gc_pause_ms` (count, total, max) are the benchmark's garbage collections, which
-  stop that loop. `server.triton_queue_ms` is the mean time a request waited in Triton's
-  queue before a model instance took it, per model (Triton's statistics).
+  stop that loop. With `--client-processes N` (the GPU session script's `CLIENTS`, 4 there)
+  a level's listeners run in N processes, listener g in process g mod N, each over a gRPC
+  connection of its own; their records are merged (one clock, `CLOCK_MONOTONIC`), the loop
+  figures are the latest process's and the collections every process's, and the load
+  generator CPU counts them all. piper always runs in the benchmark process.
+  `server.triton_queue_ms` is the mean time a request waited in Triton's queue before a
+  model instance took it, per model (Triton's statistics).
 - **Batching**: Triton's per-model statistics (executions per batch size) read before and
   after each run. voxfleet's stream model is decoupled and batches inside itself (one vocoder
   call for the windows of many streams), so Triton sees batch 1 there; its batches come from
@@ -205,8 +211,9 @@ def build_page(
     limit = machine.get("limit_streams")
     parts = [
         "# Benchmarks\n",
-        "Every number on this page comes from one command, rerun by anyone with `make bench`\n"
-        "(which starts the servers, runs the sweep below and rewrites this page). All systems\n"
+        "Every number of the CPU run below comes from one command, rerun by anyone with\n"
+        "`make bench` (which starts the servers, runs the sweep and rewrites this part of the\n"
+        "page; the analysis and the GPU section are written by hand and kept). All systems\n"
         "ran in the same run, on the same machine, with the same corpus\n"
         "(`engines/corpus.txt`, public-domain sentences of 3 to 60 words).\n",
         f"## CPU: {machine.get('cores', '?')} cores, {machine.get('date_utc', '')}\n",

@@ -7,7 +7,7 @@ throughput). The length sets the pace: side by side on one machine, 1,200-reques
 9.7 and 9.8 requests a second with 1 to 4 words against 6.4 and 6.5 with 2 to 6
 (docs/reliability.md). A fifth of the streams are hung up at a random point (before or after
 the first audio), one in twenty carries a bad input that the server must refuse. Writes
-docs/reliability.json.
+results/reliability.json.
 
 A stream that the server's process takes with it (the connection breaks: tritonserver died
 and `voxfleet serve` restarts it) is an unexpected error, counted again in
@@ -20,7 +20,7 @@ requests at the soak's own concurrency (so the start already holds that many str
 set), then every `--rss-every-s` seconds by process (`rss_timeline`): growth that levels off
 is a working set, growth that keeps its slope is a leak.
 
-    python -m engines.bench.soak --requests 10000 --out docs/reliability.json
+    python -m engines.bench.soak --requests 10000 --out results/reliability.json
 """
 
 from __future__ import annotations
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rss-every-s", type=float, default=60.0, help="memory timeline step")
     parser.add_argument("--seed", type=int, default=13)
-    parser.add_argument("--out", type=Path, default=Path("docs/reliability.json"))
+    parser.add_argument("--out", type=Path, default=Path("results/reliability.json"))
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="voxfleet-soak-"))

@@ -33,8 +33,8 @@ MIN_STEP_BUDGET_S = 0.03
 # and only where steps are shorter than that wait: the streams that arrived during a step at
 # least as long share its call already, and one held back then waits a whole step more.
 # Through Triton on the H100 (two instances, 45 ms steps, 500 streams), a new stream took 81
-# to 84 ms to be encoded (p50) with the hold and 49 to 50 without (docs/benchmarks.md,
-# 2026-11-25, r14).
+# to 84 ms to be encoded (p50) with the hold and 49 to 50 without (docs/history.md,
+# 2026-11-25).
 ENCODE_HOLD_CALLS = 5.0
 ENCODE_HOLD_MIN_STREAMS = 16
 
@@ -45,7 +45,7 @@ ENCODE_HOLD_MIN_STREAMS = 16
 # fixed cost is most of a call on a GPU. Playing streams' slack still bounds it. Outside a
 # burst a late new stream keeps the step short, so that the next one's wait stays short too:
 # through Triton on the H100, new streams never shortening the step doubled first audio's
-# p50 at 500 and 1,000 streams (docs/benchmarks.md, 2026-11-25 r15, lb64).
+# p50 at 500 and 1,000 streams (docs/history.md, 2026-11-25).
 
 # A playing stream with at least this much audio buffered has a lead: where the runtime takes
 # windows of any width (onnxruntime), it may take a longer window and flow chunk
@@ -56,7 +56,7 @@ LEAD_SECONDS = 0.5
 # How much longer each window of a stream's ramp is than the one before, where calls take any
 # width (onnxruntime). Each window must be decoded while the one before it plays, so during its
 # ramp a stream needs its audio this many times faster than it plays; with doubling, listeners
-# arriving together needed more than two cores have (docs/benchmarks.md, 2026-11-24). 1.5 takes
+# arriving together needed more than two cores have (docs/history.md, 2026-11-24). 1.5 takes
 # a few more calls: windows of 16, 24, 36, 54, 81, 121 and then 128 frames.
 CPU_RAMP = 1.5
 # The margin the CPU planner keeps before each stream's deadline (`WindowRules`).
@@ -69,14 +69,14 @@ FIRST_AUDIO_S = 0.05
 # audio is as soon as before.
 # Listeners arriving together (each level of `voxfleet bench` starts its N listeners within a
 # second) otherwise took the steps their playing neighbours' windows needed: in an A/B of fresh
-# servers (docs/benchmarks.md, 2026-11-24), 20 listeners held in 4 of 8 runs with 50 ms and 9 of
+# servers (docs/history.md, 2026-11-24), 20 listeners held in 4 of 8 runs with 50 ms and 9 of
 # 11 with 200 ms, and `make bench` then held half the machine limit in 7 runs of 7.
 CPU_FIRST_AUDIO_S = 0.2
 # A step looks at no more playing streams than this many times the windows it may take: the
 # ones whose audio runs out first (`_most_urgent`). A step full by its estimated time (a GPU
 # at 2,000 streams takes about 100 windows) worked out the next window of every other stream
 # only to leave it for later: 7.8 ms of the scheduler thread's 31 ms per step in
-# `scripts/scheduler_host_probe.py`, 2.5 ms with this (docs/benchmarks.md, 2026-11-24 r10).
+# `python -m engines.bench.scheduler_host`, 2.5 ms with this (docs/history.md).
 # The others have more audio buffered than all of these; the padding rows a step fills
 # (`fill_buckets`) still have three candidates for each window the step may take.
 PLAN_SCAN_WINDOWS = 4
@@ -176,7 +176,7 @@ def next_window(
     rest of at most twice that after a flow chunk goes with the chunk, within the steady
     window and chunk: a call of its own would pay the context frames again for a few frames
     of audio. For requests of 1 to 4 words it cuts the flow's frames by 12 % and the vocoder's
-    by 2 % (scripts/window_overhead.py, docs/streaming.md).
+    by 2 % (`python -m engines.bench.window_frames`, docs/streaming.md).
     """
     state = stream.current
     assert state is not None
@@ -438,7 +438,7 @@ def fill_buckets(
     call if it needs a flow chunk) is already planned with padding rows to spare: it then
     costs the device nothing, its stream gets its audio early and later steps have less to
     do. Through Triton on the H100, 26 to 31 % of the vocoder rows computed were padding
-    before this (docs/benchmarks.md). The step never grows past `limit` windows, and a
+    before this (docs/history.md). The step never grows past `limit` windows, and a
     stream already in the step or not yet playing gets no window here. `rows`: the windows in
     each of the step's calls, where the caller counted them as it planned (`plan_step`).
     """

@@ -72,7 +72,8 @@ class _Node:
 # A GPU module in FP16 runs its 1-D convolutions as channels-last 2-D ones: cuDNN's tensor-core
 # kernels work in channels-last, and a 1-D convolution in the default layout paid two layout
 # transposes per call, 31 % of the vocoder's device time on the H100; without them a window
-# costs 0.84 to 0.90 us per frame against 1.23 to 1.32 (docs/gpu.md).
+# costs 0.84 to 0.90 us per frame against 1.23 to 1.32 (a probe of 2026-11-24,
+# docs/history.md).
 # Prefix of a convolution weight's channels-last form among a module's weight tensors.
 ROWS_PREFIX = "rows:"
 

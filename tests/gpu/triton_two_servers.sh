@@ -3,9 +3,10 @@
 # loaded by its own `voxfleet bench` at the same time: does a second process per GPU add
 # real-time streams where one process's host work is the limit? Run after
 # tests/gpu/triton_session.sh has installed what the stub needs (same machine).
-#   OUT=results bash tests/gpu/triton_two_servers.sh PER_SERVER_CONCURRENCY
+#   bash tests/gpu/triton_two_servers.sh PER_SERVER_CONCURRENCY
+# Output: $OUT, default results/runs/triton_two_servers-<UTC time>/ (results/README.md).
 set -uo pipefail
-OUT=${OUT:-gpu-results}
+OUT=${OUT:-results/runs/triton_two_servers-$(date -u +%Y%m%dT%H%M%SZ)}
 CONCURRENCY=${1:-250,500}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 VOXFLEET_CACHE=/tmp/voxfleet-cache

@@ -4,9 +4,10 @@
 # all loaded evenly by one `voxfleet bench` per voice at the same time. Compare the aggregate
 # with one voice (tests/gpu/triton_session.sh). Run after triton_session.sh has installed
 # what the stub needs.
-#   VOICES=2 OUT=results bash tests/gpu/triton_two_voices.sh TOTAL_CONCURRENCY  (split evenly)
+#   VOICES=2 bash tests/gpu/triton_two_voices.sh TOTAL_CONCURRENCY  (split evenly)
+# Output: $OUT, default results/runs/triton_two_voices-<UTC time>/ (results/README.md).
 set -uo pipefail
-OUT=${OUT:-gpu-results}
+OUT=${OUT:-results/runs/triton_two_voices-$(date -u +%Y%m%dT%H%M%SZ)}
 CONCURRENCY=${1:-250,500}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 VOXFLEET_CACHE=/tmp/voxfleet-cache

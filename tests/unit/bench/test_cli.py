@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,8 +55,8 @@ def test_a_ramp_as_long_as_the_duration_is_refused_before_any_load(
     assert "--ramp (5 s) must be shorter than --duration (5 s)" in capsys.readouterr().err
 
 
-def test_json_plot_and_page_are_written(tmp_path: Path) -> None:
-    result = {
+def _small_result() -> dict[str, Any]:
+    return {
         "machine": {
             "cpu": "Test CPU",
             "cores": 2,
@@ -80,6 +81,10 @@ def test_json_plot_and_page_are_written(tmp_path: Path) -> None:
         ],
         "goals": [],
     }
+
+
+def test_json_plot_and_page_are_written(tmp_path: Path) -> None:
+    result = _small_result()
     docs = tmp_path / "docs"
     args = build_parser().parse_args(
         [
@@ -97,6 +102,25 @@ def test_json_plot_and_page_are_written(tmp_path: Path) -> None:
     assert (docs / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (docs / "benchmarks.md").read_text()
     assert "](b.png)" in page and "](b.json)" in page
+
+
+def test_the_page_links_results_and_plot_kept_outside_its_folder(tmp_path: Path) -> None:
+    # `make bench`: the page in docs/, the plot in docs/img/, the raw JSON in results/.
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "--json",
+            str(tmp_path / "results" / "b.json"),
+            "--plot",
+            str(tmp_path / "docs" / "img" / "b.png"),
+            "--markdown",
+            str(tmp_path / "docs" / "benchmarks.md"),
+        ]
+    )
+    _write_outputs(args, _small_result())
+    page = (tmp_path / "docs" / "benchmarks.md").read_text()
+    assert "](img/b.png)" in page
+    assert "[`../results/b.json`](../results/b.json)" in page
 
 
 def test_json_has_no_nan() -> None:

@@ -224,7 +224,7 @@ def test_windows_run_early_in_a_calls_padding_rows_give_the_same_audio(
     # below is the same. The calls saved are not asserted: how many calls the plain run makes
     # depends on how its windows line up, which moves with the machine's speed (27 to 43 in
     # runs on one machine, against 24 to 27 with the fill); the GPU benchmarks measure the
-    # saving (docs/benchmarks.md).
+    # saving (docs/history.md).
     assert windows[(4, 8)] == windows[()]
     assert sum(joined) > 0
     for plain, filled in zip(results[()], results[(4, 8)], strict=True):
