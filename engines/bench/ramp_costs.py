@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     stream = Stream(0, deque(), SynthesisParams(), StreamSink(), 0.0)
     for window in cut_sentence(stream, 10**6, cfg, rules):
         size = window.decode[1] - window.decode[0]
-        for stage, width in window_calls(window, cfg, rules):
+        for stage, width, _ in window_calls(window, cfg, rules):
             latent = rng.standard_normal((1, LATENT_CHANNELS, width)).astype(np.float32)
             if stage == "vocoder":
                 ms = median_ms(partial(stages.vocode, latent))

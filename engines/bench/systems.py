@@ -13,8 +13,11 @@ concurrent streams share one event loop and one connection.
 from __future__ import annotations
 
 import asyncio
+import math
+import os
+import random
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -185,8 +188,8 @@ class TritonSystem:
             )
             yield _audio_of(response)
 
-    async def _stream(self, text: str) -> AsyncIterator[tuple[int, int]]:
-        request = _text_request(self.model, text, self._shape, final_flag=True)
+    async def _stream(self, text: str, model: str | None = None) -> AsyncIterator[tuple[int, int]]:
+        request = _text_request(model or self.model, text, self._shape, final_flag=True)
         finished = asyncio.Event()
 
         async def requests() -> AsyncIterator[Any]:
@@ -260,3 +263,60 @@ class TritonSystem:
             await self._channel.close()
             self._channel = None
             self._stub = None
+
+
+def popularity_weights(count: int, popularity: str) -> list[float]:
+    """Each of `count` voices' share of the streams: `even`, or `zipf:S` (the k-th voice
+    weighted 1/k^S); ValueError for anything else."""
+    if popularity == "even":
+        return [1.0 / count] * count
+    kind, _, exponent = popularity.partition(":")
+    try:
+        value = float(exponent)
+    except ValueError:
+        value = math.nan
+    if kind != "zipf" or not value > 0:
+        raise ValueError(f"popularity is even or zipf:S with S > 0, not {popularity!r}")
+    raw = [1.0 / (k**value) for k in range(1, count + 1)]
+    total = sum(raw)
+    return [w / total for w in raw]
+
+
+class SpreadTritonSystem(TritonSystem):
+    """Streams spread over several voices (stream models) of one server, each stream's voice
+    drawn by `popularity` (engines/bench/packing.py): the load of a pod that serves many."""
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        models: Sequence[str],
+        popularity: str = "even",
+        seed: int = 0,
+        metrics_url: str | None = None,
+    ) -> None:
+        super().__init__(name, url, models[0], True, metrics_url)
+        self.models = list(models)
+        self.popularity = popularity
+        self.seed = seed
+        self._weights = popularity_weights(len(self.models), popularity)
+        # Each client process draws its own sequence (engines/bench/clients.py makes one
+        # system per process from `client_spec`).
+        self._random = random.Random(seed ^ os.getpid())
+        self.picked: dict[str, int] = {}
+
+    def client_spec(self) -> tuple[type[TritonSystem], dict[str, Any]]:
+        return type(self), {
+            "name": self.name,
+            "url": self.url,
+            "models": self.models,
+            "popularity": self.popularity,
+            "seed": self.seed,
+            "metrics_url": self.metrics_url,
+        }
+
+    async def open_stream(self, text: str) -> AsyncIterator[tuple[int, int]]:
+        model = self._random.choices(self.models, self._weights)[0]
+        self.picked[model] = self.picked.get(model, 0) + 1
+        async for chunk in self._stream(text, model):
+            yield chunk

@@ -81,7 +81,7 @@ def count(
         stream = Stream(0, deque(), SynthesisParams(), StreamSink(), 0.0)
         for total in sentences:
             for window in cut_sentence(stream, total, cfg, rules, lead_after):
-                for stage, width in window_calls(window, cfg, rules):
+                for stage, width, _ in window_calls(window, cfg, rules):
                     if stage == "flow":
                         flow += width
                     else:

@@ -67,27 +67,6 @@ def test_graph_replay_equals_eager_and_padding_rows_do_not_leak(entry_dir: Path)
     assert len(graphed.vocoder_stage.graphs) == 2
 
 
-def test_the_compiled_vocoder_sounds_like_the_port_at_every_captured_shape(
-    entry_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """VOXFLEET_VOCODER_COMPILE=1: one dynamic-shape compile serves every batch bucket and
-    window width the stream model captures, and its audio is the port's within FP16."""
-    from engines.bench.gpu_bench import snr_db
-    from engines.torch_cuda.runtime import VOCODER_COMPILE_ENV, TorchCudaStages
-
-    port = TorchCudaStages(entry_dir, precision="fp16")
-    monkeypatch.setenv(VOCODER_COMPILE_ENV, "1")
-    compiled = TorchCudaStages(entry_dir, precision="fp16")
-    assert compiled.vocoder_compiled and not port.vocoder_compiled
-    rng = np.random.default_rng(6)
-    for batch, frames in ((1, 32), (5, 48), (3, 144), (40, 144), (3, 144)):
-        latent = (rng.standard_normal((batch, 192, frames)) * 0.8).astype(np.float32)
-        a, b = port.vocode(latent), compiled.vocode(latent)
-        assert a.shape == b.shape == (batch, frames * 256)
-        assert snr_db(a, b) > 40.0, (batch, frames)
-    assert len(compiled.vocoder_stage.graphs) == 4  # (1, 32) (8, 48) (4, 144) (64, 144)
-
-
 def test_stream_scheduler_runs_on_the_gpu_runtime(entry_dir: Path, corpus_ids) -> None:
     from engines.bench.gpu_bench import simulate_streams
     from engines.torch_cuda.runtime import TorchCudaStages
@@ -109,7 +88,6 @@ def test_the_encoder_beside_the_windows_gives_the_audio_of_the_encoder_in_the_st
 
     from engines.frontend import Sentence
     from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
-    from engines.torch_cuda import BESIDE_ENV
     from engines.torch_cuda.runtime import TorchCudaStages
 
     class Sink(StreamSink):
@@ -128,7 +106,6 @@ def test_the_encoder_beside_the_windows_gives_the_audio_of_the_encoder_in_the_st
     quiet = SynthesisParams(noise_scale=0.0, noise_w=0.0)
     texts = [[Sentence("", corpus_ids[i]), Sentence("", corpus_ids[i + 1])] for i in range(12)]
     audio: dict[str, list[np.ndarray]] = {}
-    monkeypatch.delenv(BESIDE_ENV, raising=False)
     for beside in ("inline", "beside", "queued"):
         stages = TorchCudaStages(entry_dir, precision="fp32", encoder_launch=beside)
         scheduler = StreamScheduler(stages, 22050)

@@ -18,14 +18,12 @@ ort = pytest.importorskip("onnxruntime")
 import onnx  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
-from engines.torch_cuda import vocoder  # noqa: E402
 from engines.torch_cuda.convert import (  # noqa: E402
     OnnxModule,
     UnsupportedGraphError,
     check_supported,
 )
 from engines.torch_cuda.runtime import (  # noqa: E402
-    VOCODER_COMPILE_ENV,
     TorchCudaStages,
     bucket_for,
 )
@@ -85,54 +83,6 @@ def test_convolutions_as_channels_last_rows_match_onnxruntime(stage_dir: Path, s
     assert laid_out > 0
     module(**feeds)
     assert len(module._channels_last_weights) == laid_out and module.transfers == 0
-
-
-@pytest.mark.parametrize("rows", [False, True])
-def test_the_vocoder_core_matches_onnxruntime(stage_dir: Path, rows: bool) -> None:
-    """VocoderCore (the generator as torch calls, for torch.compile) reads the voice's graph,
-    folds each stage's division into the next layer, and gives onnxruntime's audio."""
-    latent = np.random.default_rng(7).standard_normal((2, 192, 24)).astype(np.float32)
-    expected = session(stage_dir / "vocoder.onnx").run(None, {"latent": latent})[0]
-    core = vocoder.from_onnx(stage_dir / "vocoder.onnx", rows=rows)
-    assert core.kernels == 3 and len(core.ups) == 3  # joe: three stages of three resblocks
-    with torch.no_grad():
-        actual = core(torch.from_numpy(latent)).numpy()
-    assert actual.shape == expected.shape
-    assert relative_error(actual, expected) < 1e-5
-    port = OnnxModule(stage_dir / "vocoder.onnx")
-    assert vocoder.check(core, port, torch.device("cpu")) < 1e-5
-
-
-def test_the_vocoder_core_refuses_graphs_it_does_not_reproduce(stage_dir: Path) -> None:
-    """A multi-speaker input, a layer it does not know, or arithmetic that differs: refused
-    with the reason, so that the runtime keeps the node-by-node port."""
-    model = onnx.load(str(stage_dir / "vocoder.onnx"))
-    speaker = onnx.ModelProto()
-    speaker.CopyFrom(model)
-    speaker.graph.input.append(helper.make_tensor_value_info("sid", TensorProto.INT64, [1]))
-    with pytest.raises(vocoder.NotPiperGenerator, match="multi-speaker"):
-        vocoder.from_onnx(speaker)
-    renamed = onnx.ModelProto()
-    renamed.CopyFrom(model)
-    for initializer in renamed.graph.initializer:
-        if initializer.name == "dec.conv_post.weight":
-            initializer.name = "dec.cond.weight"
-    for node in renamed.graph.node:
-        node.input[:] = [
-            "dec.cond.weight" if i == "dec.conv_post.weight" else i for i in node.input
-        ]
-    with pytest.raises(vocoder.NotPiperGenerator, match="layers"):
-        vocoder.from_onnx(renamed)
-    core = vocoder.from_onnx(model)
-    core.slope = 0.2  # not the graph's leaky ReLU
-    with pytest.raises(vocoder.NotPiperGenerator, match="relative error"):
-        vocoder.check(core, OnnxModule(model), torch.device("cpu"))
-
-
-def test_the_vocoder_is_compiled_only_on_a_gpu(stage_dir: Path, monkeypatch) -> None:
-    monkeypatch.setenv(VOCODER_COMPILE_ENV, "1")
-    stages = TorchCudaStages(stage_dir, device="cpu", precision="fp32")
-    assert not stages.vocoder_compiled
 
 
 def test_encoder_matches_onnxruntime(stage_dir: Path, corpus_ids: list[list[int]]) -> None:

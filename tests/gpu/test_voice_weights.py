@@ -1,0 +1,146 @@
+"""Voices as weight sets on one torch-cuda runtime (runs where torch imports: on the CPU here,
+on the GPU where there is one; engines/torch_cuda/weights.py).
+
+Each voice must run on its own weights: a perturbed copy of joe loaded into joe's runtime
+gives the audio its own runtime gives, and not joe's; streams of both voices interleaved on
+one scheduler each get their own voice's audio; a voice of another architecture is refused
+with the reason, and nothing of it stays loaded.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from engines.bench.voices import perturbed_voice  # noqa: E402
+from engines.frontend import Sentence  # noqa: E402
+from engines.split import split_voice  # noqa: E402
+from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, VoiceSlot  # noqa: E402
+from engines.torch_cuda.runtime import TorchCudaStages  # noqa: E402
+from engines.torch_cuda.weights import ArchitectureMismatch  # noqa: E402
+from engines.voice import load_voice  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+PRECISION = "fp16" if DEVICE == "cuda" else "fp32"
+QUIET = SynthesisParams(noise_scale=0.0, noise_w=0.0)
+
+
+def snr_db(actual: np.ndarray, expected: np.ndarray) -> float:
+    n = min(len(actual), len(expected))
+    a, e = actual[:n].astype(np.float64), expected[:n].astype(np.float64)
+    return float(10 * np.log10(np.sum(e**2) / max(np.sum((a - e) ** 2), 1e-12)))
+
+
+@pytest.fixture(scope="module")
+def entries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """joe and a perturbed copy of it (its own weights, the same graphs), split for torch."""
+    work = tmp_path_factory.mktemp("voices")
+    joe = load_voice("joe").model_path
+    other = perturbed_voice(joe, work / "voices", "joe-copy", seed=7, scale=0.01)
+    entries = {}
+    for name, model in (("joe", joe), ("copy", other)):
+        entries[name] = work / name
+        split_voice(model, entries[name])
+    return entries
+
+
+def one_shot(stages: TorchCudaStages, ids: list[int], voice=None) -> np.ndarray:
+    """A sentence decoded in one call per stage (no windows), noise off."""
+    prior, mask = stages.encode(
+        np.array([ids]), np.array([len(ids)]), np.array([0.0, 1.0, 0.0], np.float32), None, voice
+    )
+    latent = stages.flow(prior, mask, None, voice)
+    return stages.vocode(latent, None, voice)[0]
+
+
+def test_a_loaded_voice_runs_on_its_own_weights(entries: dict[str, Path], corpus_ids) -> None:
+    shared = TorchCudaStages(entries["joe"], device=DEVICE, precision=PRECISION)
+    copy = shared.load_voice(entries["copy"], "joe-copy")
+    alone = TorchCudaStages(entries["copy"], device=DEVICE, precision=PRECISION)
+    assert copy.nbytes == shared.weights_bytes() > 0
+    ids = corpus_ids[0]
+    joe_audio = one_shot(shared, ids)
+    copy_audio = one_shot(shared, ids, copy)
+    # The copy, bound into joe's modules, is the copy: as its own runtime decodes it.
+    assert snr_db(copy_audio, one_shot(alone, ids)) > 60.0
+    # and not joe (a 1 % perturbation is audible: well under 30 dB apart).
+    assert snr_db(copy_audio, joe_audio) < 30.0
+    # joe is still joe after the copy was bound (its buffers came back).
+    assert snr_db(one_shot(shared, ids), joe_audio) > 60.0
+
+
+def test_streams_of_two_voices_on_one_scheduler_each_get_their_voice(
+    entries: dict[str, Path], corpus_ids
+) -> None:
+    shared = TorchCudaStages(entries["joe"], device=DEVICE, precision=PRECISION)
+    slots = {
+        "joe": VoiceSlot("joe", shared.default_voice),
+        "copy": VoiceSlot("joe-copy", shared.load_voice(entries["copy"], "joe-copy")),
+    }
+
+    class Sink(StreamSink):
+        def __init__(self) -> None:
+            self.chunks: list[np.ndarray] = []
+            self.done = threading.Event()
+            self.error: Exception | None = None
+
+        def audio(self, pcm: np.ndarray) -> None:
+            self.chunks.append(np.array(pcm))
+
+        def finish(self, error: Exception | None = None) -> None:
+            self.error = error
+            self.done.set()
+
+    scheduler = StreamScheduler(shared, 22050)
+    scheduler.start()
+    sinks: dict[str, list[Sink]] = {"joe": [], "copy": []}
+    try:
+        for _ in range(3):  # interleaved: every step has windows of both voices
+            for name, slot in slots.items():
+                sink = Sink()
+                scheduler.submit([Sentence("", corpus_ids[1])], QUIET, sink, voice=slot)
+                sinks[name].append(sink)
+        for sink in [*sinks["joe"], *sinks["copy"]]:
+            assert sink.done.wait(300) and sink.error is None
+    finally:
+        scheduler.stop()
+    reference = {
+        name: one_shot(shared, corpus_ids[1], slot.weights) for name, slot in slots.items()
+    }
+    for name, streamed in sinks.items():
+        other = "copy" if name == "joe" else "joe"
+        for sink in streamed:
+            audio = np.concatenate(sink.chunks).astype(np.float32) / 32767.0
+            # Windowed decoding is within the streaming tolerance of the one-shot decode.
+            assert snr_db(audio, reference[name]) > 35.0, name
+            assert snr_db(audio, reference[other]) < 30.0, name
+    assert slots["joe"].stats.streams_total == slots["copy"].stats.streams_total == 3
+    assert scheduler.stats.streams_total == 6
+
+
+def test_a_voice_of_another_architecture_is_refused_with_the_reason(
+    entries: dict[str, Path], tmp_path: Path
+) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    shared = TorchCudaStages(entries["joe"], device=DEVICE, precision=PRECISION)
+    other = tmp_path / "other"
+    other.mkdir()
+    for path in entries["copy"].iterdir():
+        (other / path.name).write_bytes(path.read_bytes())
+    vocoder = onnx.load(str(other / "vocoder.onnx"))
+    bias = next(i for i in vocoder.graph.initializer if i.name.endswith("conv_post.bias") or (
+        i.name.endswith(".bias") and len(i.dims) == 1))
+    widened = np.concatenate([numpy_helper.to_array(bias)] * 2)
+    bias.CopyFrom(numpy_helper.from_array(widened, bias.name))
+    onnx.save(vocoder, str(other / "vocoder.onnx"))
+    with pytest.raises(ArchitectureMismatch, match=r"vocoder: .* in the voice and .* in the architecture"):
+        shared.load_voice(other, "other")
+    # The shared voice still speaks, and nothing of the refused one was kept.
+    assert shared.default_voice.flats
