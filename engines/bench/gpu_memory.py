@@ -68,6 +68,36 @@ def graphs_of(runtime: Any) -> list[dict[Any, Any]]:
     return [stage.graphs for stage in stages if stage is not None]
 
 
+def call_times(torch: Any, runtime: Any, windows: int, sentences: int) -> dict[str, float]:
+    """Milliseconds of the device per call (replayed graphs, median of 20): the vocoder at a
+    full step's and at a small batch of steady windows, the flow at a full batch of sentences."""
+
+    def timed(call: Any) -> float:
+        call()
+        times = []
+        for _ in range(20):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return round(sorted(times)[len(times) // 2], 3)
+
+    device = torch.device("cuda")
+    calls = {
+        f"vocoder_{windows}x144": lambda: runtime.vocode_tensor(
+            torch.zeros(windows, 192, 144, device=device)
+        ),
+        "vocoder_8x144": lambda: runtime.vocode_tensor(torch.zeros(8, 192, 144, device=device)),
+        f"flow_{sentences}x512": lambda: runtime.flow_tensor(
+            torch.zeros(sentences, 192, 512, device=device),
+            torch.ones(sentences, 1, 512, device=device),
+        ),
+    }
+    return {name: timed(call) for name, call in calls.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engines.bench.gpu_memory", description=__doc__)
     parser.add_argument(
@@ -78,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--voices", type=int, default=0, help="more voices to load (weight sets)")
     parser.add_argument("--voices-dir", type=Path, help="engine entries of the voices to load")
     parser.add_argument("--label", default="", help="a name for this run in the output")
+    parser.add_argument(
+        "--no-autotune",
+        action="store_true",
+        help="cuDNN's heuristics choose the convolution algorithms instead of timing them",
+    )
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
 
@@ -101,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.zeros(1, device="cuda")
     steps["context"] = snapshot(torch)
     runtime = load_stages("torch-cuda", engine_dir, windows)
+    if args.no_autotune:
+        torch.backends.cudnn.benchmark = False
+        runtime.autotune = False  # type: ignore[attr-defined]
     steps["runtime"] = snapshot(torch)
     scheduler = StreamScheduler(runtime, 22050, 256, windows)
     steps["scheduler"] = snapshot(torch)
@@ -139,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         end.record()
         end.synchronize()
         voices["vocoder_bind_us"] = round(start.elapsed_time(end) * 10, 1)  # ms/100 -> us
+    timings = call_times(torch, runtime, args.windows, args.sentences)
     graphs = sum(len(g) for g in graphs_of(runtime))
     for table in graphs_of(runtime):
         table.clear()
@@ -178,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             "device_total_used": round(warm["device_used"], 1),
         },
         "voices": voices,
+        "autotune": not args.no_autotune,
+        "call_ms": timings,
         "steps_mib": {k: {n: round(v, 1) for n, v in s.items()} for k, s in steps.items()},
     }
     text = json.dumps(result, indent=2)

@@ -98,6 +98,10 @@ class OnnxModule:
         self.input_names = [value.name for value in model.graph.input]
         self.output_names = [value.name for value in model.graph.output]
         self.nodes = [_Node(node) for node in model.graph.node]
+        # The values each node is the last to read: dropped once it has run, so that a call's
+        # memory is its live activations, not every intermediate of the graph (the vocoder's
+        # at 128 windows: several GB, which a captured graph's pool would keep).
+        self._last_reads = _last_reads(self.nodes, set(self.output_names))
         # Values moved between host and device while running: 0 means capturable.
         self.transfers = 0
         self.generator: torch.Generator | None = None
@@ -201,7 +205,7 @@ class OnnxModule:
             if tensor.is_floating_point():
                 tensor = tensor.to(self.float_dtype)
             values[name] = tensor
-        for node in self.nodes:
+        for index, node in enumerate(self.nodes):
             present = [name for name in node.inputs if name]
             if node.op in _HOST_ARGUMENT_OPS:
                 # Data stays where it is; shape/axis arguments are read as Python ints.
@@ -236,7 +240,23 @@ class OnnxModule:
                 values[name] = result
                 if on_host:
                     host.add(name)
+            for name in self._last_reads[index]:
+                values.pop(name, None)
         return [values[name] for name in self.output_names]
+
+
+def _last_reads(nodes: Sequence[_Node], outputs: set[str]) -> list[list[str]]:
+    """For each node, the values no later node reads (the graph's outputs excepted)."""
+    last: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        for name in node.inputs:
+            if name:
+                last[name] = index
+    reads: list[list[str]] = [[] for _ in nodes]
+    for name, index in last.items():
+        if name not in outputs:
+            reads[index].append(name)
+    return reads
 
 
 # Operators whose non-data arguments are shapes or axes: those stay on the host even when

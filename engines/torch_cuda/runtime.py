@@ -168,6 +168,10 @@ class GraphedStage:
         self.graphs: dict[tuple[int, tuple[tuple[int, ...], ...]], _Captured] = {}
         self.batch_histogram: dict[int, int] = {}
         self.buffers = StaticBuffers(self.device)
+        # The warm runs before each capture go on one stream: each stream a library call runs
+        # on gets workspaces of its own (cuBLAS keeps about 40 MiB per stream on Hopper), and a
+        # new stream per capture kept one set per graph.
+        self._warm_stream: torch.cuda.Stream | None = None
         self._lock = threading.Lock()
 
     def _transfers(self) -> int:
@@ -178,7 +182,9 @@ class GraphedStage:
             name: self.buffers.view(("in", name), (bucket, *tensor.shape[1:]), tensor.dtype)
             for name, tensor in inputs.items()
         }
-        side = torch.cuda.Stream(device=self.device)
+        if self._warm_stream is None:
+            self._warm_stream = torch.cuda.Stream(device=self.device)
+        side = self._warm_stream
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):  # cuDNN picks its algorithms here, outside the capture
@@ -357,9 +363,12 @@ class TorchCudaStages:
         vocoder_frame_multiple: int = 16,
         encoder_batch_buckets: Sequence[int] = ENCODER_BATCH_BUCKETS,
         encoder_launch: str = "inline",
+        autotune: bool = True,
     ) -> None:
         engine_dir = Path(engine_dir)
         self.device = torch.device(device)
+        # cuDNN times its algorithms for each captured shape (else its heuristics choose).
+        self.autotune = autotune
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise TorchCudaError(
                 "the torch-cuda runtime needs a CUDA GPU and PyTorch built with CUDA; "
@@ -381,7 +390,7 @@ class TorchCudaStages:
             # Every graph is captured for one fixed shape: let cuDNN time its algorithms, with
             # a bounded workspace (`CUDNN_WORKSPACE_MIB`).
             os.environ.setdefault(CUDNN_WORKSPACE_ENV, str(CUDNN_WORKSPACE_MIB))
-            torch.backends.cudnn.benchmark = True
+            torch.backends.cudnn.benchmark = autotune
         if self.precision == "fp32" and self.device.type == "cuda":
             # TF32 matrix units would make "fp32" 1e-3-accurate, not fp32-accurate.
             torch.backends.cuda.matmul.allow_tf32 = False
@@ -580,7 +589,7 @@ class TorchCudaStages:
         }
         self._bind("encoder", voice)
         # FP32, cuDNN timing its algorithms (a graph keeps its capture's kernels).
-        with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False):
+        with torch.backends.cudnn.flags(enabled=True, benchmark=self.autotune, allow_tf32=False):
             outputs = self.encoder_stage.run(inputs)
         return outputs, length_scale, noise_scale
 

@@ -132,7 +132,9 @@ class MemoryMeter:
 
 
 class GpuMemoryMeter(MemoryMeter):
-    """The CUDA device's memory as this process sees it (under MPS, its client's limit)."""
+    """The CUDA device's memory as this process sees it. Under an MPS per-client limit
+    (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`) the device reports what is free within the limit but
+    the whole device's total: the limit is then the total."""
 
     device = "gpu"
 
@@ -140,13 +142,35 @@ class GpuMemoryMeter(MemoryMeter):
         import torch
 
         self._torch = torch
+        self._limit = mps_limit_bytes(os.environ.get(MPS_LIMIT_ENV, ""))
 
     def total(self) -> int:
-        return int(self._torch.cuda.mem_get_info()[1])
+        return self._limit or int(self._torch.cuda.mem_get_info()[1])
 
     def used(self) -> int:
-        free, total = self._torch.cuda.mem_get_info()
-        return int(total - free)
+        free, _ = self._torch.cuda.mem_get_info()
+        return max(0, self.total() - int(free))
+
+
+MPS_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+
+
+def mps_limit_bytes(value: str, device: int = 0) -> int:
+    """The MPS per-client limit of `device` in bytes, from the variable's `0=16G,1=8G` (or a
+    bare `16G` for every device); 0 where none is set."""
+    for part in value.split(","):
+        index, _, size = part.strip().rpartition("=")
+        if index and index != str(device):
+            continue
+        size = size.strip().upper()
+        units = {"G": 1 << 30, "M": 1 << 20, "K": 1 << 10}
+        try:
+            if size and size[-1] in units:
+                return int(float(size[:-1]) * units[size[-1]])
+            return int(size) if size else 0
+        except ValueError:
+            return 0
+    return 0
 
 
 def _cgroup_memory_limit() -> int:

@@ -25,15 +25,18 @@ print(build_engines(resolve_voice_model("joe"), "torch-cuda", "fp16", "/tmp/voxf
 python3 -m engines.bench.voices --entry "$ENTRY" --out /tmp/voices --count "${VOICES:-105}" >/dev/null || exit 1
 case "${STAGE:-probe}" in
 probe)
-    timeout 200 python3 -m pytest -q tests/gpu/test_voice_weights.py tests/gpu/test_torch_cuda_gpu.py \
+    timeout 200 python3 -m pytest -q ${TESTS:-tests/gpu/test_voice_weights.py tests/gpu/test_torch_cuda_gpu.py} \
         -p no:cacheprovider -x 2>&1 | tail -25 | tee "$OUT/pytest-gpu.log"
+    # SIZES: windows/sentences[/no-autotune] per probe, each in a fresh process.
     for size in ${SIZES:-128/32 32/32 8/8}; do
-        w=${size%/*}; s=${size#*/}
+        IFS=/ read -r w s tune <<<"$size"
+        label="w$w-s$s${tune:+-$tune}"
         timeout 240 python3 -m engines.bench.gpu_memory --engine-dir "$ENTRY" --windows "$w" \
             --sentences "$s" --voices "${PROBE_VOICES:-100}" --voices-dir /tmp/voices \
-            --label "w$w-s$s" --json "$OUT/gpu-memory-w$w-s$s.json" >/dev/null 2>"$OUT/gpu-memory-w$w-s$s.err"
-        tail -3 "$OUT/gpu-memory-w$w-s$s.err"
-        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['label'], d['graphs'], d['warmup_s'], d['breakdown_mib'], d['voices'])" "$OUT/gpu-memory-w$w-s$s.json"
+            ${tune:+--$tune} --label "$label" --json "$OUT/gpu-memory-$label.json" \
+            >/dev/null 2>"$OUT/gpu-memory-$label.err"
+        tail -3 "$OUT/gpu-memory-$label.err"
+        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['label'], d['graphs'], d['warmup_s'], d['breakdown_mib'], d['voices'], d['call_ms'])" "$OUT/gpu-memory-$label.json"
     done
     ;;
 packing)

@@ -135,12 +135,12 @@ def test_a_voice_of_another_architecture_is_refused_with_the_reason(
     for path in entries["copy"].iterdir():
         (other / path.name).write_bytes(path.read_bytes())
     vocoder = onnx.load(str(other / "vocoder.onnx"))
-    bias = next(i for i in vocoder.graph.initializer if i.name.endswith("conv_post.bias") or (
-        i.name.endswith(".bias") and len(i.dims) == 1))
+    bias = next(i for i in vocoder.graph.initializer if i.name.endswith(".bias"))
     widened = np.concatenate([numpy_helper.to_array(bias)] * 2)
     bias.CopyFrom(numpy_helper.from_array(widened, bias.name))
     onnx.save(vocoder, str(other / "vocoder.onnx"))
-    with pytest.raises(ArchitectureMismatch, match=r"vocoder: .* in the voice and .* in the architecture"):
+    mismatch = r"vocoder: .* in the voice and .* in the architecture"
+    with pytest.raises(ArchitectureMismatch, match=mismatch):
         shared.load_voice(other, "other")
     # The shared voice still speaks, and nothing of the refused one was kept.
     assert shared.default_voice.flats

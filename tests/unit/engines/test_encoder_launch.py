@@ -1,7 +1,7 @@
 """How a GPU runs encoder calls is part of the serving plan (`WindowConfig.encoder_launch`):
 `voxfleet serve --encoder-launch` and a TTSVoice's `batching.encoderLaunch` set it, the plan
-refuses what no runtime knows. (That the scheduler gives the same audio in every mode is checked on a GPU:
-tests/gpu/test_torch_cuda_gpu.py.)"""
+refuses what no runtime knows. (That the scheduler gives the same audio in every mode is
+checked on a GPU: tests/gpu/test_torch_cuda_gpu.py.)"""
 
 from __future__ import annotations
 

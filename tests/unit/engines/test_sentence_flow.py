@@ -78,7 +78,6 @@ def test_a_batch_is_flowed_in_one_call_per_size_its_sentences_need(
     assert sorted(runtime.flow_calls) == [(1, 192, max(sizes)), (2, 192, min(sizes))]
 
 
-
 def test_flow_groups_follow_the_sizes_and_give_up_past_the_largest() -> None:
     frames = np.array([100, 300, 256, 2000, 90])
     groups = sentence_flow_groups(frames)
