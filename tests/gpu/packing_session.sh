@@ -40,12 +40,15 @@ probe)
     done
     ;;
 packing)
-    python3 -c 'import numpy, sys; sys.exit(int(numpy.__version__.split(".")[0]) >= 2)' || {
-        echo "packing_session: the Triton Python backend needs NumPy 1.x in /tmp/site" >&2; exit 1; }
-    # Triton's Python-backend stub does not see PYTHONPATH: what the stream models import goes
-    # into the environment itself (NumPy 1.x: Triton 2.51's stub misreads TEXT under NumPy 2).
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        /tmp/keep/*.whl || exit 1
+    # Triton's Python-backend stub runs the stream models with the environment's own
+    # packages: every wheel goes into the environment itself, forced (NumPy 1.x over the
+    # machine's 2.x: Triton 2.51's stub misreads TEXT under NumPy 2, and a run whose check
+    # saw /tmp/site's NumPy had every stub die on its first request).
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --force-reinstall /tmp/keep/*.whl || exit 1
+    export PYTHONPATH="$PWD"
+    python3 -c 'import numpy, sys; print("numpy", numpy.__version__); sys.exit(int(numpy.__version__.split(".")[0]) >= 2)' || {
+        echo "packing_session: the environment still has NumPy 2; the stub needs 1.x" >&2; exit 1; }
     echo "$PWD" >"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/voxfleet-checkout.pth"
     python3 -c 'import pytriton' 2>/dev/null || : >"$(python3 -c 'import importlib.util; print(importlib.util.find_spec("pytriton").submodule_search_locations[0])')/__init__.py"
     python3 -m engines.bench.packing --engine-dir "$ENTRY" --voices-dir /tmp/voices \
