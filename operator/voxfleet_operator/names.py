@@ -27,6 +27,7 @@ METRICS_PORT = 8002
 # `voxfleet triton`'s own port: GET /ready and /live, the pool pod's probes.
 HEALTH_PORT = data_plane_names.HEALTH_PORT
 SUPERVISOR_READY_PATH = data_plane_names.READY_PATH
+MEMORY_PATH = data_plane_names.MEMORY_PATH
 SUPERVISOR_LIVE_PATH = data_plane_names.LIVE_PATH
 MPS_ENV = data_plane_names.MPS_ENV
 

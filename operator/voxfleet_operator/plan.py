@@ -1,7 +1,8 @@
 """Placement: which voices share which pool, and the pool's size bounds and targets.
 
-Every voice of a pool in a namespace is loaded on every pod of that pool (voices share the
-GPUs); the pool's autoscaling follows the strictest of its voices' targets.
+The voices of a pool in a namespace share its pods (each is loaded on the pods where it fits:
+voxfleet_operator.placement); the pool's autoscaling follows the strictest of its voices'
+targets, and never goes below the pods its voices need by memory.
 """
 
 from __future__ import annotations
@@ -33,14 +34,17 @@ class PoolPlan:
     target_queue_ms: int
 
 
-def plan_pool(pool: Pool, namespace: str, voices: Iterable[Voice]) -> PoolPlan:
-    """Size bounds and targets of one pool from the voices placed on it (at least one)."""
+def plan_pool(
+    pool: Pool, namespace: str, voices: Iterable[Voice], memory_pods: int = 0
+) -> PoolPlan:
+    """Size bounds and targets of one pool from the voices placed on it (at least one);
+    `memory_pods`: the pods its voices need by memory (never fewer, up to its maxPods)."""
     members = tuple(sorted(voices, key=lambda v: v.name))
     if not members:
         raise ValueError(f"pool {pool.name!r} in {namespace!r} has no voices to plan for")
     scaling = [v.spec.autoscaling for v in members]
     max_replicas = min(max(s.max_replicas for s in scaling), pool.max_pods)
-    min_replicas = min(max(s.min_replicas for s in scaling), max_replicas)
+    min_replicas = min(max(*(s.min_replicas for s in scaling), memory_pods), max_replicas)
     return PoolPlan(
         namespace=namespace,
         pool=pool,

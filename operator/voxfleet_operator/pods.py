@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from voxfleet_operator import loading
 from voxfleet_operator.names import pool_selector, serving_label
-from voxfleet_operator.placement import place_voice
+from voxfleet_operator.placement import (
+    MARGIN_MIB,
+    PodRoom,
+    place_voice,
+    pods_for_memory,
+    voice_size_mib,
+)
 from voxfleet_operator.plan import Voice
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.runtime import PODS, Runtime
@@ -71,18 +78,56 @@ def pods_failing_voice(pods: Sequence[Mapping[str, Any]], voice: str) -> list[st
     return failing
 
 
-async def sync_pods(
-    rt: Runtime, voice: Voice, pool: Pool, key: str, engine_ready: bool
-) -> tuple[int, int, list[str], list[str]]:
-    """Load the voice on the ready pool pods it is placed on (all of them, or `spec.replicas`
-    of them) and leave the others; return (ready pods, serving, errors, pods where the voice
-    was loaded and cannot serve now)."""
+@dataclass(frozen=True)
+class PodSync:
+    """What `sync_pods` found and did: ready pods, pods serving the voice, load errors, pods
+    where the voice was loaded and cannot serve now, and where memory fell short."""
+
+    ready: int
+    serving: int
+    errors: list[str]
+    failing: list[str]
+    shortfall: MemoryShortfall | None = None
+
+
+async def pod_rooms(rt: Runtime, ready: Sequence[Mapping[str, Any]]) -> dict[str, PodRoom]:
+    """The ready pods' memory, by pod name, for those that report it."""
+    rooms = {}
+    for pod in ready:
+        report = await rt.pod_memory(pod)
+        if report is not None:
+            try:
+                rooms[pod["metadata"]["name"]] = PodRoom.from_report(
+                    pod["metadata"]["name"], report
+                )
+            except (KeyError, TypeError, ValueError):
+                continue
+    return rooms
+
+
+async def sync_pods(rt: Runtime, voice: Voice, pool: Pool, key: str, engine_ready: bool) -> PodSync:
+    """Load the voice on the ready pool pods it is placed on (all of them where it fits, or
+    `spec.replicas` of them) and leave the others."""
     pods = await rt.pool_pods(voice.namespace, pool_selector(pool.name))
     failing = pods_failing_voice(pods, voice.name)
     body = loading.load_request(serving_plan(voice.name, voice.spec, pool, key))
     digest = loading.load_digest(body)
     ready = [p for p in pods if pod_ready(p)]
-    placement = place_voice(voice.name, ready, voice.spec.replicas)
+    rooms = await pod_rooms(rt, ready)
+    device = "gpu" if pool.needs_gpu else "cpu"
+    need = voice_size_mib(voice.name, rooms.values(), device)
+    pending = rt.pending_memory.setdefault((voice.namespace, pool.name), {})
+    reserve = sum(size for other, size in pending.items() if other != voice.name)
+    placement = place_voice(
+        voice.name, ready, voice.spec.replicas, rooms=rooms, need_mib=need, reserve_mib=reserve
+    )
+    shortfall = None
+    if placement.unplaced and ready and engine_ready:
+        pending[voice.name] = need
+        shortfall = memory_shortfall(voice.name, need, rooms, len(ready), pool.max_pods)
+    else:
+        pending.pop(voice.name, None)
+    rt.memory_pods[(voice.namespace, pool.name)] = pool_memory_pods(rooms, pending)
     serving = 0
     errors: list[str] = []
     for pod in ready:
@@ -134,7 +179,68 @@ async def sync_pods(
         )
         rt.cache.seen(PODS.plural, patched)
         serving += 1
-    return len(ready), serving, errors, failing
+    return PodSync(len(ready), serving, errors, failing, shortfall)
+
+
+@dataclass(frozen=True)
+class MemoryShortfall:
+    """A voice that fits no ready pod: what it needs, and the most any pod has free."""
+
+    voice: str
+    need_mib: float
+    best_free_mib: float
+    total_mib: float
+    ready_pods: int
+    max_pods: int
+
+    @property
+    def at_max_pods(self) -> bool:
+        return self.ready_pods >= self.max_pods
+
+    def message(self) -> str:
+        pods = f"{self.ready_pods} ready pod(s)"
+        where = (
+            f"the pool is at its maxPods ({self.max_pods})"
+            if self.at_max_pods
+            else f"the pool is being scaled up (maxPods {self.max_pods})"
+        )
+        return (
+            f"voice {self.voice} needs {self.need_mib:.0f} MiB of memory plus {MARGIN_MIB:.0f} "
+            f"MiB spare on a pod, and the most any of the pool's {pods} has free is "
+            f"{self.best_free_mib:.0f} MiB of {self.total_mib:.0f} MiB; {where}"
+        )
+
+
+def memory_shortfall(
+    voice: str, need_mib: float, rooms: Mapping[str, PodRoom], ready_pods: int, max_pods: int
+) -> MemoryShortfall:
+    best = max(rooms.values(), key=lambda room: room.free_mib, default=None)
+    return MemoryShortfall(
+        voice,
+        need_mib,
+        best.free_mib if best is not None else 0.0,
+        best.total_mib if best is not None else 0.0,
+        ready_pods,
+        max_pods,
+    )
+
+
+def pool_memory_pods(rooms: Mapping[str, PodRoom], pending: Mapping[str, float]) -> int:
+    """The pods the pool's voices need by memory: each voice once (those on the pods, and
+    those that fit none yet), in pods of the reported room for voices; 0 where no pod
+    reports (the HPA keeps its own floor)."""
+    if not rooms:
+        return 0
+    sizes: dict[str, float] = {}
+    for room in rooms.values():
+        for voice, size in room.voices.items():
+            sizes[voice] = max(size, sizes.get(voice, 0.0))
+    sizes.update(pending)
+    capacity = min(
+        room.total_mib - (room.used_mib - sum(room.voices.values())) - MARGIN_MIB
+        for room in rooms.values()
+    )
+    return pods_for_memory(list(sizes.values()), capacity)
 
 
 async def unload_from_pods(rt: Runtime, name: str, namespace: str, pool: Pool) -> list[str]:

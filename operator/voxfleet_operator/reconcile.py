@@ -34,9 +34,11 @@ from voxfleet_operator.status import (
     BUILD_FAILED,
     ENGINE_NOT_READY,
     FAILED_ON_POD,
+    INSUFFICIENT_GPU_MEMORY,
     LOAD_FAILED,
     NO_POD_SERVING,
     POOL_READY,
+    SCALING_FOR_MEMORY,
     SCHEDULED,
     SERVING,
     SPEC_ACCEPTED,
@@ -128,13 +130,27 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
         await drop_voice_hpa(rt, name, namespace)
 
     engine = await sync_engine(rt, body, voice, pool, key)
-    ready_pods, serving, errors, failing = await sync_pods(
-        rt, voice, pool, key, engine.status is True
+    synced = await sync_pods(rt, voice, pool, key, engine.status is True)
+    ready_pods, serving, errors, failing = (
+        synced.ready,
+        synced.serving,
+        synced.errors,
+        synced.failing,
     )
+    if synced.shortfall is not None and not synced.shortfall.at_max_pods:
+        # The pool's HPA floor follows what its voices need by memory (sync_pods measured it).
+        deployments = await sync_shared(rt, namespace, peers_and_self, pool.name)
 
     deployment = deployments.get(pool.name) or {}
     available_replicas = int((deployment.get("status") or {}).get("availableReplicas") or 0)
-    if ready_pods or available_replicas:
+    if synced.shortfall is not None and not serving:
+        scheduled = Cond(
+            SCHEDULED,
+            False,
+            INSUFFICIENT_GPU_MEMORY if synced.shortfall.at_max_pods else SCALING_FOR_MEMORY,
+            synced.shortfall.message(),
+        )
+    elif ready_pods or available_replicas:
         scheduled = Cond(
             SCHEDULED,
             True,

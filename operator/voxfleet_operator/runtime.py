@@ -15,7 +15,12 @@ import aiohttp
 from voxfleet_operator.cache import ObjectCache
 from voxfleet_operator.config import OperatorConfig
 from voxfleet_operator.kube import PLURALS, KubeClient
-from voxfleet_operator.names import REPOSITORY_KEY_SECRET, REPOSITORY_KEY_SECRET_KEY
+from voxfleet_operator.names import (
+    HEALTH_PORT,
+    MEMORY_PATH,
+    REPOSITORY_KEY_SECRET,
+    REPOSITORY_KEY_SECRET_KEY,
+)
 from voxfleet_operator.plan import Voice
 from voxfleet_operator.pools import Pool, PoolsConfig
 from voxfleet_operator.voices import InvalidVoice, parse_voice
@@ -30,6 +35,17 @@ SERVICE_MONITOR_API = "/apis/monitoring.coreos.com/v1"
 SERVICE_MONITOR_RECHECK_SECONDS = 300.0
 # Every pool pod carries this label (render/pool.py); the operator watches and lists by it.
 POOL_PODS_LABELS = {"app.kubernetes.io/name": "voxfleet-triton"}
+# A pod's memory report is read again after this long, and given up on after the other.
+POD_REPORT_SECONDS = 2.0
+POD_REPORT_TIMEOUT_SECONDS = 2.0
+
+
+def _port(pod: Mapping[str, Any], name: str, default: int) -> int:
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == name:
+                return int(port["containerPort"])
+    return default
 
 
 @dataclass
@@ -54,6 +70,14 @@ class Runtime:
         default_factory=dict
     )
     _service_monitor: tuple[float, bool] | None = None
+    # (namespace, pod) -> (when read, its memory report or None where it did not answer)
+    pod_reports: dict[tuple[str, str], tuple[float, dict[str, Any] | None]] = field(
+        default_factory=dict
+    )
+    # (namespace, pool) -> {voice: MiB} of the voices that fit no ready pod of the pool yet
+    pending_memory: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    # (namespace, pool) -> the pods its voices need by memory (the pool HPA's floor)
+    memory_pods: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def lock(self, namespace: str) -> asyncio.Lock:
         return self.locks.setdefault(namespace, asyncio.Lock())
@@ -84,6 +108,28 @@ class Runtime:
             selector = ",".join(f"{k}={v}" for k, v in POOL_PODS_LABELS.items())
             self.cache.replace_pods(namespace, await self.client.list(PODS, namespace, selector))
         return self.cache.pods(namespace, labels)
+
+    async def pod_memory(self, pod: Mapping[str, Any]) -> dict[str, Any] | None:
+        """A ready pool pod's memory report (its health port's /memory), read again at most
+        every POD_REPORT_SECONDS; None where it does not answer (placement then leaves the
+        check to the pod's own voice host)."""
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        now = time.monotonic()
+        cached = self.pod_reports.get(key)
+        if cached is not None and now - cached[0] < POD_REPORT_SECONDS:
+            return cached[1]
+        report: dict[str, Any] | None = None
+        url = f"http://{status.get('podIP')}:{_port(pod, 'health', HEALTH_PORT)}{MEMORY_PATH}"
+        try:
+            timeout = aiohttp.ClientTimeout(total=POD_REPORT_TIMEOUT_SECONDS)
+            async with self.http.get(url, timeout=timeout) as response:
+                if response.status == 200:
+                    report = dict(await response.json())
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            report = None
+        self.pod_reports[key] = (now, report)
+        return report
 
     async def service_monitor_available(self) -> bool:
         """Whether the ServiceMonitor CRD is served (checked again every few minutes)."""

@@ -47,7 +47,12 @@ async def sync_shared(
         for pool_name, pool_members in sorted(by_pool.items()):
             if pool is not None and pool_name != pool:
                 continue
-            plan = plan_pool(pool_members[0].pool, namespace, [m.voice for m in pool_members])
+            plan = plan_pool(
+                pool_members[0].pool,
+                namespace,
+                [m.voice for m in pool_members],
+                memory_pods=rt.memory_pods.get((namespace, pool_name), 0),
+            )
             pool_owners = [m.body for m in pool_members]
             for child in render_pool(plan, rt.config.engine_cache_pvc, monitor):
                 _, live = await ensure(rt.client, with_owners(child, pool_owners), rt.cache)

@@ -35,6 +35,10 @@ ENGINE_NOT_READY = "EngineNotReady"
 NO_POD_SERVING = "NoPodServing"
 # Pods that had the voice loaded are not ready: its backend is being restarted, or failed.
 FAILED_ON_POD = "FailedOnPod"
+# No ready pod has the memory the voice needs, and the pool is at its maxPods.
+INSUFFICIENT_GPU_MEMORY = "InsufficientGPUMemory"
+# No ready pod has the memory the voice needs; the pool is being scaled up for it.
+SCALING_FOR_MEMORY = "ScalingUpForMemory"
 
 
 @dataclass(frozen=True)
