@@ -135,7 +135,8 @@ def values_schema_text() -> str:
     pool = schema["properties"]["pools"]["items"]["properties"]
     pool["runtime"] = {
         "type": "string",
-        "description": "Stage runtime of the pool (default tensorrt): "
+        "description": "Stage runtime of the pool (default torch-cuda; tensorrt has never run "
+        "on hardware): "
         + "; ".join(f"{info.name}: {info.description}" for info in RUNTIMES.values())
         + ". A CPU runtime requests no GPU and needs no GPU node.",
         "enum": list(RUNTIMES),

@@ -487,13 +487,40 @@ def _resting(
 
 def _most_urgent(streams: list[Stream], playing: int, first_audio_s: float) -> list[Stream]:
     """In deadline order: every stream with a sentence to encode, and the `playing` streams
-    with a current sentence whose audio runs out first."""
+    with a current sentence whose audio runs out first. Streams to encode of several voices
+    take their places in turn by voice (`_voice_turns`)."""
     decoding = [s for s in streams if s.current is not None]
     if len(decoding) > playing:
         deadlines = np.fromiter((s.deadline(first_audio_s) for s in decoding), float, len(decoding))
         decoding = [decoding[i] for i in np.argpartition(deadlines, playing)[:playing]]
         streams = [s for s in streams if s.current is None] + decoding
-    return sorted(streams, key=lambda stream: stream.deadline(first_audio_s))
+    ordered = sorted(streams, key=lambda stream: stream.deadline(first_audio_s))
+    return _voice_turns(ordered)
+
+
+def _voice_turns(ordered: list[Stream]) -> list[Stream]:
+    """`ordered` with its streams to encode (new listeners, next sentences) given their places
+    in turn by voice: the first place to the earliest of each voice's in the order their
+    earliest come, then the second of each, and so on; playing streams keep theirs. A burst of
+    a thousand listeners of one voice then delays another voice's new listener by one place,
+    not by a thousand, and the encoder calls a step holds are shared among the voices."""
+    places = [i for i, stream in enumerate(ordered) if stream.current is None]
+    voices: dict[object, list[Stream]] = {}
+    for i in places:
+        voices.setdefault(ordered[i].voice, []).append(ordered[i])
+    if len(voices) < 2:
+        return ordered
+    turns = [
+        stream
+        for rank in range(max(len(queue) for queue in voices.values()))
+        for queue in voices.values()
+        if rank < len(queue)
+        for stream in (queue[rank],)
+    ]
+    result = list(ordered)
+    for place, stream in zip(places, turns, strict=True):
+        result[place] = stream
+    return result
 
 
 def _time_left(stream: Stream, now: float, rules: WindowRules) -> float:
