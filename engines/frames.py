@@ -16,6 +16,7 @@ builds the index on the host with a few vectorised NumPy operations.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -90,19 +91,48 @@ class FramePool:
         return np.where(valid, index, 0), valid
 
 
+@dataclass(frozen=True)
+class BackendFeatures:
+    """What a stream backend offers beyond the calls every one has (`StreamBackend`): the
+    scheduler asks these, never the backend's attributes.
+
+    - `fixed_call_costs`: a call costs about as much for one window as for sixteen (a GPU):
+      the cost model learns a fixed part per call.
+    - `batch_buckets`: the batch sizes (ascending) calls are padded up to (CUDA graphs); the
+      planner fills the padding rows with windows not due yet.
+    - `async_calls`: ``vocode_async`` and ``timer`` (`DeviceCalls`): the scheduler plans the
+      next step while the device runs this one.
+    - `encodes_beside`: ``encode_launch``: encoder calls run beside the windows, up to
+      `encoder_calls_in_flight` at once (one by default: an encoder call's cost is mostly
+      fixed, so the sentences that arrive while one runs wait for the next and share it);
+      `encoder_queued`: on the windows' own stream, so a call with windows behind it is
+      waited for without leaving the device idle.
+    - `sentence_flow`: ``flow_sentences``: the flow over whole sentences after the encoder.
+    - `prepares_shapes`: ``warmup`` and ``calibrate``: every call shape is prepared (CUDA
+      graphs captured) before the first listener, and the cost model seeded.
+    """
+
+    fixed_call_costs: bool = False
+    batch_buckets: tuple[int, ...] = ()
+    async_calls: bool = False
+    encodes_beside: bool = False
+    encoder_queued: bool = False
+    encoder_calls_in_flight: int = 1
+    sentence_flow: bool = False
+    prepares_shapes: bool = False
+
+
 class StreamBackend(Protocol):
     """The stages plus the frame stores, on one device (host or GPU).
 
     Arrays named ``prior``, ``latent`` and ``audio`` are the backend's own (NumPy arrays or
-    device tensors); everything the scheduler reads back is NumPy.
-
-    A device backend may also offer asynchronous calls (``async_calls``: ``vocode_async``,
-    ``timer``) and an encoder beside the windows (``encodes_beside``: ``encode_launch``,
-    whose call has ``done()``, ``finish()`` giving what ``encode`` gives, and ``seconds()``);
-    engines/torch_cuda/backend.py is the one that does.
+    device tensors); everything the scheduler reads back is NumPy. What a backend offers
+    beyond these calls it declares in `features` (and then has the `DeviceCalls` it names);
+    engines/torch_cuda/backend.py is the one that offers them.
     """
 
     pool: FramePool
+    features: BackendFeatures
 
     def encode(
         self,
@@ -154,6 +184,31 @@ class StreamBackend(Protocol):
         ...
 
 
+class DeviceCalls(Protocol):
+    """The calls a backend has where its `features` say so (engines/torch_cuda/backend.py)."""
+
+    def encode_launch(self, ids, lengths, scales, speakers, voice=None) -> Any: ...
+
+    def timer(self) -> Any: ...
+
+    def vocode_async(self, tables, starts, limits, width, speakers, cut, voice=None) -> Any: ...
+
+    def flow_sentences(self, prior, tables, frames, speakers, voice=None) -> bool: ...
+
+    def warmup(
+        self,
+        flow_frames: Sequence[int],
+        vocoder_frames: Sequence[int],
+        windows: int,
+        sentences: int,
+        phonemes: Sequence[int],
+    ) -> int: ...
+
+    def calibrate(
+        self, vocoder_frames: int, flow_frames: int, phonemes: int, windows: int, sentences: int
+    ) -> list[tuple[str, float, int, int]]: ...
+
+
 def to_pcm16(samples: np.ndarray) -> np.ndarray:
     return (np.clip(samples, -1.0, 1.0) * 32767.0).astype(np.int16)
 
@@ -166,6 +221,7 @@ class HostBackend:
 
     def __init__(self, runtime: Any, initial_pages: int = 256) -> None:
         self.runtime = runtime
+        self.features = BackendFeatures()
         self.pool = FramePool(initial_pages)
         self._prior = np.zeros((self.pool.capacity_frames, LATENT_CHANNELS), np.float32)
         self._latent = np.zeros_like(self._prior)

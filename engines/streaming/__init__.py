@@ -4,6 +4,8 @@
 - `costs`: the cost model the planner budgets steps with.
 - `planner`: which sentences to encode and which windows to decode in a step (pure).
 - `scheduler`: the thread that runs the planned calls on a backend and sends the audio.
+- `delivery`: where a backend's calls are asynchronous (a GPU), the thread that sends each
+  launched call's audio once it is on the host.
 """
 
 from engines.plan import WindowConfig

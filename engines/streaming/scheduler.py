@@ -23,21 +23,21 @@ from __future__ import annotations
 
 import itertools
 import logging
-import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from engines.frames import StreamBackend, stream_backend
+from engines.frames import DeviceCalls, StreamBackend, stream_backend
 from engines.frontend import Sentence
 from engines.plan import WindowConfig
 from engines.stages import StageRuntime
 from engines.streaming.costs import CostModel
+from engines.streaming.delivery import AudioDelivery, LaunchedCall
 from engines.streaming.planner import (
     StepPlan,
     WindowRules,
@@ -80,31 +80,10 @@ STEPS_IN_FLIGHT = 1
 WARMUP_PHONEMES = 96
 WARMUP_PHONEME_ID = 20
 WARMUP_MAX_STEPS = 200
-# With the encoder beside the windows (a GPU), at most this many encoder calls run at once:
-# an encoder call's cost is mostly fixed (hundreds of small kernels), so the sentences that
-# arrive while one runs wait for the next and share it, and the calls grow with the load
-# instead of queueing up one small call per step.
-ENCODER_CALLS_IN_FLIGHT = 1
 # With asynchronous calls the stats are read by a metrics thread (every 0.25 s in the Triton
 # model): the streams at risk of an underrun, a pass over all of them, are counted no more
 # often than this rather than every step.
 RISK_COUNT_INTERVAL_S = 0.1
-
-
-@dataclass
-class _Delivery:
-    """A launched vocoder call's audio, for the delivery thread: (stream, row, samples, first
-    audio, last audio) per window, in the order the windows were planned."""
-
-    pending: Any
-    windows: list[tuple[Stream, int, int, bool, bool]]
-    width: int
-
-
-@dataclass
-class _Finish:
-    stream: Stream
-    error: Exception | None
 
 
 class _Discard(StreamSink):
@@ -204,12 +183,12 @@ class StreamScheduler:
         # where their calls are padded to batch buckets (CUDA graphs) the padding rows take
         # windows that are not due yet. (planner.WindowRules)
         if exact_widths is None:
-            exact_widths = getattr(runtime, "name", "") == "onnxruntime"
+            exact_widths = runtime.name == "onnxruntime"
         lead = self.windows.window_frames if self.windows.lead_windows else 0
         self.rules = (
             cpu_rules(lead)
             if exact_widths
-            else WindowRules(batch_buckets=tuple(getattr(self.backend, "batch_buckets", ())))
+            else WindowRules(batch_buckets=self.backend.features.batch_buckets)
         )
         self.batching = cross_stream_batching
         self.stats = SchedulerStats()
@@ -220,7 +199,7 @@ class StreamScheduler:
         self.first_audio_paths: FirstAudioPaths | None = None
         # Only a device backend's calls have a fixed cost worth planning around; the CPU keeps
         # the proportional model its benchmark figures were measured with (docs/streaming.md).
-        self.costs = CostModel(fixed_part=getattr(self.backend, "fixed_call_costs", False))
+        self.costs = CostModel(fixed_part=self.backend.features.fixed_call_costs)
         self._on_step = on_step
         self._on_step_error = ""
         self._incoming: deque[Stream] = deque()
@@ -230,10 +209,10 @@ class StreamScheduler:
         self._running = False
         self._thread: threading.Thread | None = None
         # Asynchronous vocoder calls (DeviceBackend on a GPU): their audio and the streams'
-        # final responses leave from a delivery thread, in the order the scheduler queued them,
-        # and their device times come back to the cost model through `_observed`.
-        self._deliveries: queue.SimpleQueue[_Delivery | _Finish | None] = queue.SimpleQueue()
-        self._delivery_thread: threading.Thread | None = None
+        # final responses leave from a delivery thread (engines/streaming/delivery.py), in the
+        # order the scheduler queued them, and their device times come back to the cost model
+        # through `_observed`.
+        self._delivery: AudioDelivery | None = None
         self._observed: deque[tuple[str, float, int, int]] = deque()
         self._timings: deque[tuple[str, Any, int, int]] = (
             deque()
@@ -248,29 +227,36 @@ class StreamScheduler:
         # Encoder calls running beside the windows, in launch order, with their streams (which
         # the planner leaves alone until their sentence is taken up, `_take_up_encoded`).
         self._encoding: deque[_Encoding] = deque()
-        # A backend may allow more (engines/torch_cuda/runtime.py: an encoder queued on the
-        # windows' own stream, whose calls do not slow each other down).
-        self._encoder_calls_in_flight = int(
-            getattr(self.backend, "encoder_calls_in_flight", ENCODER_CALLS_IN_FLIGHT)
-        )
+
+    @property
+    def _device(self) -> DeviceCalls:
+        """The backend's own calls, where its features say it has them."""
+        return cast(DeviceCalls, self.backend)
 
     @property
     def _async(self) -> bool:
         # Read from the backend in use (a benchmark may swap in host frame stores).
-        return bool(getattr(self.backend, "async_calls", False))
+        return self.backend.features.async_calls
 
     @property
     def _beside(self) -> bool:
-        return bool(getattr(self.backend, "encodes_beside", False))
+        return self.backend.features.encodes_beside
+
+    @property
+    def _encoder_calls_in_flight(self) -> int:
+        # A backend may allow more than one (engines/torch_cuda/runtime.py: an encoder queued
+        # on the windows' own stream, whose calls do not slow each other down).
+        return self.backend.features.encoder_calls_in_flight
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         self._running = True
         if self._async:
-            self._delivery_thread = threading.Thread(
-                target=self._deliver, name="voxfleet-delivery", daemon=True
+            self._delivery = AudioDelivery(
+                lambda stream, now: self._count_first_audio(self.stats, stream, now),
+                lambda *observed: self._observed.append(observed),
             )
-            self._delivery_thread.start()
+            self._delivery.start()
         self._thread = threading.Thread(target=self._loop, name="voxfleet-scheduler", daemon=True)
         self._thread.start()
 
@@ -285,16 +271,14 @@ class StreamScheduler:
         self._incoming.clear()
         self._streams.clear()
         self._encoding.clear()  # their streams are closed
-        if self._delivery_thread is not None:
-            self._deliveries.put(None)  # after everything queued
-            self._delivery_thread.join(timeout=10)
+        if self._delivery is not None:
+            self._delivery.stop()
 
     def warmup(self, max_phonemes: int = 640) -> int:
         """Prepare the backend for every call shape this scheduler sends (GPU runtimes capture
         their CUDA graphs here, before the first listener waits for them); returns how many
         shapes are prepared (0 where there is nothing to prepare)."""
-        warm = getattr(self.backend, "warmup", None)
-        if warm is None:
+        if not self.backend.features.prepares_shapes:
             self._warm_with_a_stream()
             return 0
         cfg, sizes = self.windows, self.windows.window_sizes()
@@ -303,7 +287,7 @@ class StreamScheduler:
         flow_frames = [2 * size + 2 * cfg.flow_context_frames for size in sizes]
         vocoder_frames = [size + 2 * cfg.vocoder_context_frames for size in sizes]
         shapes = int(
-            warm(
+            self._device.warmup(
                 flow_frames=flow_frames,
                 vocoder_frames=vocoder_frames,
                 windows=windows,
@@ -311,13 +295,13 @@ class StreamScheduler:
                 phonemes=range(32, max_phonemes + 1, 32),
             )
         )
-        calibrate = getattr(self.backend, "calibrate", None)
-        if calibrate is not None:
-            # Seed the cost model with small and large calls of the steady shapes.
-            samples = calibrate(vocoder_frames[-1], flow_frames[-1], 256, windows, sentences)
-            for _ in range(3):
-                for stage, seconds, rows, width in samples:
-                    self.costs.observe(stage, seconds, rows, width)
+        # Seed the cost model with small and large calls of the steady shapes.
+        samples = self._device.calibrate(
+            vocoder_frames[-1], flow_frames[-1], 256, windows, sentences
+        )
+        for _ in range(3):
+            for stage, seconds, rows, width in samples:
+                self.costs.observe(stage, seconds, rows, width)
         return shapes
 
     def _warm_with_a_stream(self) -> None:
@@ -505,48 +489,13 @@ class StreamScheduler:
         self._finish(stream, error)
 
     def _finish(self, stream: Stream, error: Exception | None) -> None:
-        if self._delivery_thread is not None:
-            self._deliveries.put(_Finish(stream, error))  # after the stream's queued audio
+        if self._delivery is not None:
+            self._delivery.finish(stream, error)
             return
         try:
             stream.sink.finish(error)
         except Exception:  # the client may be gone already
             LOGGER.debug("finishing stream %s failed", stream.stream_id, exc_info=True)
-
-    def _deliver(self) -> None:
-        """The delivery thread: each launched call's audio once it is on the host, and the
-        streams' final responses, in the order the scheduler queued them."""
-        while True:
-            item = self._deliveries.get()
-            if item is None:
-                return
-            if isinstance(item, _Finish):
-                try:
-                    item.stream.sink.finish(item.error)
-                except Exception:  # the client may be gone already
-                    LOGGER.debug("finishing stream %s failed", item.stream.stream_id)
-                continue
-            try:
-                pcm, seconds = item.pending.result()
-            except Exception as error:  # a failed call: its streams end with the error
-                LOGGER.exception("a vocoder call failed")
-                for stream, *_ in item.windows:
-                    stream.sink.finish(RuntimeError(f"synthesis failed: {error}"))
-                continue
-            self._observed.append(("vocoder", seconds, len(item.windows), item.width))
-            now = time.monotonic()
-            stats = self.stats
-            for stream, row, samples, first, last in item.windows:
-                if first:
-                    self._count_first_audio(stats, stream, now)
-                try:
-                    if last:
-                        stream.sink.last_audio(pcm[row, :samples])
-                    else:
-                        stream.sink.audio(pcm[row, :samples])
-                except Exception:  # the scheduler notices a cancelled stream on its own
-                    LOGGER.debug("sending to stream %s failed", stream.stream_id)
-            item = None  # hold no pinned block while waiting for the next
 
     def _count_first_audio(self, stats: SchedulerStats, stream: Stream, now: float) -> None:
         """A stream's first audio at `now`: its time from the request (`Stream.requested`) into
@@ -589,13 +538,13 @@ class StreamScheduler:
         if self._beside:
             # The call runs beside this step's windows and the next steps'; its streams are
             # taken up once their frame counts are on the host (`_take_up_encoded`).
-            call = self.backend.encode_launch(ids, lengths, scale_array, speakers, voice)  # type: ignore[attr-defined]
+            call = self._device.encode_launch(ids, lengths, scale_array, speakers, voice)
             self._encoding.append(_Encoding(call, streams, speakers, longest))
             return
         started = time.perf_counter()
         # With asynchronous calls the device may still be decoding an earlier call: time the
         # encoder's own device work, not the wait for that one.
-        timing = self.backend.timer() if self._async else None  # type: ignore[attr-defined]
+        timing = self._device.timer() if self._async else None
         prior, frames = self.backend.encode(ids, lengths, scale_array, speakers, voice)
         self._start_sentences(streams, prior, frames, speakers)
         if timing is not None:
@@ -610,7 +559,7 @@ class StreamScheduler:
         """Start the sentences of the encoder calls beside the windows whose frame counts are
         on the host (in launch order): their prior (and flow) is queued behind the calls, and
         the planner plans their first windows from this step on."""
-        queued = bool(getattr(self.backend, "encoder_queued", False))
+        queued = self.backend.features.encoder_queued
         while self._encoding and (
             self._encoding[0].call.done() or (queued and self._encoding[0].followed)
         ):
@@ -618,7 +567,7 @@ class StreamScheduler:
             # windows before it, and checking only whether it is done put its sentences' first
             # windows a step later, behind the windows launched meanwhile.)
             encoding = self._encoding.popleft()
-            timing = self.backend.timer()  # type: ignore[attr-defined]
+            timing = self._device.timer()
             prior, frames = encoding.call.finish()
             self._start_sentences(encoding.streams, prior, frames, encoding.speakers)
             self._timings.append(
@@ -639,9 +588,10 @@ class StreamScheduler:
         self.backend.store_prior(prior, tables, frames)
         # GPU backends may run the flow over the whole sentences here (engines/torch_cuda/
         # backend.py); the windows then need the vocoder only.
-        flow_sentences = getattr(self.backend, "flow_sentences", None)
         voice = _weights(streams[0].voice)
-        flowed = bool(flow_sentences and flow_sentences(prior, tables, frames, speakers, voice))
+        flowed = self.backend.features.sentence_flow and self._device.flow_sentences(
+            prior, tables, frames, speakers, voice
+        )
         now = time.monotonic()
         for row, stream in enumerate(streams):
             if stream.stream_id not in self._streams:  # cancelled while it was encoded
@@ -707,7 +657,7 @@ class StreamScheduler:
         (the next step plans from it), their audio leaves from the delivery thread."""
         pending, sizes, width = self._vocode_launch(windows)
         now = time.monotonic()
-        delivery = _Delivery(pending, [], width)
+        delivery = LaunchedCall(pending, [], width)
         ended: list[Stream] = []
         for row, (window, size) in enumerate(zip(windows, sizes, strict=True)):
             stream, state = window.stream, window.stream.current
@@ -727,7 +677,8 @@ class StreamScheduler:
                 self._end_sentence(stream)
             if last:
                 ended.append(stream)
-        self._deliveries.put(delivery)
+        assert self._delivery is not None
+        self._delivery.audio(delivery)
         self._last_launched = pending
         for encoding in self._encoding:
             encoding.followed = True
@@ -764,7 +715,7 @@ class StreamScheduler:
 
     def _vocode_launch(self, windows: list[Window]) -> tuple[Any, list[int], int]:
         sizes, width, args = self._vocoder_call(windows)
-        pending = self.backend.vocode_async(*args)  # type: ignore[attr-defined]
+        pending = self._device.vocode_async(*args)
         self._count_vocoder_batch(windows)
         return pending, sizes, width
 
@@ -777,7 +728,7 @@ class StreamScheduler:
         ends = np.array([w.flow[1] for w in windows], dtype=np.int64)
         limits = np.minimum(np.array([s.frames for s in states], dtype=np.int64), ends + context)
         started = time.perf_counter()
-        timing = self.backend.timer() if self._async else None  # type: ignore[attr-defined]
+        timing = self._device.timer() if self._async else None
         self.backend.flow(
             [s.pages for s in states],
             np.array([w.flow[0] - before for w in windows], dtype=np.int64),

@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from engines.frames import LATENT_CHANNELS, SENTENCE_FLOW_FRAMES, FramePool, sentence_flow_groups
+from engines.frames import (
+    LATENT_CHANNELS,
+    SENTENCE_FLOW_FRAMES,
+    BackendFeatures,
+    FramePool,
+    sentence_flow_groups,
+)
 
 # 4,096 pages of 32 frames: 131,072 frames (25 minutes of audio) before the stores first grow.
 INITIAL_PAGES = 4096
@@ -95,8 +101,8 @@ class DeviceTiming:
 
 
 class DeviceBackend:
-    # A GPU call costs about the same for 1 window as for 16: the scheduler plans with that.
-    fixed_call_costs = True
+    """Frame stores on the device and the device calls (`BackendFeatures`): a GPU call costs
+    about the same for 1 window as for 16, and the scheduler plans with that."""
 
     def __init__(
         self, runtime: Any, initial_pages: int = INITIAL_PAGES, async_calls: bool | None = None
@@ -108,22 +114,25 @@ class DeviceBackend:
         # scheduler keeps its synchronous path where this is False (the CPU, tests).
         if async_calls is None:
             async_calls = self.device.type == "cuda"
-        self.async_calls = async_calls
         # With asynchronous calls, a runtime that launches its encoder
         # (TorchCudaStages.encodes_beside: the plan's encoder_launch "beside", on a CUDA
         # stream of its own, or "queued", on the windows' stream) lets the scheduler go on
         # launching windows and take the sentences up once their frame counts are on the host
-        # (`encode_launch`), with up to `encoder_calls_in_flight` calls at once. On the H100
-        # through Triton, one instance without a lead limit, both gave more audio per second
-        # but later first audio; four instances with a lead limit had fewer streams underrun
-        # beside (docs/benchmarks.md#gpu). "inline" stays the default.
-        self.encodes_beside = bool(async_calls and getattr(runtime, "encodes_beside", False))
-        self.encoder_calls_in_flight = int(getattr(runtime, "encoder_calls_in_flight", 1))
-        queued = bool(getattr(runtime, "encoder_queued", False))
-        self.encoder_queued = self.encodes_beside and queued
-        # The batch sizes the flow and vocoder calls are padded up to (CUDA graphs): the
-        # scheduler fills the padding rows with windows not due yet (planner.fill_buckets).
-        self.batch_buckets: tuple[int, ...] = tuple(getattr(runtime, "padded_batch_buckets", ()))
+        # (`encode_launch`), with up to `encoder_calls_in_flight` calls at once. "inline"
+        # stays the default (docs/gpu.md). The batch sizes the flow and vocoder calls are
+        # padded up to (CUDA graphs): the scheduler fills the padding rows with windows not
+        # due yet (planner.fill_buckets).
+        beside = bool(async_calls and getattr(runtime, "encodes_beside", False))
+        self.features = BackendFeatures(
+            fixed_call_costs=True,
+            batch_buckets=tuple(getattr(runtime, "padded_batch_buckets", ())),
+            async_calls=async_calls,
+            encodes_beside=beside,
+            encoder_queued=beside and bool(getattr(runtime, "encoder_queued", False)),
+            encoder_calls_in_flight=int(getattr(runtime, "encoder_calls_in_flight", 1)),
+            sentence_flow=True,
+            prepares_shapes=True,
+        )
         self.pool = FramePool(initial_pages)
         frames = self.pool.capacity_frames
         self._prior = torch.zeros(

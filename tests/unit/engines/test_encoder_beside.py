@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,7 @@ class _Call:
 class BesideBackend(HostBackend):
     def __init__(self, runtime: Any, beside: bool) -> None:
         super().__init__(runtime, initial_pages=512)
-        self.encodes_beside = beside
+        self.features = replace(self.features, encodes_beside=beside)
         self.gate = threading.Event()
         self.gate.set()
         self.launched = self.finished = 0
@@ -169,7 +170,7 @@ def test_a_backend_may_keep_more_encoder_calls_in_flight_and_no_more(stages, sen
     `encoder_calls_in_flight` (an encoder queued on the windows' stream); then they wait."""
     runtime = beside_stages(stages, beside=True)
     backend = runtime.backend
-    backend.encoder_calls_in_flight = 2
+    backend.features = replace(backend.features, encoder_calls_in_flight=2)
     scheduler = StreamScheduler(runtime, 22050)
     scheduler.start()
     sinks = [Sink() for _ in range(3)]
@@ -208,7 +209,7 @@ def test_windows_run_early_in_a_calls_padding_rows_give_the_same_audio(
     results, windows = {}, {}
     for buckets in ((), (4, 8)):
         runtime = beside_stages(stages, beside=False)
-        runtime.backend.batch_buckets = buckets
+        runtime.backend.features = replace(runtime.backend.features, batch_buckets=buckets)
         scheduler = StreamScheduler(runtime, 22050)
         assert scheduler.rules.batch_buckets == buckets
         scheduler.start()
@@ -249,11 +250,12 @@ class _Launched:
 
 
 class QueuedBackend(BesideBackend):
-    """Encoder calls queued on the windows' stream (VOXFLEET_ENCODER_BESIDE=queued), vocoder
-    calls launched without waiting: a GPU backend's asynchronous path."""
+    """Encoder calls queued on the windows' stream (the plan's encoder_launch "queued"),
+    vocoder calls launched without waiting: a GPU backend's asynchronous path."""
 
-    async_calls = True
-    encoder_queued = True
+    def __init__(self, runtime: Any, beside: bool) -> None:
+        super().__init__(runtime, beside)
+        self.features = replace(self.features, async_calls=True, encoder_queued=True)
 
     def vocode_async(self, *args: Any) -> _Launched:
         return _Launched(self.vocode(*args))

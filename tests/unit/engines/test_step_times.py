@@ -5,6 +5,7 @@ the step in flight, off the thread's CPU, not as planning or launching."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -36,10 +37,9 @@ class SlowDevice(HostBackend):
     """Host frame stores with a GPU backend's asynchronous calls, each step's device work
     taking `seconds` to finish."""
 
-    async_calls = True
-
     def __init__(self, runtime: Any, seconds: float) -> None:
         super().__init__(runtime, initial_pages=512)
+        self.features = replace(self.features, async_calls=True)
         self.seconds = seconds
 
     def vocode_async(self, *args: Any) -> _Pending:
