@@ -1,8 +1,9 @@
-"""The stream model's executor: one thread that steps all live streams of a voice.
+"""The stream model's executor: one thread that steps all live streams of its voices.
 
-Nothing here knows about Triton: the Triton model (engines/triton_model/model.py) feeds
-`StreamScheduler.submit` and turns `StreamSink` calls into decoupled responses, and the tests
-drive the same scheduler in-process.
+Nothing here knows about Triton: the pod's voice host (engines/voice_host) feeds
+`StreamScheduler.submit` with each stream's voice, and its sinks carry the audio back to the
+stream models, which send it as decoupled responses; the tests drive the same scheduler
+in-process.
 
 Per stream and sentence, the encoder runs once (ids → prior frames); then the flow and the
 vocoder run in windows (engines/streaming/planner.py chooses them). Every window carries
@@ -14,7 +15,8 @@ edges are the one-shot decode's.
 
 Each step, the planner picks windows earliest-deadline-first by the cost model
 (engines/streaming/costs.py); then one batched flow call and one batched vocoder call run per
-window size, and every decoded window is sent at once. The frames themselves live in the
+window size and voice, and every decoded window is sent at once (by the delivery thread,
+engines/streaming/delivery.py, where the backend's calls are asynchronous). The frames themselves live in the
 backend's paged stores (engines/frames.py): host memory for CPU runtimes, GPU memory for GPU
 runtimes. Nothing here imports a runtime library (an import contract in pyproject.toml).
 """
