@@ -54,6 +54,13 @@ FIRST_AUDIO_BUCKETS_SECONDS = (
     5.0,
 )
 QUEUE_SECONDS = "voxfleet_queue_seconds"  # _sum and _count counters
+# The pod's load against what it holds: its scheduler's busy share over the last seconds,
+# divided by the share at which it is full (1.0: full; a pod refuses new streams above it).
+LOAD_RATIO = "voxfleet_load_ratio"
+# The real-time streams the pod holds, by its own measurement (0 until it has one).
+CAPACITY_STREAMS = "voxfleet_capacity_streams"
+# Streams of the voice refused (RESOURCE_EXHAUSTED) because the pod was full.
+REFUSED_STREAMS_TOTAL = "voxfleet_refused_streams_total"
 VOCODER_BATCHES_TOTAL = "voxfleet_vocoder_batches_total"  # labelled batch_size too
 # Times `voxfleet triton` / `voxfleet serve` restarted the server to heal this voice after its
 # backend process died (set by the supervisor, so it carries across those restarts).

@@ -16,9 +16,10 @@ edges are the one-shot decode's.
 Each step, the planner picks windows earliest-deadline-first by the cost model
 (engines/streaming/costs.py); then one batched flow call and one batched vocoder call run per
 window size and voice, and every decoded window is sent at once (by the delivery thread,
-engines/streaming/delivery.py, where the backend's calls are asynchronous). The frames themselves live in the
-backend's paged stores (engines/frames.py): host memory for CPU runtimes, GPU memory for GPU
-runtimes. Nothing here imports a runtime library (an import contract in pyproject.toml).
+engines/streaming/delivery.py, where the backend's calls are asynchronous). The frames
+themselves live in the backend's paged stores (engines/frames.py): host memory for CPU
+runtimes, GPU memory for GPU runtimes. Nothing here imports a runtime library (an import
+contract in pyproject.toml).
 """
 
 from __future__ import annotations

@@ -137,6 +137,10 @@ class StepTimes:
     cpu: float = 0.0
     wall: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PARTS, 0.0))
 
+    def busy_seconds(self) -> float:
+        """Wall time spent on steps, waits for the device included: all but `idle`."""
+        return sum(seconds for part, seconds in self.wall.items() if part != "idle")
+
     def report(self) -> dict[str, Any]:
         return {
             "steps": self.steps,
@@ -194,3 +198,9 @@ class SchedulerStats:
     queue_count: int = 0
     underrun_risk_streams: int = 0
     vocoder_batches: dict[int, int] = field(default_factory=dict)
+    # Set by the voice host for every voice of an architecture: how busy its scheduler is
+    # against the share at which it is full (1.0: full), the streams it holds then by its own
+    # measurement (0: not measured yet), and the voice's streams it refused for being full.
+    load_ratio: float = 0.0
+    capacity_streams: int = 0
+    refused_streams: int = 0

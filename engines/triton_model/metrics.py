@@ -60,6 +60,18 @@ class ModelMetrics:
             f"{names.QUEUE_SECONDS}_sum", "Total seconds windows waited for the vocoder", counter
         )
         self.queue_count = family(f"{names.QUEUE_SECONDS}_count", "Windows decoded", counter)
+        self.load = family(
+            names.LOAD_RATIO,
+            "The pod's scheduler busy share over the last seconds against the share at which "
+            "it is full (1: full, new streams refused)",
+            gauge,
+        )
+        self.capacity = family(
+            names.CAPACITY_STREAMS, "Real-time streams the pod holds, by its own measurement", gauge
+        )
+        self.refused = family(
+            names.REFUSED_STREAMS_TOTAL, "Streams refused because the pod was full", counter
+        )
         self._labels = labels
         self._batches_family = pb_utils.MetricFamily(
             name=names.VOCODER_BATCHES_TOTAL,
@@ -108,7 +120,10 @@ class ModelMetrics:
             last = self._last
             self.live.set(stats.live_streams)
             self.risk.set(stats.underrun_risk_streams)
+            self.load.set(stats.load_ratio)
+            self.capacity.set(stats.capacity_streams)
             for metric, new, old in (
+                (self.refused, stats.refused_streams, last.refused_streams),
                 (self.streams, stats.streams_total, last.streams_total),
                 (self.queue_sum, stats.queue_seconds_sum, last.queue_seconds_sum),
                 (self.queue_count, stats.queue_count, last.queue_count),
@@ -130,6 +145,7 @@ class ModelMetrics:
                     self._batches[size].increment(calls - seen)
                     self._batches_seen[size] = calls
             self._last = SchedulerStats(
+                refused_streams=stats.refused_streams,
                 streams_total=stats.streams_total,
                 queue_seconds_sum=stats.queue_seconds_sum,
                 queue_count=stats.queue_count,

@@ -22,10 +22,12 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -61,6 +63,15 @@ CPU_VOICE_BYTES_PER_FILE_BYTE = 1.5
 # cost model and step times to stderr, as `voxfleet-costs <first voice> <json>` lines (read by
 # engines/bench/profile.py).
 COSTS_LOG_ENV = "VOXFLEET_COSTS_LOG_S"
+# A pod is full when its scheduler is busy this share of the time, measured over the last
+# LOAD_WINDOW_S: new streams are then refused (RESOURCE_EXHAUSTED) rather than admitted to make
+# every playing stream late. Its load ratio (busy share / FULL_BUSY) is what the HPAs scale on.
+FULL_BUSY = 0.85
+LOAD_SAMPLE_S = 0.25
+LOAD_WINDOW_S = 2.0
+# Only a busy share at least this high says how much a stream costs (below it, a step's fixed
+# costs dominate and a few streams would make the pod look smaller than it is).
+MEASURE_BUSY = 0.3
 # Phonemiser worker processes where a GPU does the rest (the CPU data plane phonemises on
 # the thread that has the request: its cores are the stages').
 GPU_FRONTEND_WORKERS = 4
@@ -184,6 +195,40 @@ def _cgroup_memory_limit() -> int:
     return 0
 
 
+class LoadMeter:
+    """An architecture's load, from its scheduler thread's busy time: the busy share over the
+    last LOAD_WINDOW_S (`busy`), and the real-time streams it holds (`capacity`): the live
+    streams it had when last measured at a busy share of at least MEASURE_BUSY, scaled to
+    FULL_BUSY. Derived from the pod's own history on its own hardware, never set by hand."""
+
+    def __init__(self, scheduler: StreamScheduler) -> None:
+        self._scheduler = scheduler
+        self._samples: deque[tuple[float, float]] = deque()
+        self.busy = 0.0
+        self.capacity = 0
+
+    def sample(self, now: float) -> None:
+        self._samples.append((now, self._scheduler.step_times.busy_seconds()))
+        while len(self._samples) > 2 and now - self._samples[0][0] > LOAD_WINDOW_S:
+            self._samples.popleft()
+        (t0, b0), (t1, b1) = self._samples[0], self._samples[-1]
+        if t1 - t0 < LOAD_SAMPLE_S:
+            return
+        self.busy = min(1.0, max(0.0, (b1 - b0) / (t1 - t0)))
+        live = self._scheduler.live_streams()
+        if live >= 2 and self.busy >= MEASURE_BUSY:
+            self.capacity = max(1, math.floor(live * FULL_BUSY / self.busy))
+
+    @property
+    def ratio(self) -> float:
+        return self.busy / FULL_BUSY
+
+    def full(self, live: int) -> bool:
+        """Whether a new stream would go past what the pod holds: it is busy at least
+        FULL_BUSY of the time and has its measured capacity of streams."""
+        return self.busy >= FULL_BUSY and live >= max(1, self.capacity)
+
+
 @dataclass(eq=False)
 class _Architecture:
     key: tuple[Any, ...]
@@ -193,6 +238,7 @@ class _Architecture:
     first_voice: str
     fixed_bytes: int = 0
     voices: set[int] = field(default_factory=set)
+    load: LoadMeter | None = None
 
 
 @dataclass(eq=False)
@@ -243,6 +289,23 @@ class VoiceHost:
         # Loads one at a time: each measures what it took.
         self._load_lock = threading.Lock()
         self._lock = threading.Lock()
+        self._closed = threading.Event()
+        threading.Thread(target=self._watch_load, name="voxfleet-load", daemon=True).start()
+
+    def _watch_load(self) -> None:
+        """Every LOAD_SAMPLE_S: each architecture's load, into its voices' stats."""
+        while not self._closed.wait(LOAD_SAMPLE_S):
+            now = time.monotonic()
+            with self._lock:
+                voices = list(self._voices.values())
+            for architecture in list(self._architectures.values()):
+                if architecture.load is None:
+                    continue
+                architecture.load.sample(now)
+                for voice in voices:
+                    if voice.architecture is architecture:
+                        voice.slot.stats.load_ratio = architecture.load.ratio
+                        voice.slot.stats.capacity_streams = architecture.load.capacity
 
     # -- memory ------------------------------------------------------------------------------
     def _meter(self, device: str) -> MemoryMeter:
@@ -336,6 +399,7 @@ class VoiceHost:
             _free_device_cache(device)
             raise LoadRefused(f"voice {plan.name}: its stages cannot run: {error}") from None
         architecture = _Architecture(key, runtime, scheduler, meter, plan.name)
+        architecture.load = LoadMeter(scheduler)
         architecture.fixed_bytes = max(0, meter.used() - before)
         LOGGER.info(
             "architecture of %s ready: %s, %d shapes prepared in %.1f s, %.0f MiB",
@@ -438,6 +502,16 @@ class VoiceHost:
             voice = self._voices.get(handle)
             if voice is None or voice.unloading:
                 raise StreamRefused("this voice is being unloaded from this server; retry")
+            load = voice.architecture.load
+            live = voice.architecture.scheduler.live_streams()
+            if load is not None and load.full(live):
+                voice.slot.stats.refused_streams += 1
+                raise StreamRefused(
+                    f"this server is full: {live} live streams, its scheduler busy "
+                    f"{load.busy:.0%} of the time (full at {FULL_BUSY:.0%}, about "
+                    f"{load.capacity} streams); try another server",
+                    "RESOURCE_EXHAUSTED",
+                )
             voice.streams += 1
         counted = _CountedSink(sink, lambda: self._stream_ended(voice))
 
@@ -473,6 +547,7 @@ class VoiceHost:
             self._free(voice)
 
     def close(self) -> None:
+        self._closed.set()
         for architecture in list(self._architectures.values()):
             architecture.scheduler.stop()
         self._architectures.clear()
