@@ -195,7 +195,11 @@ def build_pool_metrics_service(pool: Pool, namespace: str) -> dict[str, Any]:
         "spec": {
             "clusterIP": "None",
             "selector": selector,
-            "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}],
+            # Triton's metrics (the voices'), and the pod's memory on its health port.
+            "ports": [
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"},
+                {"name": "health", "port": HEALTH_PORT, "targetPort": "health"},
+            ],
         },
     }
 
@@ -267,6 +271,9 @@ def build_pool_service_monitor(pool: Pool, namespace: str) -> dict[str, Any]:
         "spec": {
             "selector": {"matchLabels": {**selector, "app.kubernetes.io/component": "metrics"}},
             "namespaceSelector": {"matchNames": [namespace]},
-            "endpoints": [{"port": "metrics", "interval": "15s", "path": "/metrics"}],
+            "endpoints": [
+                {"port": "metrics", "interval": "15s", "path": "/metrics"},
+                {"port": "health", "interval": "15s", "path": "/metrics"},
+            ],
         },
     }

@@ -279,7 +279,8 @@ def test_pdb_and_service_monitor_select_the_pool() -> None:
         },
     }
     monitor = build_pool_service_monitor(T4, "tts")
-    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    # Triton's metrics (the voices'), and the pod's memory gauges on its health port.
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics", "health"]
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["tts"]}
 
 
