@@ -27,22 +27,35 @@ from engines.triton_server import free_port
 pytestmark = pytest.mark.triton
 
 
-def kill_the_backend_under_load(served: Served) -> None:
-    """kill -9 the voice's stub with four streams in flight; check what users would see."""
+def kill_under_load(served: Served, victim: Callable[[], psutil.Process], within_s: float) -> float:
+    """kill -9 `victim()` with four streams in flight; check what users see until then: the
+    pod not ready and every stream ended with UNAVAILABLE, each within `within_s`. Returns
+    when it was killed."""
     talkers, results = talk_in_background(served.grpc_url, 4)
     assert served.wait_for(lambda: (served.metric(names.LIVE_STREAMS) or 0) >= 4, 30) is not None
     assert served.ready() == 200
-    (stub,) = served.stubs()
-    stub.kill()
+    victim().kill()
     killed_at = time.monotonic()
     # Until it has healed, the pod says it cannot serve.
-    assert served.wait_for(lambda: served.ready() == 503, 2) is not None
+    assert served.wait_for(lambda: served.ready() == 503, within_s) is not None
     for talker in talkers:
         talker.join(timeout=10)
     for outcome, ended_at in results.values():
         assert isinstance(outcome, SynthesisError), outcome
         assert outcome.code == "UNAVAILABLE", str(outcome)
-        assert ended_at - killed_at < 2.0, f"a stream ended {ended_at - killed_at:.1f} s later"
+        later = ended_at - killed_at
+        assert later < within_s, f"a stream ended {later:.1f} s later"
+    return killed_at
+
+
+def kill_the_backend_under_load(served: Served) -> None:
+    """kill -9 the voice's stub with four streams in flight; check what users would see."""
+
+    def only_stub() -> psutil.Process:
+        (stub,) = served.stubs()
+        return stub
+
+    killed_at = kill_under_load(served, only_stub, 2.0)
     assert served.live() == 200
     healed = served.wait_for(lambda: served.ready() == 200, 20)
     assert healed is not None, "".join(served.output[-30:])
@@ -94,18 +107,8 @@ def test_serve_heals_a_killed_voice_host_under_load(engine_cache: Path) -> None:
     voices again, and then it speaks."""
     command, ports = serve_command(str(engine_cache))
     with running(command, ports) as served:
-        talkers, results = talk_in_background(served.grpc_url, 4)
-        assert served.wait_for(lambda: (served.metric(names.LIVE_STREAMS) or 0) >= 4, 30)
         host = voice_host(served)
-        host.kill()
-        killed_at = time.monotonic()
-        assert served.wait_for(lambda: served.ready() == 503, 5) is not None
-        for talker in talkers:
-            talker.join(timeout=10)
-        for outcome, ended_at in results.values():
-            assert isinstance(outcome, SynthesisError), outcome
-            assert outcome.code == "UNAVAILABLE", str(outcome)
-            assert ended_at - killed_at < 5.0
+        kill_under_load(served, lambda: host, 5.0)
         assert served.wait_for(lambda: served.ready() == 200, 60) is not None, "".join(
             served.output[-30:]
         )
