@@ -98,9 +98,7 @@ class EngineKey:
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIME_NAMES:
-            raise ValueError(
-                f"runtime {self.runtime!r} is not one of {', '.join(RUNTIME_NAMES)}"
-            )
+            raise ValueError(f"runtime {self.runtime!r} is not one of {', '.join(RUNTIME_NAMES)}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if len(self.model_sha256) != 64:

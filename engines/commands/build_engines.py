@@ -41,8 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "precision and the windows that size TensorRT's profiles come from it",
     )
     parser.add_argument(
-        "--runtime", choices=RUNTIME_CHOICES, default=None, help=f"{runtime_help()} (default "
-        "onnxruntime)"
+        "--runtime",
+        choices=RUNTIME_CHOICES,
+        default=None,
+        help=f"{runtime_help()} (default onnxruntime)",
     )
     parser.add_argument(
         "--precision",

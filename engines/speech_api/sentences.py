@@ -52,10 +52,11 @@ class SentenceFinder:
         self.max_chars = max_chars
         self._buffer = ""
         self._scanned = 0  # characters of the buffer already looked at
+        self._carry = ""  # punctuation alone, said with the next sentence
 
     @property
     def pending(self) -> str:
-        return self._buffer
+        return (self._carry + " " + self._buffer).strip() if self._carry else self._buffer
 
     def push(self, text: str) -> list[str]:
         """Add `text` (a token, or any piece); return the sentences it completed."""
@@ -77,21 +78,24 @@ class SentenceFinder:
 
     def flush(self) -> str:
         """Whatever is left, as the turn's last sentence ('' when nothing worth saying)."""
-        rest, self._buffer, self._scanned = self._buffer.strip(), "", 0
+        rest = self.pending.strip()
+        self.clear()
         return rest if _has_words(rest) else ""
 
     def clear(self) -> None:
-        self._buffer, self._scanned = "", 0
+        self._buffer, self._scanned, self._carry = "", 0, ""
 
     def _emit(self, piece: str, into: list[str]) -> None:
         piece = piece.strip()
         if not piece:
             return
+        if self._carry:
+            piece, self._carry = f"{self._carry} {piece}", ""
         if _has_words(piece):
             into.append(piece)
         else:
             # Punctuation or markup alone ("...", "**") is no sentence: keep it for the next.
-            self._buffer = piece + " " + self._buffer.lstrip()
+            self._carry = piece
 
     def _next_end(self) -> int | None:
         """The index just past the first sentence end in the buffer, if one is certain."""

@@ -555,7 +555,6 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().to(torch.float32).cpu().numpy()
 
 
-
 def load(engine_dir: Path, windows: WindowConfig) -> TensorRTStages:
     """The runtime registry's loader; the plans' profiles already fix the call shapes."""
     return TensorRTStages(engine_dir)
