@@ -76,3 +76,9 @@ THREADS_ENV = "VOXFLEET_THREADS"
 # (engines.frames.HostBackend.lead_windows); off by default, as it delays other streams' first
 # audio (docs/streaming.md).
 LEAD_WINDOWS_ENV = "VOXFLEET_LEAD_WINDOWS"
+
+# -- the speech API gateway (`voxfleet api`), labelled `endpoint` (a pod's host:port) -----
+GATEWAY_STREAMS_TOTAL = "voxfleet_gateway_streams_total"
+GATEWAY_STREAMS_IN_FLIGHT = "voxfleet_gateway_streams_in_flight"
+GATEWAY_REFUSALS_TOTAL = "voxfleet_gateway_refusals_total"
+GATEWAY_FAILURES_TOTAL = "voxfleet_gateway_failures_total"

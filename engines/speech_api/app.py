@@ -4,6 +4,7 @@
   refusal (404, 429, 503) still has its status; then chunked transfer, chunk by chunk.
 - `GET /v1/models`, `GET /v1/audio/voices`.
 - `WS /v1/audio/speech/stream`: `session.SpeechSession`.
+- `GET /metrics`: streams, refusals and failures per pod endpoint (Prometheus text).
 - `GET /healthz`: the process answers (liveness and readiness; a voice with no pod is a
   503 per request, not an unready gateway).
 """
@@ -19,10 +20,12 @@ import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from engines import names
+from engines.balancing import Balancer
 from engines.speech_api import sse
 from engines.speech_api.audio import AvEncoder, PcmEncoder, content_type, new_encoder
 from engines.speech_api.auth import ApiKeys
@@ -108,6 +111,22 @@ async def _sse_body(
             encoder.close()
 
 
+def metrics_text(balancer: Balancer) -> str:
+    """The balancer's counts per endpoint, in Prometheus' text format."""
+    counts = balancer.counts()
+    lines = []
+    for name, kind, value_of in (
+        (names.GATEWAY_STREAMS_TOTAL, "counter", lambda c: c.streams),
+        (names.GATEWAY_STREAMS_IN_FLIGHT, "gauge", lambda c: c.in_flight),
+        (names.GATEWAY_REFUSALS_TOTAL, "counter", lambda c: c.refusals),
+        (names.GATEWAY_FAILURES_TOTAL, "counter", lambda c: c.failures),
+    ):
+        lines.append(f"# TYPE {name} {kind}")
+        for endpoint, count in sorted(counts.items()):
+            lines.append(f'{name}{{endpoint="{endpoint}"}} {value_of(count)}')
+    return "\n".join(lines) + "\n"
+
+
 def build_app(synthesizer: Synthesizer, keys: ApiKeys | None = None) -> Starlette:
     keys = keys or ApiKeys(environ={})
 
@@ -173,6 +192,11 @@ def build_app(synthesizer: Synthesizer, keys: ApiKeys | None = None) -> Starlett
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(
+            metrics_text(synthesizer.balancer), media_type="text/plain; version=0.0.4"
+        )
+
     async def stream_socket(websocket: WebSocket) -> None:
         await websocket.accept()
         try:
@@ -211,6 +235,7 @@ def build_app(synthesizer: Synthesizer, keys: ApiKeys | None = None) -> Starlett
             Route("/v1/audio/voices", voices, methods=["GET"]),
             WebSocketRoute("/v1/audio/speech/stream", stream_socket),
             Route("/healthz", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
         ],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error},
         lifespan=lifespan,

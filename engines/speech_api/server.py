@@ -73,7 +73,7 @@ def run_gateway(settings: GatewaySettings) -> int:
         # grpc.aio runs on asyncio's own loop; uvloop is not used.
         loop="asyncio",
         http=http,
-        ws="websockets",
+        ws="websockets-sansio",
         log_level=settings.log_level,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         access_log=False,
