@@ -9,7 +9,8 @@ Client → server, JSON text frames:
 - `{"type": "input_text.flush"}`: the end of a turn: what is left is spoken, then a
   `speech.audio.done` for the turn follows its last audio. The socket stays open.
 - `{"type": "input_text.clear"}`: barge-in: audio stops at once (the pod's stream is
-  cancelled), text not yet spoken is dropped; `input_text.cleared` answers.
+  cancelled), text not yet spoken is dropped; `input_text.cleared` answers with `next_turn`:
+  every turn before it is over, and no audio of those turns follows.
 - `{"type": "session.close"}`: speak what is left, send `session.closed`, close.
 
 Server → client: `session.created` and `session.updated` (the settings), `speech.audio.delta`
@@ -228,9 +229,8 @@ class SpeechSession:
         if self._speaking is not None:
             self._speaking.cancel()
         self._drop_encoder()
-        turn = self._turn
         self._turn += 1
-        await self._send({"type": "input_text.cleared", "turn": turn})
+        await self._send({"type": "input_text.cleared", "next_turn": self._turn})
 
     async def finish(self) -> None:
         """Speak what is left, then say the session is closed."""

@@ -29,8 +29,12 @@ def server(engine_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 def busy_server(
     engine_cache: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TritonServer]:
-    """A second joe server that holds one stream at a time (max_streams_per_pod 1)."""
-    plans = [replace(p, max_streams_per_pod=1) for p in plan_local_voices(["joe"], engine_cache)]
+    """A second joe server that holds one stream at a time (max_streams_per_pod 1), and paces
+    each stream at about real time (max_lead_ms), so that a long text holds it for seconds."""
+    plans = [
+        replace(p, max_streams_per_pod=1, windows=replace(p.windows, max_lead_ms=500))
+        for p in plan_local_voices(["joe"], engine_cache)
+    ]
     triton = local_server(plans, work_dir=tmp_path_factory.mktemp("triton-busy"))
     with triton.start():
         yield triton
