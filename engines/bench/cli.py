@@ -93,6 +93,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="gRPC HOST:PORT of the triton-naive server (python -m engines.bench.naive)",
     )
     parser.add_argument(
+        "--api-url",
+        help="base URL of a `voxfleet api` in front of the --url server, for the voxfleet-api "
+        "system (e.g. http://127.0.0.1:8080)",
+    )
+    parser.add_argument(
         "--naive-model",
         default="joe-naive",
         help="model name of the triton-naive baseline (default joe-naive)",
@@ -279,6 +284,14 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                     metrics_url=_metrics_url(args.nobatch_url),
                 )
             )
+        elif name == "voxfleet-api":
+            from engines.bench.gateway import SpeechApiSystem
+
+            if not args.api_url:
+                raise BenchSystemError(
+                    "voxfleet-api needs --api-url: a `voxfleet api --upstream` in front of --url"
+                )
+            systems.append(SpeechApiSystem(args.api_url, args.model))
         else:
             systems.append(
                 TritonSystem(
@@ -294,6 +307,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             if isinstance(system, TritonSystem):
                 await system.connect()
                 machine.setdefault("tritonserver", await system.server_version())
+            elif hasattr(system, "connect"):
+                await system.connect()
         # The limit is measured before any load, with the servers idle, so that it is the
         # machine's and not what the sweep left of it.
         limiter = next((s for s in systems if isinstance(s, PiperSystem)), None)

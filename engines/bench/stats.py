@@ -9,7 +9,7 @@ from typing import Any
 
 from engines.bench.timeline import StreamRecord, StreamStats, analyse_stream
 
-SYSTEMS = ("piper", "triton-naive", "voxfleet-nobatch", "voxfleet")
+SYSTEMS = ("piper", "triton-naive", "voxfleet-nobatch", "voxfleet", "voxfleet-api")
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -269,4 +269,26 @@ def evaluate_goals(
         goals.append(
             Goal("real-time streams vs triton-naive", "not measured", "ratio ≥ 1.5", None, None)
         )
+    goals.append(_gateway_goal(runs))
     return goals
+
+
+def _gateway_goal(runs: Sequence[RunSummary]) -> Goal:
+    """The speech API's added first audio at concurrency 1 (issue 41)."""
+    from engines.bench.gateway import ADDED_P50_GOAL_MS, gateway_overhead
+
+    name, target = "speech API's added first audio", f"≤ {ADDED_P50_GOAL_MS:.0f} ms at p50"
+    rows = gateway_overhead(runs)
+    if not rows:
+        return Goal(name, "not measured (needs voxfleet and voxfleet-api)", target, None, None)
+    row = rows[0]
+    added = row["added_p50_ms"]
+    return Goal(
+        name,
+        f"at concurrency {row['concurrency']:.0f}: p50 {row['api_p50_ms']:.1f} ms through the "
+        f"gateway vs {row['direct_p50_ms']:.1f} ms direct (+{added:.1f} ms; p95 "
+        f"+{row['added_p95_ms']:.1f} ms)",
+        target,
+        added,
+        added <= ADDED_P50_GOAL_MS,
+    )
