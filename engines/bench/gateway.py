@@ -7,8 +7,8 @@ request being sent, as for the gRPC systems. `make bench` puts the gateway in fr
 same `voxfleet` server the `voxfleet` system streams from directly, and the sweep alternates
 the two at every level, so the difference is the gateway's.
 
-`gateway_overhead` compares the two per level: added first-audio p50 and p95, and the
-gateway's own CPU (its process tree, sampled as a server's) per stream.
+`engines.bench.stats.gateway_overhead` compares the two per level: added first-audio p50
+and p95, and the gateway's own CPU (its process tree, sampled as a server's) per stream.
 `python -m engines.bench.gateway RESULT.json...` prints those figures per run and their
 median and worst over the runs.
 """
@@ -24,16 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from engines.bench.resources import ProcessTree, find_listening_process
-from engines.bench.stats import RunSummary
+from engines.bench.stats import SPEECH_API_SYSTEM, RunSummary, gateway_overhead
 
 PCM_RATE = 24000
-ADDED_P50_GOAL_MS = 5.0
 
 
 class SpeechApiSystem:
     """`voxfleet api` in front of a voxfleet server: HTTP in, pcm chunks out."""
 
-    name = "voxfleet-api"
+    name = SPEECH_API_SYSTEM
     streaming = True
 
     def __init__(self, url: str, voice: str = "joe") -> None:
@@ -92,41 +91,6 @@ class SpeechApiSystem:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-
-def gateway_overhead(runs: Sequence[RunSummary]) -> list[dict[str, float]]:
-    """Per level where both ran: the gateway's added first audio (p50, p95, ms) against
-    `voxfleet` direct, and its CPU: % of a core per concurrent stream, ms per stream."""
-    direct = {r.concurrency: r for r in runs if r.system == "voxfleet" and not r.skipped}
-    rows = []
-    for api in (r for r in runs if r.system == SpeechApiSystem.name and not r.skipped):
-        base = direct.get(api.concurrency)
-        if base is None:
-            continue
-        cpu = api.server.get("cpu_percent")
-        cpu_percent = float(cpu) if isinstance(cpu, (int, float)) else math.nan
-        rows.append(
-            {
-                "concurrency": api.concurrency,
-                "direct_p50_ms": base.first_audio_ms["p50"],
-                "api_p50_ms": api.first_audio_ms["p50"],
-                "added_p50_ms": api.first_audio_ms["p50"] - base.first_audio_ms["p50"],
-                "direct_p95_ms": base.first_audio_ms["p95"],
-                "api_p95_ms": api.first_audio_ms["p95"],
-                "added_p95_ms": api.first_audio_ms["p95"] - base.first_audio_ms["p95"],
-                "gateway_cpu_percent": cpu_percent,
-                "gateway_cpu_percent_per_stream": cpu_percent / api.concurrency,
-                "gateway_cpu_ms_per_request": (
-                    cpu_percent / 100 * api.wall_seconds / api.streams * 1000
-                    if api.streams
-                    else math.nan
-                ),
-                "api_errors": api.errors,
-                "api_underrun_streams": api.underrun_streams,
-                "direct_underrun_streams": base.underrun_streams,
-            }
-        )
-    return sorted(rows, key=lambda row: row["concurrency"])
 
 
 def summarise(paths: Sequence[Path]) -> dict[str, Any]:

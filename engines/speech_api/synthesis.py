@@ -81,7 +81,8 @@ class Synthesizer:
         await self.directory.endpoints(voice)  # fresh before the first choice
         scale = await self.length_scale(voice, speed)
         resampler = StreamResampler(rate)
-        for piece in pack(text, self.max_text_bytes):
+        limit = self.directory.table.max_text_bytes(voice, self.max_text_bytes)
+        for piece in pack(text, limit):
 
             def open_stream(endpoint: str, piece: str = piece) -> AsyncIterator[Audio]:
                 return self.upstreams.stream(endpoint, voice, piece, scale)

@@ -32,12 +32,14 @@ class VoiceTableError(ValueError):
 @dataclass(frozen=True)
 class VoiceEntry:
     """A voice the table knows: its endpoint address (a host:port to resolve, in the
-    cluster the voice's headless Service) and the Piper length scale of the voice itself,
-    which `speed` divides (1.0 for nearly every Piper voice)."""
+    cluster the voice's headless Service), the Piper length scale of the voice itself, which
+    `speed` divides (1.0 for nearly every Piper voice), and the longest text its pods take
+    in one request (TTSVoice `limits.maxTextBytes`; None: the gateway's default)."""
 
     name: str
     address: str | None = None
     length_scale: float = 1.0
+    max_text_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,10 @@ class VoiceTable:
     def length_scale(self, voice: str) -> float:
         entry = self.voices.get(voice)
         return entry.length_scale if entry is not None else 1.0
+
+    def max_text_bytes(self, voice: str, default: int) -> int:
+        entry = self.voices.get(voice)
+        return entry.max_text_bytes if entry is not None and entry.max_text_bytes else default
 
 
 def with_flags(
@@ -122,7 +128,12 @@ def table_from_dict(data: Any, source: str = "voice table") -> VoiceTable:
             raise VoiceTableError(f"{source}: voice {name!r}: 'address' must be HOST:PORT")
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale <= 0:
             raise VoiceTableError(f"{source}: voice {name!r}: 'lengthScale' must be > 0")
-        entries[str(name)] = VoiceEntry(str(name), address, float(scale))
+        limit = entry.get("maxTextBytes")
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise VoiceTableError(f"{source}: voice {name!r}: 'maxTextBytes' must be >= 1")
+        entries[str(name)] = VoiceEntry(str(name), address, float(scale), limit)
     return VoiceTable(
         aliases={k.lower(): v for k, v in aliases.items()},
         default_voice=default,
