@@ -9,8 +9,18 @@ the two at every level, so the difference is the gateway's.
 
 `engines.bench.stats.gateway_overhead` compares the two per level: added first-audio p50
 and p95, and the gateway's own CPU (its process tree, sampled as a server's) per stream.
-`python -m engines.bench.gateway RESULT.json...` prints those figures per run and their
-median and worst over the runs.
+
+On a shared machine the load of others drifts between the two systems' turns at a level.
+`measure_paired` takes them in the same turn instead: N listeners, each alternating direct
+gRPC and the gateway request by request, so both see the same server load and the same
+background. The commands:
+
+    python -m engines.bench.gateway paired --grpc-url H:P --api-url http://H:P \
+        --concurrency 1,12 --duration 60 --json results/F.json
+    python -m engines.bench.gateway summary results/F1.json results/F2.json ...
+
+`summary` takes `voxfleet bench --json` files and `paired` files alike, and prints each
+run's figures with their median and worst over the runs.
 """
 
 from __future__ import annotations
@@ -94,28 +104,31 @@ class SpeechApiSystem:
 
 
 def summarise(paths: Sequence[Path]) -> dict[str, Any]:
-    """Per level: each run's figures, and their median and worst over the runs."""
+    """Per level: each run's figures, and their median and worst (the most added time or
+    CPU) over the runs."""
     per_run = []
     for path in paths:
         result = json.loads(path.read_text("utf-8"))
-        runs = [RunSummary.from_json(_nan(run)) for run in result["runs"]]
-        per_run.append(
-            {"file": str(path), "date": result["machine"].get("date_utc"),
-             "levels": gateway_overhead(runs)}
-        )  # fmt: skip
-    levels: dict[int, list[dict[str, float]]] = {}
+        if "levels" in result:  # a paired run
+            levels = result["levels"]
+        else:
+            runs = [RunSummary.from_json(_nan(run)) for run in result["runs"]]
+            levels = gateway_overhead(runs)
+        date = result.get("date_utc") or result.get("machine", {}).get("date_utc")
+        per_run.append({"file": str(path), "date": date, "levels": levels})
+    by_level: dict[int, list[dict[str, float]]] = {}
     for run in per_run:
         for row in run["levels"]:
-            levels.setdefault(int(row["concurrency"]), []).append(row)
+            by_level.setdefault(int(row["concurrency"]), []).append(row)
     summary: dict[str, dict[str, Any]] = {}
-    for level, rows in sorted(levels.items()):
+    for level, rows in sorted(by_level.items()):
+        keys = [k for k, v in rows[0].items() if k != "concurrency" and isinstance(v, (int, float))]
         summary[str(level)] = {
             key: {
                 "median": statistics.median(row[key] for row in rows),
-                "worst": max(row[key] for row in rows),  # the most added time or CPU
+                "worst": max(row[key] for row in rows),
             }
-            for key in rows[0]
-            if key != "concurrency"
+            for key in keys
         }
         summary[str(level)]["runs"] = len(rows)
     return {"runs": per_run, "by_concurrency": summary}
@@ -130,12 +143,145 @@ def _nan(run: dict[str, Any]) -> dict[str, Any]:
     return fixed
 
 
+async def measure_paired(
+    grpc_url: str,
+    api_url: str,
+    concurrency: int,
+    duration_s: float,
+    voice: str = "joe",
+    drain_s: float = 30.0,
+) -> dict[str, Any]:
+    """One level: `concurrency` closed-loop listeners, each alternating direct gRPC and the
+    gateway request by request (listener i starts with the gateway when i is odd)."""
+    import asyncio
+    import time
+
+    from engines.bench.resources import MachineCpuSampler, ResourceSampler
+    from engines.bench.stats import summarise_run
+    from engines.bench.systems import TritonSystem
+    from engines.bench.timeline import Chunk, StreamRecord
+    from engines.corpus import cycle_sentences, load_corpus, sentence_order
+
+    direct = TritonSystem("voxfleet", grpc_url, voice, streaming=True)
+    api = SpeechApiSystem(api_url, voice)
+    await direct.connect()
+    await api.connect()
+    systems = (direct, api)
+    for system in systems:  # warm both paths before anything is timed
+        async for _ in system.open_stream("Warming up before the measured runs."):
+            pass
+    sentences = cycle_sentences(sentence_order(load_corpus()))
+    records: dict[str, list[StreamRecord]] = {direct.name: [], api.name: []}
+    gateway = api.server()
+    sampler = ResourceSampler(gateway) if gateway is not None else None
+    machine = MachineCpuSampler()
+    clock = time.perf_counter
+    start = clock()
+    deadline = start + duration_s
+    ramp_s = min(1.0, duration_s / 10)
+
+    async def listener(index: int) -> None:
+        await asyncio.sleep(ramp_s * index / concurrency)
+        turn = index
+        while clock() < deadline:
+            system = systems[turn % 2]
+            turn += 1
+            record = StreamRecord(text=next(sentences), sent_s=clock())
+            records[system.name].append(record)
+            try:
+                async for samples, rate in system.open_stream(record.text):
+                    record.chunks.append(Chunk(clock(), samples))
+                    record.sample_rate = rate or record.sample_rate
+                record.ended_s = clock()
+            except asyncio.CancelledError:
+                record.error = "cut off: still streaming when the drain time ran out"
+                raise
+            except Exception as error:
+                record.error = f"{type(error).__name__}: {error}"
+
+    machine.start()
+    if sampler is not None:
+        sampler.start()
+    tasks = [asyncio.ensure_future(listener(i)) for i in range(concurrency)]
+    _, pending = await asyncio.wait(tasks, timeout=duration_s + drain_s)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    wall = clock() - start
+    usage = sampler.stop() if sampler is not None else {}
+    machine_cpu = machine.stop()
+    for system in systems:
+        await system.close()
+    runs = []
+    for system in systems:
+        run = summarise_run(system.name, concurrency, records[system.name], wall)
+        if system is api:
+            run.server = dict(usage)
+        runs.append(run)
+    (row,) = gateway_overhead(runs)
+    row["machine_cpu_percent"] = machine_cpu
+    row["direct_streams"], row["api_streams"] = runs[0].streams, runs[1].streams
+    row["direct_errors"] = runs[0].errors
+    # The gateway's CPU per request is over its own requests; per stream, over its share.
+    row["gateway_cpu_percent_per_stream"] = row["gateway_cpu_percent"] / (concurrency / 2)
+    return {"row": row, "runs": [run.to_json() for run in runs]}
+
+
+def _paired(args: Any) -> int:
+    import asyncio
+    import time
+
+    from engines.bench.machine import describe_machine
+
+    result: dict[str, Any] = {
+        "command": "python -m engines.bench.gateway " + " ".join(sys.argv[1:]),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": describe_machine(),
+        "levels": [],
+        "runs": [],
+    }
+    for level in args.concurrency:
+        measured = asyncio.run(
+            measure_paired(args.grpc_url, args.api_url, level, args.duration, args.voice)
+        )
+        result["levels"].append(measured["row"])
+        result["runs"].extend(measured["runs"])
+        row = measured["row"]
+        print(
+            f"c={level}: first audio p50 {row['direct_p50_ms']:.1f} ms direct, "
+            f"{row['api_p50_ms']:.1f} ms via the gateway (+{row['added_p50_ms']:.1f}); p95 "
+            f"{row['direct_p95_ms']:.1f} / {row['api_p95_ms']:.1f} (+{row['added_p95_ms']:.1f}); "
+            f"gateway CPU {row['gateway_cpu_percent']:.1f} % "
+            f"({row['gateway_cpu_ms_per_request']:.1f} ms per request); "
+            f"streams {row['direct_streams']:.0f} + {row['api_streams']:.0f}",
+            file=sys.stderr,
+        )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    paths = [Path(p) for p in (sys.argv[1:] if argv is None else argv)]
-    if not paths:
-        print("usage: python -m engines.bench.gateway RESULT.json...", file=sys.stderr)
-        return 2
-    print(json.dumps(summarise(paths), indent=2))
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m engines.bench.gateway")
+    commands = parser.add_subparsers(dest="command", required=True)
+    paired = commands.add_parser("paired", help="direct gRPC and the gateway, request by request")
+    paired.add_argument("--grpc-url", required=True, help="the voxfleet server, HOST:PORT")
+    paired.add_argument("--api-url", required=True, help="the gateway in front of it")
+    paired.add_argument("--voice", default="joe")
+    paired.add_argument(
+        "--concurrency", type=lambda v: [int(x) for x in v.split(",")], default=[1, 12]
+    )
+    paired.add_argument("--duration", type=float, default=60.0)
+    paired.add_argument("--json", type=Path)
+    summary = commands.add_parser("summary", help="median and worst over result files")
+    summary.add_argument("files", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "paired":
+        return _paired(args)
+    print(json.dumps(summarise(args.files), indent=2))
     return 0
 
 
