@@ -26,6 +26,8 @@ from engines.speech_api.upstream import Audio, Upstreams
 # lags): another pod may still have it.
 RETRY_CODES = DEFAULT_RETRY_CODES | {"NOT_FOUND"}
 RATE_TTL_S = 60.0
+# How often the channels and counts of pods that are gone are let go.
+PRUNE_INTERVAL_S = 30.0
 
 
 def _code_of(error: BaseException) -> str | None:
@@ -41,6 +43,18 @@ class Synthesizer:
 
     def __post_init__(self) -> None:
         self._rates: dict[str, tuple[float, float]] = {}  # voice -> (rate, read at)
+        self._pruned_at = time.monotonic()
+
+    async def _prune(self) -> None:
+        """Close the channels of pods no voice resolves to any more (and forget their counts),
+        keeping those that still have streams in flight."""
+        if time.monotonic() - self._pruned_at < PRUNE_INTERVAL_S:
+            return
+        self._pruned_at = time.monotonic()
+        keep = {e for v in await self.directory.voices() for e in self.directory.endpoints_now(v)}
+        keep |= {e for e, c in self.balancer.counts().items() if c.in_flight}
+        self.balancer.forget(keep)
+        self.upstreams.forget(keep)
 
     async def resolve(self, requested: str) -> str:
         """The voice a request names; ApiError 404 when none, 503 when none can be asked."""
@@ -79,6 +93,7 @@ class Synthesizer:
         """int16 mono samples at `rate`, chunk by chunk; raises balancing's errors or
         UpstreamError."""
         await self.directory.endpoints(voice)  # fresh before the first choice
+        await self._prune()
         scale = await self.length_scale(voice, speed)
         resampler = StreamResampler(rate)
         limit = self.directory.table.max_text_bytes(voice, self.max_text_bytes)
