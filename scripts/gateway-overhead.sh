@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The speech API gateway against direct gRPC, on fresh servers (docs/speech-api.md):
 # for each run, a new `voxfleet serve --voice joe` and a new `voxfleet api` in front of it;
-# then `python -m engines.bench.gateway paired` (listeners alternating direct gRPC and the
-# gateway request by request) and `python -m engines.bench.speech_socket` (the WebSocket:
+# then `python -m engines.bench.gateway paired` (listeners sending each sentence both ways,
+# directly and through the gateway) and `python -m engines.bench.speech_socket` (the WebSocket:
 # first audio after a sentence ends, clear). Raw JSON goes to results/, then the summary.
 #
 # Knobs (environment): RUNS (3), LEVELS (concurrency levels, "1,12"), DURATION (seconds per

@@ -11,9 +11,9 @@ the two at every level, so the difference is the gateway's.
 and p95, and the gateway's own CPU (its process tree, sampled as a server's) per stream.
 
 On a shared machine the load of others drifts between the two systems' turns at a level.
-`measure_paired` takes them in the same turn instead: N listeners, each alternating direct
-gRPC and the gateway request by request, so both see the same server load and the same
-background. The commands:
+`measure_paired` takes them in the same turn instead: N listeners, each sending every
+sentence twice, directly and through the gateway (in turns which goes first), so both see
+the same sentences, the same server load and the same background. The commands:
 
     python -m engines.bench.gateway paired --grpc-url H:P --api-url http://H:P \
         --concurrency 1,12 --duration 60 --json results/F.json
@@ -151,8 +151,8 @@ async def measure_paired(
     voice: str = "joe",
     drain_s: float = 30.0,
 ) -> dict[str, Any]:
-    """One level: `concurrency` closed-loop listeners, each alternating direct gRPC and the
-    gateway request by request (listener i starts with the gateway when i is odd)."""
+    """One level: `concurrency` closed-loop listeners, each speaking every sentence twice,
+    once directly and once through the gateway, in turns which goes first."""
     import asyncio
     import time
 
@@ -180,24 +180,31 @@ async def measure_paired(
     deadline = start + duration_s
     ramp_s = min(1.0, duration_s / 10)
 
+    async def stream_into(system: Any, record: StreamRecord) -> None:
+        try:
+            async for samples, rate in system.open_stream(record.text):
+                record.chunks.append(Chunk(clock(), samples))
+                record.sample_rate = rate or record.sample_rate
+            record.ended_s = clock()
+        except asyncio.CancelledError:
+            record.error = "cut off: still streaming when the drain time ran out"
+            raise
+        except Exception as error:
+            record.error = f"{type(error).__name__}: {error}"
+
     async def listener(index: int) -> None:
         await asyncio.sleep(ramp_s * index / concurrency)
         turn = index
         while clock() < deadline:
-            system = systems[turn % 2]
+            # The same sentence both ways, one right after the other, in turns which first:
+            # first audio depends on the sentence, and the comparison should not.
+            text = next(sentences)
+            order = systems if turn % 2 == 0 else systems[::-1]
             turn += 1
-            record = StreamRecord(text=next(sentences), sent_s=clock())
-            records[system.name].append(record)
-            try:
-                async for samples, rate in system.open_stream(record.text):
-                    record.chunks.append(Chunk(clock(), samples))
-                    record.sample_rate = rate or record.sample_rate
-                record.ended_s = clock()
-            except asyncio.CancelledError:
-                record.error = "cut off: still streaming when the drain time ran out"
-                raise
-            except Exception as error:
-                record.error = f"{type(error).__name__}: {error}"
+            for system in order:
+                record = StreamRecord(text=text, sent_s=clock())
+                records[system.name].append(record)
+                await stream_into(system, record)
 
     machine.start()
     if sampler is not None:
