@@ -16,11 +16,15 @@ all put their streams through the same choice:
 - `stream_balanced` (asyncio) and `stream_balanced_sync` (threads) are the same loop around
   one `StreamAttempts` each. Callers map `NoEndpoints` and `StreamRefused` to their own
   errors (the gateway to OpenAI's envelope) at their edge.
+- `resolve_endpoints("joe-tts-pods.tts.svc:8001")` lists the ready pods of a voice through
+  its headless Service (plain DNS: no Kubernetes API, no RBAC), for callers that have no
+  list of their own.
 """
 
 from __future__ import annotations
 
 import itertools
+import socket
 import threading
 from collections.abc import (
     AsyncIterator,
@@ -40,6 +44,21 @@ UNAVAILABLE = "UNAVAILABLE"
 # What a pod answers before any audio when another pod may still take the stream.
 DEFAULT_RETRY_CODES = frozenset({RESOURCE_EXHAUSTED, UNAVAILABLE})
 DEFAULT_MAX_ATTEMPTS = 3
+
+
+def resolve_endpoints(address: str) -> list[str]:
+    """Every `ip:port` that `host:port` resolves to now, sorted; [] where the name does not
+    exist (as a headless Service with no ready pod answers). Blocks for the lookup."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {address!r}")
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return []
+    found = {str(info[4][0]) for info in infos}
+    return sorted(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in found)
 
 
 class NoEndpoints(LookupError):

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
+from engines.balancing import resolve_endpoints
 from engines.speech_api.errors import UpstreamError
 from engines.speech_api.upstream import Upstreams
 from engines.speech_api.voices import VoiceTable, VoiceTableError, load_table, with_flags
@@ -147,23 +147,9 @@ class StaticDirectory:
         self._index.cancel()
 
 
-def _join(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 async def resolve_address(address: str) -> list[str]:
-    """Every `ip:port` that `host:port` resolves to now ([] where the name does not exist,
-    as a headless Service with no ready pod answers)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"expected HOST:PORT, got {address!r}")
-    host = host.strip("[]")
-    loop = asyncio.get_running_loop()
-    try:
-        infos = await loop.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
-    except socket.gaierror:
-        return []
-    return sorted({_join(str(info[4][0]), int(port)) for info in infos})
+    """`engines.balancing.resolve_endpoints` off the event loop."""
+    return await asyncio.to_thread(resolve_endpoints, address)
 
 
 class DnsDirectory:
