@@ -6,8 +6,8 @@
 # first audio after a sentence ends, clear). Raw JSON goes to results/, then the summary.
 #
 # Knobs (environment): RUNS (3), LEVELS (concurrency levels, "1,12"), DURATION (seconds per
-# level, 60), TRIALS (WebSocket trials per run, 20), OUT (results), TAG (file name part,
-# the date by default).
+# level, 60), TRIALS (WebSocket trials per run, 20; 0: none), OUT (results), TAG (file name
+# part, the date by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -66,8 +66,10 @@ for run in $(seq 1 "$RUNS"); do
   file="$OUT/gateway-overhead-$TAG-run$run.json"
   "$PY" -m engines.bench.gateway paired --grpc-url "127.0.0.1:$GRPC" \
     --api-url "http://127.0.0.1:$API" --concurrency "$LEVELS" --duration "$DURATION" --json "$file"
-  "$PY" -m engines.bench.speech_socket --url "http://127.0.0.1:$API" --trials "$TRIALS" \
-    --json "$OUT/gateway-socket-$TAG-run$run.json"
+  if ((TRIALS > 0)); then
+    "$PY" -m engines.bench.speech_socket --url "http://127.0.0.1:$API" --trials "$TRIALS" \
+      --json "$OUT/gateway-socket-$TAG-run$run.json"
+  fi
   FILES+=("$file")
   stop_servers
 done

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soxr
 
-from engines.speech_api.audio import StreamResampler, new_encoder
+from engines.speech_api.audio import RESAMPLER_QUALITY, StreamResampler, new_encoder
 
 SOURCE_RATE = 22050
 
@@ -30,7 +30,7 @@ def test_streaming_resampler_matches_one_shot_resampling() -> None:
     streamed = np.concatenate(
         [*(resampler.push(c, SOURCE_RATE) for c in in_chunks(audio)), resampler.finish()]
     )
-    whole = soxr.resample(audio, SOURCE_RATE, 24000, quality="HQ")
+    whole = soxr.resample(audio, SOURCE_RATE, 24000, quality=RESAMPLER_QUALITY)
     assert abs(len(streamed) - 24000) <= 1
     n = min(len(streamed), len(whole))
     assert np.max(np.abs(streamed[:n].astype(int) - whole[:n].astype(int))) <= 2
@@ -41,11 +41,30 @@ def test_chunk_by_chunk_resampling_would_leave_seams() -> None:
     afresh, so the chunk edges differ from the one-shot result."""
     audio = tone(1.0)
     chunked = np.concatenate(
-        [soxr.resample(c, SOURCE_RATE, 24000, quality="HQ") for c in in_chunks(audio)]
+        [soxr.resample(c, SOURCE_RATE, 24000, quality=RESAMPLER_QUALITY) for c in in_chunks(audio)]
     )
-    whole = soxr.resample(audio, SOURCE_RATE, 24000, quality="HQ")
+    whole = soxr.resample(audio, SOURCE_RATE, 24000, quality=RESAMPLER_QUALITY)
     n = min(len(chunked), len(whole))
     assert np.max(np.abs(chunked[:n].astype(int) - whole[:n].astype(int))) > 100
+
+
+def test_the_resampler_holds_back_little_audio_and_keeps_the_voices_band() -> None:
+    """What is held back until the next chunk thins the listener's buffer: at the voice's
+    first-window size, under 20 ms; and nothing of the voice's band below 10 kHz is lost."""
+    resampler = StreamResampler(24000)
+    chunk = tone(4096 / SOURCE_RATE)
+    held_back = 4096 * 24000 / SOURCE_RATE - len(resampler.push(chunk, SOURCE_RATE))
+    assert held_back / 24000 < 0.020
+    t = np.arange(SOURCE_RATE) / SOURCE_RATE
+    high = (np.sin(2 * np.pi * 10000 * t) * 8000).astype(np.int16)
+    streamed = StreamResampler(24000)
+    out = np.concatenate(
+        [*(streamed.push(c, SOURCE_RATE) for c in in_chunks(high)), streamed.finish()]
+    )
+    gain = np.sqrt(np.mean(out[2000:-2000].astype(float) ** 2)) / np.sqrt(
+        np.mean(high.astype(float) ** 2)
+    )
+    assert 20 * np.log10(gain) > -0.5
 
 
 def test_a_rate_change_mid_stream_is_refused() -> None:
