@@ -27,10 +27,21 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from engines import names
 from engines.balancing import Balancer
 from engines.speech_api import sse
-from engines.speech_api.audio import AvEncoder, PcmEncoder, content_type, new_encoder
+from engines.speech_api.audio import (
+    AvEncoder,
+    PcmEncoder,
+    StreamResampler,
+    content_type,
+    new_encoder,
+)
 from engines.speech_api.auth import ApiKeys
 from engines.speech_api.errors import ApiError, bad_request, from_failure
-from engines.speech_api.request import MODELS, OUTPUT_SAMPLE_RATE, parse_speech_request
+from engines.speech_api.request import (
+    MODELS,
+    OUTPUT_SAMPLE_RATE,
+    RESPONSE_FORMATS,
+    parse_speech_request,
+)
 from engines.speech_api.session import SpeechSession
 from engines.speech_api.synthesis import Synthesizer
 
@@ -63,8 +74,9 @@ async def _audio_body(
     first: np.ndarray | None, rest: AsyncIterator[np.ndarray], encoder: PcmEncoder | AvEncoder
 ) -> AsyncIterator[bytes]:
     try:
-        if first is not None:
-            yield encoder.encode(first)
+        data = encoder.encode(first) if first is not None else b""
+        if data:
+            yield data
         async for samples in rest:
             data = encoder.encode(samples)
             if data:
@@ -93,7 +105,9 @@ async def _sse_body(
     try:
         if first is not None:
             seconds += first.size / OUTPUT_SAMPLE_RATE
-            yield sse.audio_delta(encoder.encode(first))
+            data = encoder.encode(first)
+            if data:
+                yield sse.audio_delta(data)
         async for samples in rest:
             seconds += samples.size / OUTPUT_SAMPLE_RATE
             data = encoder.encode(samples)
@@ -127,6 +141,16 @@ def metrics_text(balancer: Balancer) -> str:
     return "\n".join(lines) + "\n"
 
 
+def warm_up_encoders() -> None:
+    """Load the resampler and every encoder once, before the first request needs them."""
+    resampler = StreamResampler(OUTPUT_SAMPLE_RATE)
+    resampler.push(np.zeros(4096, dtype=np.int16), 22050)
+    for response_format in RESPONSE_FORMATS:
+        encoder = new_encoder(response_format, OUTPUT_SAMPLE_RATE)
+        encoder.encode(np.zeros(2400, dtype=np.int16))
+        encoder.finish()
+
+
 def build_app(synthesizer: Synthesizer, keys: ApiKeys | None = None) -> Starlette:
     keys = keys or ApiKeys(environ={})
 
@@ -138,6 +162,8 @@ def build_app(synthesizer: Synthesizer, keys: ApiKeys | None = None) -> Starlett
             raise bad_request(f"the body must be JSON: {error}", code="invalid_json") from None
         asked = parse_speech_request(body)
         voice = await synthesizer.resolve(asked.voice)
+        # The encoder is ready before the first audio is, not set up after it.
+        encoder = new_encoder(asked.response_format, OUTPUT_SAMPLE_RATE)
         samples = synthesizer.stream(voice, asked.input, asked.speed, OUTPUT_SAMPLE_RATE)
         try:
             first: np.ndarray | None = await samples.__anext__()
@@ -145,8 +171,9 @@ def build_app(synthesizer: Synthesizer, keys: ApiKeys | None = None) -> Starlett
             first = None
         except Exception as error:
             await samples.aclose()  # type: ignore[attr-defined]
+            if isinstance(encoder, AvEncoder):
+                encoder.close()
             raise from_failure(error) from None
-        encoder = new_encoder(asked.response_format, OUTPUT_SAMPLE_RATE)
         headers = {"X-Voice": voice, "X-Sample-Rate": str(OUTPUT_SAMPLE_RATE)}
         if asked.stream_format == "sse":
             return StreamingResponse(
@@ -222,6 +249,7 @@ def build_app(synthesizer: Synthesizer, keys: ApiKeys | None = None) -> Starlett
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        warm_up_encoders()  # the first request of each format pays no import or setup
         try:
             yield
         finally:
