@@ -92,7 +92,8 @@ def _batching(run: dict[str, Any]) -> str:
     if vocoder:
         info = max(vocoder.values(), key=lambda item: item["mean_batch_size"])
         return f"{info['mean_batch_size']:.1f} (max {info['max_batch_size']}), vocoder"
-    if run["system"].startswith("voxfleet"):
+    if run["system"].startswith("voxfleet") and run["system"] != "voxfleet-api":
+        # (The gateway batches nothing; its server's batches are the voxfleet system's.)
         # Triton hands the decoupled stream model one request per call (batch 1); its batching
         # happens inside, and only the model's own counter can show it.
         return "not reported by the model"
