@@ -14,6 +14,7 @@ import sys
 # (an optional part not installed) leaves its commands out instead of breaking the CLI.
 COMMAND_MODULES = (
     "engines.commands.serve",
+    "engines.commands.api",
     "engines.commands.triton",
     "engines.commands.say",
     "engines.commands.demo",

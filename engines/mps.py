@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 from engines.names import MPS_ENV
-from engines.triton_server import TritonError, ended_with_this_process
+from engines.processes import ended_with_this_process
+from engines.triton_server import TritonError
 
 CONTROL = "nvidia-cuda-mps-control"
 PIPE_ENV, LOG_ENV = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"

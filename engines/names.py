@@ -79,8 +79,6 @@ RESTARTS_ENV = "VOXFLEET_MODEL_RESTARTS"  # JSON {model: restarts so far}
 # The pod's voice host (engines/voice_host): the Unix socket its stream models reach it on.
 VOICE_HOST_ENV = "VOXFLEET_VOICE_HOST"
 MEMORY_PATH = "/memory"  # the pod's memory report (JSON) on the health port
-# The pod's GPU memory (MiB) where a pool declares it, for the voice host's budget.
-GPU_MEMORY_ENV = "VOXFLEET_GPU_MEMORY_MIB"
 # Memory the voice host keeps free on top of what it places (MiB).
 MEMORY_MARGIN_MIB = 512
 
@@ -89,3 +87,9 @@ MEMORY_TOTAL_BYTES = "voxfleet_memory_total_bytes"  # labelled device: gpu or cp
 MEMORY_USED_BYTES = "voxfleet_memory_used_bytes"
 MEMORY_FIXED_BYTES = "voxfleet_memory_fixed_bytes"
 VOICE_MEMORY_BYTES = "voxfleet_voice_memory_bytes"  # labelled model
+
+# -- the speech API gateway (`voxfleet api`), labelled `endpoint` (a pod's host:port) -----
+GATEWAY_STREAMS_TOTAL = "voxfleet_gateway_streams_total"
+GATEWAY_STREAMS_IN_FLIGHT = "voxfleet_gateway_streams_in_flight"
+GATEWAY_REFUSALS_TOTAL = "voxfleet_gateway_refusals_total"
+GATEWAY_FAILURES_TOTAL = "voxfleet_gateway_failures_total"

@@ -46,8 +46,8 @@ import psutil
 
 from engines import names
 from engines.mps import MpsDaemon
+from engines.processes import ended_with_this_process
 from engines.repository import MODEL_SOURCE, instance_count, stream_model_source
-from engines.triton_server import ended_with_this_process
 from engines.voice_host.process import HostOptions, VoiceHostError, VoiceHostProcess
 
 STUB_NAME = "triton_python_backend_stub"

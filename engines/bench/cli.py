@@ -10,10 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from engines.bench.stats import SYSTEMS
+from engines.bench.stats import SPEECH_API_SYSTEM, SYSTEMS
 from engines.commands.arguments import positive_seconds, seconds
 
 DEFAULT_CONCURRENCY = "1,4,16,32,64"
+# The speech API gateway runs only when asked for (it needs --api-url); scripts/bench.sh asks.
+DEFAULT_SYSTEMS = [name for name in SYSTEMS if name != SPEECH_API_SYSTEM]
 
 
 def _concurrencies(value: str) -> list[int]:
@@ -94,6 +96,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="gRPC HOST:PORT of the triton-naive server (python -m engines.bench.naive)",
     )
     parser.add_argument(
+        "--api-url",
+        help="base URL of a `voxfleet api` in front of the --url server, for the voxfleet-api "
+        "system (e.g. http://127.0.0.1:8080)",
+    )
+    parser.add_argument(
         "--naive-model",
         default="joe-naive",
         help="model name of the triton-naive baseline (default joe-naive)",
@@ -106,8 +113,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--systems",
         type=_systems,
-        default=list(SYSTEMS),
-        help=f"comma-separated, from {','.join(SYSTEMS)} (default all)",
+        default=list(DEFAULT_SYSTEMS),
+        help=f"comma-separated, from {','.join(SYSTEMS)} (default all but {SPEECH_API_SYSTEM}, "
+        "which needs --api-url)",
     )
     parser.add_argument(
         "--concurrency",
@@ -280,6 +288,14 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                     metrics_url=_metrics_url(args.nobatch_url),
                 )
             )
+        elif name == "voxfleet-api":
+            from engines.bench.gateway import SpeechApiSystem
+
+            if not args.api_url:
+                raise BenchSystemError(
+                    "voxfleet-api needs --api-url: a `voxfleet api --upstream` in front of --url"
+                )
+            systems.append(SpeechApiSystem(args.api_url, args.model))
         else:
             systems.append(
                 TritonSystem(
@@ -295,6 +311,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             if isinstance(system, TritonSystem):
                 await system.connect()
                 machine.setdefault("tritonserver", await system.server_version())
+            elif hasattr(system, "connect"):
+                await system.connect()
         # The limit is measured before any load, with the servers idle, so that it is the
         # machine's and not what the sweep left of it.
         limiter = next((s for s in systems if isinstance(s, PiperSystem)), None)

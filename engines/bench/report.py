@@ -1,8 +1,10 @@
 """docs/benchmarks.md from a benchmark's JSON (pure: text in, text out).
 
 The GPU section between `<!-- gpu:begin -->` and `<!-- gpu:end -->` is written by the GPU
-benchmark, not by this one, and the analysis between `<!-- analysis:begin -->` and
-`<!-- analysis:end -->` by people; both are carried over verbatim from the previous page.
+benchmark, not by this one, the speech API gateway's between `<!-- speech-api:begin -->` and
+`<!-- speech-api:end -->` from `scripts/gateway-overhead.sh`'s runs, and the analysis between
+`<!-- analysis:begin -->` and `<!-- analysis:end -->` by people; all are carried over verbatim
+from the previous page.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ GPU_END = "<!-- gpu:end -->"
 # Findings written by people (profiles read, causes found) survive a rerun of `make bench`.
 ANALYSIS_BEGIN = "<!-- analysis:begin -->"
 ANALYSIS_END = "<!-- analysis:end -->"
+# The speech API gateway's figures, from fresh-server runs of scripts/gateway-overhead.sh.
+SPEECH_API_BEGIN = "<!-- speech-api:begin -->"
+SPEECH_API_END = "<!-- speech-api:end -->"
 
 METHOD = """\
 ## How it is measured
@@ -37,8 +42,10 @@ METHOD = """\
   arrive faster than they play. **Audio s/s**: audio seconds delivered per wall second.
 - **Server CPU / memory**: CPU time of the server's whole process tree (Triton and its Python
   backend stubs) during the run over wall time (100 % = one core), and its peak resident set.
-  For `piper` the "server" is the benchmark process itself. *Load generator CPU* is the
-  benchmark process's own CPU while it drives a Triton system: it runs on the same cores.
+  For `piper` the "server" is the benchmark process itself; for `voxfleet-api` it is the
+  gateway's process alone (the Triton server behind it counts as other processes).
+  *Load generator CPU* is the benchmark process's own CPU while it drives a Triton system:
+  it runs on the same cores.
   *Other processes' CPU* is the machine's busy CPU minus both: work that was not part of the
   benchmark (on a shared machine, the reason two runs of the same point differ). The JSON's
   `client.loop_lag_ms` (p50, p95, max, and `max_at_s`, when in the run the worst came) is
@@ -91,7 +98,8 @@ def _batching(run: dict[str, Any]) -> str:
     if vocoder:
         info = max(vocoder.values(), key=lambda item: item["mean_batch_size"])
         return f"{info['mean_batch_size']:.1f} (max {info['max_batch_size']}), vocoder"
-    if run["system"].startswith("voxfleet"):
+    if run["system"].startswith("voxfleet") and run["system"] != "voxfleet-api":
+        # (The gateway batches nothing; its server's batches are the voxfleet system's.)
         # Triton hands the decoupled stream model one request per call (batch 1); its batching
         # happens inside, and only the model's own counter can show it.
         return "not reported by the model"
@@ -258,6 +266,9 @@ def build_page(
         kept_block(previous, ANALYSIS_BEGIN, ANALYSIS_END),
         "",
         METHOD,
+        "## Speech API gateway\n",
+        kept_block(previous, SPEECH_API_BEGIN, SPEECH_API_END),
+        "",
         "## GPU\n",
         gpu_section(previous),
         "",

@@ -9,7 +9,10 @@ from typing import Any
 
 from engines.bench.timeline import StreamRecord, StreamStats, analyse_stream
 
-SYSTEMS = ("piper", "triton-naive", "voxfleet-nobatch", "voxfleet")
+SYSTEMS = ("piper", "triton-naive", "voxfleet-nobatch", "voxfleet", "voxfleet-api")
+SPEECH_API_SYSTEM = "voxfleet-api"
+# The speech API gateway's added first audio at p50, against direct gRPC (issue 41).
+ADDED_P50_GOAL_MS = 5.0
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -269,4 +272,60 @@ def evaluate_goals(
         goals.append(
             Goal("real-time streams vs triton-naive", "not measured", "ratio ≥ 1.5", None, None)
         )
+    if SPEECH_API_SYSTEM in ran:
+        goals.append(_gateway_goal(runs))
     return goals
+
+
+def _gateway_goal(runs: Sequence[RunSummary]) -> Goal:
+    """The speech API's added first audio at concurrency 1 (issue 41)."""
+    name, target = "speech API's added first audio", f"≤ {ADDED_P50_GOAL_MS:.0f} ms at p50"
+    rows = gateway_overhead(runs)
+    if not rows:
+        return Goal(name, "not measured (needs voxfleet and voxfleet-api)", target, None, None)
+    row = rows[0]
+    added = row["added_p50_ms"]
+    return Goal(
+        name,
+        f"at concurrency {row['concurrency']:.0f}: p50 {row['api_p50_ms']:.1f} ms through the "
+        f"gateway vs {row['direct_p50_ms']:.1f} ms direct (+{added:.1f} ms; p95 "
+        f"+{row['added_p95_ms']:.1f} ms)",
+        target,
+        added,
+        added <= ADDED_P50_GOAL_MS,
+    )
+
+
+def gateway_overhead(runs: Sequence[RunSummary]) -> list[dict[str, float]]:
+    """Per level where both ran: the gateway's added first audio (p50, p95, ms) against
+    `voxfleet` direct, and its CPU: % of a core per concurrent stream, ms per stream."""
+    direct = {r.concurrency: r for r in runs if r.system == "voxfleet" and not r.skipped}
+    rows = []
+    for api in (r for r in runs if r.system == SPEECH_API_SYSTEM and not r.skipped):
+        base = direct.get(api.concurrency)
+        if base is None:
+            continue
+        cpu = api.server.get("cpu_percent")
+        cpu_percent = float(cpu) if isinstance(cpu, (int, float)) else math.nan
+        rows.append(
+            {
+                "concurrency": api.concurrency,
+                "direct_p50_ms": base.first_audio_ms["p50"],
+                "api_p50_ms": api.first_audio_ms["p50"],
+                "added_p50_ms": api.first_audio_ms["p50"] - base.first_audio_ms["p50"],
+                "direct_p95_ms": base.first_audio_ms["p95"],
+                "api_p95_ms": api.first_audio_ms["p95"],
+                "added_p95_ms": api.first_audio_ms["p95"] - base.first_audio_ms["p95"],
+                "gateway_cpu_percent": cpu_percent,
+                "gateway_cpu_percent_per_stream": cpu_percent / api.concurrency,
+                "gateway_cpu_ms_per_request": (
+                    cpu_percent / 100 * api.wall_seconds / api.streams * 1000
+                    if api.streams
+                    else math.nan
+                ),
+                "api_errors": api.errors,
+                "api_underrun_streams": api.underrun_streams,
+                "direct_underrun_streams": base.underrun_streams,
+            }
+        )
+    return sorted(rows, key=lambda row: row["concurrency"])

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from engines import names
+from engines.commands.api import DEFAULT_API_PORT, add_gateway_arguments
 from engines.commands.build_engines import PRECISION_CHOICES, RUNTIME_CHOICES, runtime_help
 from engines.plan import ENCODER_LAUNCHES
 
@@ -143,6 +144,32 @@ def handle(args: argparse.Namespace) -> int:
     except (VoiceError, EngineBuildError, TritonError, ValueError, OSError) as error:
         print(f"voxfleet serve: {error}", file=sys.stderr)
         return 1
+    gateway = None
+    if args.api_port:
+        # The speech API runs as a process of its own beside Triton (its own interpreter and
+        # CPU time); it answers 503 until Triton is ready.
+        from engines.commands.api import gateway_command, start_gateway_process
+
+        gateway = start_gateway_process(
+            gateway_command(
+                server.grpc_url,
+                args.api_host,
+                args.api_port,
+                args.voice_alias,
+                args.default_voice,
+                args.api_keys_file,
+            )
+        )
+    try:
+        return _run(args, supervisor, server, gpu)
+    finally:
+        if gateway is not None:
+            from engines.commands.api import stop_gateway_process
+
+            stop_gateway_process(gateway)
+
+
+def _run(args: argparse.Namespace, supervisor, server, gpu: bool) -> int:
     # GPU runtimes capture CUDA graphs for every call shape before the model is ready.
     if not supervisor.wait_ready(600 if gpu else 120):
         if supervisor.stopping:
@@ -151,9 +178,10 @@ def handle(args: argparse.Namespace) -> int:
         supervisor.run_down()
         return 1
     health = f", health http://127.0.0.1:{args.health_port}" if args.health_port else ""
+    api = f", speech API http://{args.api_host}:{args.api_port}/v1" if args.api_port else ""
     print(
         f"voxfleet: ready — gRPC {server.grpc_url}, HTTP {server.http_url}, "
-        f"metrics {server.metrics_url}{health}; Ctrl-C stops",
+        f"metrics {server.metrics_url}{health}{api}; Ctrl-C stops",
         file=sys.stderr,
     )
     code = supervisor.run()
@@ -187,4 +215,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=names.HEALTH_PORT,
         help=f"readiness (GET {names.READY_PATH}) and liveness (GET {names.LIVE_PATH}); 0: none",
     )
+    parser.add_argument(
+        "--api-port",
+        type=int,
+        default=DEFAULT_API_PORT,
+        help=f"port of the OpenAI-compatible speech API (default {DEFAULT_API_PORT}); 0: none "
+        "(docs/speech-api.md)",
+    )
+    parser.add_argument(
+        "--api-host",
+        default="127.0.0.1",
+        help="address the speech API listens on (default 127.0.0.1: this machine only)",
+    )
+    add_gateway_arguments(parser)
     parser.set_defaults(func=handle)

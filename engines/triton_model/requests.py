@@ -14,26 +14,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from engines import names
+from engines.errors import (
+    INTERNAL,
+    INVALID_ARGUMENT,
+    RESOURCE_EXHAUSTED,
+    UNAVAILABLE,
+    RequestError,
+)
 from engines.plan import ServingPlan
 from engines.streaming import SynthesisParams
-
-# gRPC status names a refusal carries (engines.client reads them back from the message).
-INVALID_ARGUMENT = "INVALID_ARGUMENT"
-RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
-UNAVAILABLE = "UNAVAILABLE"
-INTERNAL = "INTERNAL"
 
 LENGTH_SCALE_RANGE = (0.1, 10.0)
 NOISE_RANGE = (0.0, 2.0)
 KNOWN_INPUTS = tuple(name for name, _, _ in names.INPUTS)
-
-
-class RequestError(Exception):
-    """A request we refuse; `status` is the gRPC status name the client should see."""
-
-    def __init__(self, message: str, status: str = INVALID_ARGUMENT) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -149,3 +142,15 @@ def stream_limit_error(voice: str, limit: int) -> RequestError:
         "(max_streams_per_pod); retry later",
         RESOURCE_EXHAUSTED,
     )
+
+
+__all__ = [
+    "INTERNAL",
+    "INVALID_ARGUMENT",
+    "RESOURCE_EXHAUSTED",
+    "UNAVAILABLE",
+    "RequestError",
+    "VoiceDefaults",
+    "decode_request",
+    "stream_limit_error",
+]

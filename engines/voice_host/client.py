@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from engines.errors import RequestError
 from engines.plan import ServingPlan
 from engines.streaming import SchedulerStats, StreamSink, SynthesisParams
-from engines.triton_model.requests import RequestError
 from engines.voice_host.protocol import ProtocolError, encode_frame, read_frame, stats_from_dict
 
 CONNECT_TIMEOUT_S = 30.0

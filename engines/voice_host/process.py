@@ -58,7 +58,7 @@ class VoiceHostProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        from engines.triton_server import ended_with_this_process
+        from engines.processes import ended_with_this_process
 
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         self.socket_path.unlink(missing_ok=True)

@@ -14,6 +14,7 @@ from importlib import metadata
 from typing import Any
 
 from voxfleet_operator.pools import PoolsConfig, PoolsConfigError, parse_pools
+from voxfleet_operator.speech_api import SpeechApiConfig, parse_speech_api
 
 
 def _app_version() -> str:
@@ -21,11 +22,11 @@ def _app_version() -> str:
     return metadata.version("voxfleet")
 
 
-def triton_image(values: Mapping[str, Any]) -> str:
+def triton_image(values: Mapping[str, Any], key: str = "tritonImage") -> str:
     """`voxfleet.image` of `tritonImage`: the digest wins, the tag defaults to appVersion."""
-    image = values.get("tritonImage") or {}
+    image = values.get(key) or {}
     if not isinstance(image, Mapping) or not image.get("repository"):
-        raise PoolsConfigError("values: tritonImage.repository is missing")
+        raise PoolsConfigError(f"values: {key}.repository is missing")
     if image.get("digest"):
         return f"{image['repository']}@{image['digest']}"
     return f"{image['repository']}:{image.get('tag') or _app_version()}"
@@ -54,3 +55,22 @@ def engine_cache_claim(values: Mapping[str, Any]) -> str | None:
     cache = values.get("engineCache") or {}
     claim = cache.get("claimName") if isinstance(cache, Mapping) else None
     return str(claim) if claim else None
+
+
+def speech_api_from_values(values: Mapping[str, Any]) -> SpeechApiConfig:
+    """The speech API settings the chart writes (`voxfleet.speechApiFile`), parsed."""
+    api = values.get("speechApi")
+    if not isinstance(api, Mapping) or not api.get("enabled"):
+        return SpeechApiConfig()
+    settings: dict[str, Any] = {
+        "enabled": True,
+        "image": triton_image(api, "image"),
+        "imagePullPolicy": (api.get("image") or {}).get("pullPolicy") or "IfNotPresent",
+        "replicas": api.get("replicas", 1),
+        "resources": api.get("resources") or {},
+        "voiceAliases": api.get("voiceAliases") or {},
+    }
+    for key in ("defaultVoice", "apiKeysSecret"):
+        if api.get(key):
+            settings[key] = api[key]
+    return parse_speech_api(settings, "values: speechApi")

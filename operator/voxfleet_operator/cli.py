@@ -26,12 +26,18 @@ def crd_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _render_pools(args: argparse.Namespace) -> tuple[Any, str, str | None]:
-    """The pools to render with, where they came from, and the values' engine-cache claim."""
+def _render_pools(args: argparse.Namespace) -> tuple[Any, str, str | None, Any]:
+    """The pools to render with, where they came from, the values' engine-cache claim, and
+    the speech API settings (the values', else off)."""
     import yaml
 
-    from voxfleet_operator.chart_values import engine_cache_claim, pools_from_values
+    from voxfleet_operator.chart_values import (
+        engine_cache_claim,
+        pools_from_values,
+        speech_api_from_values,
+    )
     from voxfleet_operator.pools import POOLS_FILE_ENV, PoolsConfigError, load_pools
+    from voxfleet_operator.speech_api import SpeechApiConfig, SpeechApiConfigError
 
     if args.values and args.pools:
         raise PoolsConfigError("give either --values or --pools, not both")
@@ -46,16 +52,22 @@ def _render_pools(args: argparse.Namespace) -> tuple[Any, str, str | None]:
         if not isinstance(values, dict):
             raise PoolsConfigError(f"{args.values}: expected a mapping of chart values")
         pools = pools_from_values(values, args.values)
-        return pools, f"pools from the chart values {args.values}", engine_cache_claim(values)
+        try:
+            speech_api = speech_api_from_values(values)
+        except SpeechApiConfigError as error:
+            raise PoolsConfigError(str(error)) from None
+        origin = f"pools from the chart values {args.values}"
+        return pools, origin, engine_cache_claim(values), speech_api
     path = args.pools or os.environ.get(POOLS_FILE_ENV) or None
     if path is None:
         return (
             load_pools(None),
             "the built-in pool t4 (no --values, --pools or $VOXFLEET_POOLS_FILE)",
             None,
+            SpeechApiConfig(),
         )
     origin = f"pools file {path}" + ("" if args.pools else f" (${POOLS_FILE_ENV})")
-    return load_pools(path), origin, None
+    return load_pools(path), origin, None, SpeechApiConfig()
 
 
 def render_command(args: argparse.Namespace) -> int:
@@ -68,7 +80,7 @@ def render_command(args: argparse.Namespace) -> int:
     from voxfleet_operator.voices import InvalidVoice, voice_from_object
 
     try:
-        pools, origin, values_claim = _render_pools(args)
+        pools, origin, values_claim, speech_api = _render_pools(args)
     except PoolsConfigError as error:
         print(f"voxfleet render: {error}", file=sys.stderr)
         return 2
@@ -125,6 +137,7 @@ def render_command(args: argparse.Namespace) -> int:
         claim,
         service_monitor=not args.no_service_monitor,
         repository_key=key,
+        speech_api=speech_api,
     )
     sys.stdout.write(_dump_yaml(objects))
     return 0

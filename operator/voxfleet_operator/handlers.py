@@ -20,6 +20,7 @@ from voxfleet_operator.names import MANAGED_BY, POOL_LABEL, REPOSITORY_KEY_SECRE
 from voxfleet_operator.pods import LOADED_PREFIX, pod_load_marker, pod_ready, unload_from_pods
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.reconcile import reconcile_voice
+from voxfleet_operator.render.speech_api import is_speech_api_child
 from voxfleet_operator.runtime import (
     JOBS,
     PODS,
@@ -326,7 +327,7 @@ async def _repair(
         except KeyError:
             return
         await sync_shared(runtime, namespace, _peers(voices_by_namespace, namespace), pool.name)
-    elif body.metadata.name == REPOSITORY_KEY_SECRET:
+    elif body.metadata.name == REPOSITORY_KEY_SECRET or is_speech_api_child(labels):
         await sync_shared(runtime, namespace, _peers(voices_by_namespace, namespace))
 
 

@@ -151,6 +151,7 @@ PLURALS: dict[tuple[str, str], Resource] = {
     ("apps/v1", "Deployment"): Resource("apps", "v1", "deployments"),
     ("v1", "Service"): Resource("", "v1", "services"),
     ("v1", "Secret"): Resource("", "v1", "secrets"),
+    ("v1", "ConfigMap"): Resource("", "v1", "configmaps"),
     ("v1", "Pod"): Resource("", "v1", "pods"),
     ("v1", "PersistentVolumeClaim"): Resource("", "v1", "persistentvolumeclaims"),
     ("autoscaling/v2", "HorizontalPodAutoscaler"): Resource(

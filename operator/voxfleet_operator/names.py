@@ -65,6 +65,18 @@ def voice_service_name(voice: str) -> str:
     return f"{voice}-tts"
 
 
+def voice_pods_service_name(voice: str) -> str:
+    """The voice's headless Service: its name resolves to the ready pods serving the voice."""
+    return f"{voice}-tts-pods"
+
+
+# The speech API gateway of a namespace (render/speech_api.py).
+SPEECH_API_NAME = "voxfleet-speech-api"
+SPEECH_API_COMPONENT = "speech-api"
+SPEECH_API_PORT = 8080
+SPEECH_API_VOICE_TABLE_KEY = "voices.json"
+
+
 def serving_label(voice: str) -> str:
     return SERVING_PREFIX + voice
 
@@ -79,6 +91,7 @@ def engine_job_name(voice: str, engine_key: str) -> str:
 # label and annotation keys.
 MAX_VOICE_NAME = DNS_LABEL_MAX - max(
     len(voice_service_name("")),
+    len(voice_pods_service_name("")),
     len(engine_job_name("", "0" * 20)),
     len(serving_label("")) - len(SERVING_PREFIX),
 )

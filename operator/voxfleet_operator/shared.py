@@ -18,7 +18,7 @@ from voxfleet_operator.names import (
 from voxfleet_operator.plan import Voice, plan_pool
 from voxfleet_operator.pods import unload_from_pods
 from voxfleet_operator.pools import Pool
-from voxfleet_operator.render import render_pool
+from voxfleet_operator.render import render_pool, render_speech_api
 from voxfleet_operator.render.voice import build_repository_key_secret, new_repository_key
 from voxfleet_operator.runtime import Peer, Peers, Runtime, secret_key, valid_peers
 
@@ -40,6 +40,10 @@ async def sync_shared(
             return deployments
         owners = [p.body for p in members]
         await sync_key_secret(rt, namespace, owners)
+        # The gateway serves every voice of the namespace: owned by all of them, gone with
+        # the last (as the key Secret).
+        for child in render_speech_api(namespace, [m.voice for m in members], rt.config.speech_api):
+            await ensure(rt.client, with_owners(child, owners), rt.cache)
         by_pool: dict[str, list[Peer]] = {}
         for peer in members:
             by_pool.setdefault(peer.pool.name, []).append(peer)

@@ -162,3 +162,14 @@ namespace:
   resource: pod
   {{- end }}
 {{- end }}
+
+{{/*
+The operator's speech API settings (voxfleet_operator.speech_api.SpeechApiConfig), as JSON.
+*/}}
+{{- define "voxfleet.speechApiFile" -}}
+{{- $api := .Values.speechApi }}
+{{- $settings := dict "enabled" $api.enabled "image" (include "voxfleet.image" (list $api.image .)) "imagePullPolicy" $api.image.pullPolicy "replicas" $api.replicas "resources" $api.resources "voiceAliases" $api.voiceAliases }}
+{{- with $api.defaultVoice }}{{ $_ := set $settings "defaultVoice" . }}{{ end }}
+{{- with $api.apiKeysSecret }}{{ $_ := set $settings "apiKeysSecret" . }}{{ end }}
+{{- toJson $settings }}
+{{- end }}

@@ -15,8 +15,9 @@ operator code path that needs it.
 - apiGroups: ["voxfleet.io"]
   resources: ["ttsvoices/finalizers"]
   verbs: ["update"]
-# The children: engine-build Jobs, the pool Deployment, per-voice and metrics Services,
-# the pool's HPA, PDB and ServiceMonitor.
+# The children: engine-build Jobs, the pool Deployment, per-voice (ClusterIP and headless) and
+# metrics Services, the pool's HPA, PDB and ServiceMonitor, and the speech API's Deployment
+# and Service.
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["create", "get", "list", "watch", "patch", "delete"]
@@ -45,6 +46,17 @@ operator code path that needs it.
   resources: ["secrets"]
   resourceNames: ["voxfleet-repository-key"]
   verbs: ["get", "patch", "delete"]
+{{- if .Values.speechApi.enabled }}
+# The speech API gateway's voice table: one ConfigMap per namespace, `voxfleet-speech-api`.
+# Creating cannot be narrowed to a name; reading and changing are that one object's.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["create"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  resourceNames: ["voxfleet-speech-api"]
+  verbs: ["get", "patch", "delete"]
+{{- end }}
 # The engine-cache claim: read only to report it missing (EngineCacheMissing).
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]

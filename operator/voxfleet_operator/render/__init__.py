@@ -19,9 +19,11 @@ from voxfleet_operator.render.pool import (
     build_pool_pdb,
     build_pool_service_monitor,
 )
+from voxfleet_operator.render.speech_api import build_voice_pods_service, render_speech_api
 from voxfleet_operator.render.voice import build_repository_key_secret, build_voice_service
 from voxfleet_operator.render.voice_scaling import build_voice_hpa
 from voxfleet_operator.serving import voice_engine_key
+from voxfleet_operator.speech_api import SpeechApiConfig
 
 __all__ = [
     "build_engine_job",
@@ -32,8 +34,10 @@ __all__ = [
     "build_pool_service_monitor",
     "build_repository_key_secret",
     "build_voice_hpa",
+    "build_voice_pods_service",
     "build_voice_service",
     "render_pool",
+    "render_speech_api",
     "render_voice",
     "render_voices",
 ]
@@ -55,13 +59,15 @@ def render_pool(
 
 
 def render_voice(voice: Voice, pools: PoolsConfig, engine_cache_pvc: str) -> list[dict[str, Any]]:
-    """The children of one voice alone: its engine-build Job, its Service, and its HPA when
-    it scales on its own (`autoscaling.perVoice`)."""
+    """The children of one voice alone: its engine-build Job, its Service and headless
+    Service (the pods serving it, by DNS), and its HPA when it scales on its own
+    (`autoscaling.perVoice`)."""
     pool = pools.get(voice.spec.pool)
     key = voice_engine_key(voice.spec, pool)
     objects = [
         build_engine_job(voice.name, voice.namespace, voice.spec, pool, key, engine_cache_pvc),
         build_voice_service(voice.name, voice.namespace, pool),
+        build_voice_pods_service(voice.name, voice.namespace, pool),
     ]
     if voice.spec.autoscaling.per_voice:
         objects.append(build_voice_hpa(voice, pool))
@@ -75,8 +81,10 @@ def render_voices(
     *,
     service_monitor: bool = True,
     repository_key: str | None = None,
+    speech_api: SpeechApiConfig | None = None,
 ) -> list[dict[str, Any]]:
-    """Every object the operator would create for these voices, in apply order."""
+    """Every object the operator would create for these voices, in apply order (with
+    `speech_api` enabled, each namespace's gateway too)."""
     voices = list(voices)
     objects: list[dict[str, Any]] = []
     plans = place_voices(voices, pools)
@@ -87,4 +95,8 @@ def render_voices(
         objects.extend(render_pool(plan, engine_cache_pvc, service_monitor))
         for voice in plan.voices:
             objects.extend(render_voice(voice, pools, engine_cache_pvc))
+    if speech_api is not None:
+        for namespace in sorted({v.namespace for v in voices}):
+            members = [v for v in voices if v.namespace == namespace]
+            objects.extend(render_speech_api(namespace, members, speech_api))
     return objects

@@ -58,6 +58,7 @@ RESOURCES: dict[str, kmock.ResourceInfo] = {
     ),
     "v1/services": kmock.ResourceInfo(kind="Service", namespaced=True, verbs=CHILD_VERBS),
     "v1/secrets": kmock.ResourceInfo(kind="Secret", namespaced=True, verbs=CHILD_VERBS),
+    "v1/configmaps": kmock.ResourceInfo(kind="ConfigMap", namespaced=True, verbs=CHILD_VERBS),
     "v1/pods": kmock.ResourceInfo(
         kind="Pod",
         namespaced=True,

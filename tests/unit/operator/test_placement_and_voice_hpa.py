@@ -90,7 +90,7 @@ def test_per_voice_hpa_scales_the_ttsvoice_on_its_own_p95_and_queue_time() -> No
     assert queue["object"]["describedObject"] == target
     assert queue["object"]["target"] == {"type": "Value", "value": "40m"}
     kinds = [o["kind"] for o in render_voice(joe, POOLS, "cache")]
-    assert kinds == ["Job", "Service", "HorizontalPodAutoscaler"]
+    assert kinds == ["Job", "Service", "Service", "HorizontalPodAutoscaler"]
     assert "HorizontalPodAutoscaler" not in [o["kind"] for o in render_voice(voice(), POOLS, "c")]
 
 
