@@ -54,8 +54,8 @@ FIRST_AUDIO_BUCKETS_SECONDS = (
     5.0,
 )
 QUEUE_SECONDS = "voxfleet_queue_seconds"  # _sum and _count counters
-# The pod's load against what it holds: its scheduler's busy share over the last seconds,
-# divided by the share at which it is full (1.0: full; a pod refuses new streams above it).
+# The pod's load against what it holds: its live streams over the real-time streams it holds
+# by its own measurement (1.0: full; a busy pod refuses new streams from there).
 LOAD_RATIO = "voxfleet_load_ratio"
 # The real-time streams the pod holds, by its own measurement (0 until it has one).
 CAPACITY_STREAMS = "voxfleet_capacity_streams"

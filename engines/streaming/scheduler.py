@@ -195,6 +195,8 @@ class StreamScheduler:
         )
         self.batching = cross_stream_batching
         self.stats = SchedulerStats()
+        # Audio made so far, every voice's (seconds): the voice host's load measure.
+        self.audio_seconds = 0.0
         # Read by profiling runs' call log (engines/voice_host/host.py, VOXFLEET_COSTS_LOG_S).
         self.step_times = StepTimes()
         # Where new streams' first audio spends its time, when a profiling run asks for it
@@ -633,6 +635,7 @@ class StreamScheduler:
                 stream.first_audio_at = now
                 self._count_first_audio(self.stats, stream, now)
             stream.audio_seconds_sent += len(pcm) / self.sample_rate
+            self.audio_seconds += len(pcm) / self.sample_rate
             stream.windows_sent += 1
             stream.window_ready_at = now
             last = state.vocoded >= state.frames and not stream.sentences
@@ -674,6 +677,7 @@ class StreamScheduler:
             last = state.vocoded >= state.frames and not stream.sentences
             delivery.windows.append((stream, row, size * self.hop, first, last))
             stream.audio_seconds_sent += size * self.hop / self.sample_rate
+            self.audio_seconds += size * self.hop / self.sample_rate
             stream.windows_sent += 1
             stream.window_ready_at = now
             if state.vocoded >= state.frames:

@@ -198,9 +198,9 @@ class SchedulerStats:
     queue_count: int = 0
     underrun_risk_streams: int = 0
     vocoder_batches: dict[int, int] = field(default_factory=dict)
-    # Set by the voice host for every voice of an architecture: how busy its scheduler is
-    # against the share at which it is full (1.0: full), the streams it holds then by its own
-    # measurement (0: not measured yet), and the voice's streams it refused for being full.
+    # Set by the voice host for every voice of an architecture: its live streams over the
+    # real-time streams it holds (1.0: full), those streams by its own measurement (0: not
+    # measured yet), and the voice's streams it refused for being full.
     load_ratio: float = 0.0
     capacity_streams: int = 0
     refused_streams: int = 0

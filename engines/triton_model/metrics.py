@@ -62,8 +62,8 @@ class ModelMetrics:
         self.queue_count = family(f"{names.QUEUE_SECONDS}_count", "Windows decoded", counter)
         self.load = family(
             names.LOAD_RATIO,
-            "The pod's scheduler busy share over the last seconds against the share at which "
-            "it is full (1: full, new streams refused)",
+            "The pod's live streams over the real-time streams it holds by its own measurement "
+            "(1: full; a busy pod refuses new streams from there)",
             gauge,
         )
         self.capacity = family(

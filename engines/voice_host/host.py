@@ -63,14 +63,19 @@ CPU_VOICE_BYTES_PER_FILE_BYTE = 1.5
 # cost model and step times to stderr, as `voxfleet-costs <first voice> <json>` lines (read by
 # engines/bench/profile.py).
 COSTS_LOG_ENV = "VOXFLEET_COSTS_LOG_S"
-# A pod is full when its scheduler is busy this share of the time, measured over the last
-# LOAD_WINDOW_S: new streams are then refused (RESOURCE_EXHAUSTED) rather than admitted to make
-# every playing stream late. Its load ratio (busy share / FULL_BUSY) is what the HPAs scale on.
+# What a pod holds is measured from its own history: the audio its scheduler makes per second
+# of wall time, over the share of that time it was busy, is the most audio it can make per
+# second; a real-time stream needs one second of audio per second, so that many streams,
+# FULL_BUSY of them kept as headroom, is its capacity. Streams that race ahead of their
+# listeners keep a scheduler busy at any load, so busyness alone says nothing; a pod that is
+# busy at least FULL_BUSY of the time AND has its capacity of streams refuses new ones
+# (RESOURCE_EXHAUSTED) rather than make every playing stream late. Its load ratio (live
+# streams / capacity) is what the HPAs scale on.
 FULL_BUSY = 0.85
 LOAD_SAMPLE_S = 0.25
 LOAD_WINDOW_S = 2.0
-# Only a busy share at least this high says how much a stream costs (below it, a step's fixed
-# costs dominate and a few streams would make the pod look smaller than it is).
+# Only a busy share at least this high measures the rate (below it, a step's fixed costs
+# dominate and a few streams would make the pod look smaller than it is).
 MEASURE_BUSY = 0.3
 # Phonemiser worker processes where a GPU does the rest (the CPU data plane phonemises on
 # the thread that has the request: its cores are the stages').
@@ -196,37 +201,40 @@ def _cgroup_memory_limit() -> int:
 
 
 class LoadMeter:
-    """An architecture's load, from its scheduler thread's busy time: the busy share over the
-    last LOAD_WINDOW_S (`busy`), and the real-time streams it holds (`capacity`): the live
-    streams it had when last measured at a busy share of at least MEASURE_BUSY, scaled to
-    FULL_BUSY. Derived from the pod's own history on its own hardware, never set by hand."""
+    """An architecture's load, from its scheduler: the share of the last LOAD_WINDOW_S its
+    thread was busy (`busy`), the audio it made per second then (`rate`), and the real-time
+    streams it holds (`capacity`: FULL_BUSY x rate / busy, last measured at a busy share of at
+    least MEASURE_BUSY). Derived from the pod's own history on its own hardware, never set by
+    hand."""
 
     def __init__(self, scheduler: StreamScheduler) -> None:
         self._scheduler = scheduler
-        self._samples: deque[tuple[float, float]] = deque()
+        self._samples: deque[tuple[float, float, float]] = deque()
         self.busy = 0.0
+        self.rate = 0.0
         self.capacity = 0
 
     def sample(self, now: float) -> None:
-        self._samples.append((now, self._scheduler.step_times.busy_seconds()))
+        scheduler = self._scheduler
+        self._samples.append((now, scheduler.step_times.busy_seconds(), scheduler.audio_seconds))
         while len(self._samples) > 2 and now - self._samples[0][0] > LOAD_WINDOW_S:
             self._samples.popleft()
-        (t0, b0), (t1, b1) = self._samples[0], self._samples[-1]
+        (t0, b0, a0), (t1, b1, a1) = self._samples[0], self._samples[-1]
         if t1 - t0 < LOAD_SAMPLE_S:
             return
         self.busy = min(1.0, max(0.0, (b1 - b0) / (t1 - t0)))
-        live = self._scheduler.live_streams()
-        if live >= 2 and self.busy >= MEASURE_BUSY:
-            self.capacity = max(1, math.floor(live * FULL_BUSY / self.busy))
+        self.rate = max(0.0, (a1 - a0) / (t1 - t0))
+        if self.busy >= MEASURE_BUSY and self.rate > 0:
+            self.capacity = max(1, math.floor(FULL_BUSY * self.rate / self.busy))
 
-    @property
-    def ratio(self) -> float:
-        return self.busy / FULL_BUSY
+    def ratio(self, live: int) -> float:
+        """Live streams against the measured capacity (0 until it is measured)."""
+        return live / self.capacity if self.capacity else 0.0
 
     def full(self, live: int) -> bool:
         """Whether a new stream would go past what the pod holds: it is busy at least
         FULL_BUSY of the time and has its measured capacity of streams."""
-        return self.busy >= FULL_BUSY and live >= max(1, self.capacity)
+        return self.busy >= FULL_BUSY and self.capacity > 0 and live >= self.capacity
 
 
 @dataclass(eq=False)
@@ -302,9 +310,10 @@ class VoiceHost:
                 if architecture.load is None:
                     continue
                 architecture.load.sample(now)
+                ratio = architecture.load.ratio(architecture.scheduler.live_streams())
                 for voice in voices:
                     if voice.architecture is architecture:
-                        voice.slot.stats.load_ratio = architecture.load.ratio
+                        voice.slot.stats.load_ratio = ratio
                         voice.slot.stats.capacity_streams = architecture.load.capacity
 
     # -- memory ------------------------------------------------------------------------------
@@ -507,9 +516,9 @@ class VoiceHost:
             if load is not None and load.full(live):
                 voice.slot.stats.refused_streams += 1
                 raise StreamRefused(
-                    f"this server is full: {live} live streams, its scheduler busy "
-                    f"{load.busy:.0%} of the time (full at {FULL_BUSY:.0%}, about "
-                    f"{load.capacity} streams); try another server",
+                    f"this server is full: {live} live streams of the {load.capacity} it holds "
+                    f"in real time (it makes {load.rate:.1f} s of audio a second, busy "
+                    f"{load.busy:.0%} of the time); try another server",
                     "RESOURCE_EXHAUSTED",
                 )
             voice.streams += 1
