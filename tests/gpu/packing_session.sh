@@ -24,6 +24,8 @@ print(build_engines(resolve_voice_model("joe"), "torch-cuda", "fp16", "/tmp/voxf
 ') || exit 1
 python3 -m engines.bench.voices --entry "$ENTRY" --out /tmp/voices --count "${VOICES:-105}" >/dev/null || exit 1
 case "${STAGE:-probe}" in
+prepare)  # wheels kept, the engine entry and the voices made: nothing else
+    ;;
 probe)
     timeout 200 python3 -m pytest -q ${TESTS:-tests/gpu/test_voice_weights.py tests/gpu/test_torch_cuda_gpu.py} \
         -p no:cacheprovider -x 2>&1 | tail -25 | tee "$OUT/pytest-gpu.log"
