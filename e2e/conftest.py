@@ -17,11 +17,17 @@ TIMINGS_FILE = ROOT / "build" / "e2e-timings.json"
 
 
 def _local_cluster_missing() -> str | None:
+    from e2e.cluster.controlplane import missing_binaries
+
     if os.geteuid() != 0:
         return "the local cluster needs root (network and mount namespaces)"
-    for tool in ("kubectl", "helm", "ip", "unshare", "mount"):
+    for tool in ("kubectl", "helm", "ip", "unshare", "mount", "openssl"):
         if shutil.which(tool) is None:
             return f"{tool} is not on PATH (kubectl and helm come with `make setup`)"
+    missing = missing_binaries()
+    if missing:
+        return (f"{', '.join(missing)} not built: run `make setup` (it builds the control "
+                "plane from its Go modules)")
     return None
 
 
