@@ -122,6 +122,7 @@ class LocalCluster:
         self._stopping = threading.Event()
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self._log_handler: logging.Handler | None = None
 
     # -- public API
 
@@ -188,6 +189,12 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # The node agent's own log (warnings of its pods, watches and proxy), for failures.
+        self._log_handler = logging.FileHandler(self.workdir / "node-agent.log")
+        self._log_handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        )
+        log.addHandler(self._log_handler)
         try:
             self.network.start()
             slot = self.network.slot
@@ -219,6 +226,10 @@ class LocalCluster:
             self.control_plane.stop()
         self.network.stop()
         self._remove_mount_points()
+        if self._log_handler is not None:
+            log.removeHandler(self._log_handler)
+            self._log_handler.close()
+            self._log_handler = None
         if self._error is not None and raise_errors:
             error, self._error = self._error, None
             raise RuntimeError("the node agent failed") from error
@@ -371,8 +382,10 @@ async def _wait_for_default_account(admin: Kube, timeout_s: float = 60) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while await admin.get("ServiceAccount", "default", "default") is None:
         if asyncio.get_running_loop().time() > deadline:
-            raise RuntimeError("no `default` ServiceAccount after 60 s: is the controller "
-                               "manager's serviceaccount-controller running?")
+            raise RuntimeError(
+                "no `default` ServiceAccount after 60 s: is the controller "
+                "manager's serviceaccount-controller running?"
+            )
         await asyncio.sleep(0.2)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import aiohttp
 from kubernetes.aio import client as aio_client
 from kubernetes.aio import config as aio_config
 from kubernetes.aio.client.exceptions import ApiException
@@ -311,6 +312,6 @@ class Informer:
                 if error.status != 410:
                     log.warning("watching %s: %s", self.kind, error)
                     await asyncio.sleep(1.0)
-            except (OSError, asyncio.TimeoutError, ValueError) as error:
+            except (OSError, aiohttp.ClientError, asyncio.TimeoutError, ValueError) as error:
                 log.warning("watching %s: %r", self.kind, error)
                 await asyncio.sleep(1.0)

@@ -29,6 +29,8 @@ import platform
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
+
 from .kube import ApiError, Informer, Kube
 from .node import NodeContext
 from .objects import is_deleting
@@ -201,8 +203,8 @@ class VirtualNode:
                 if loop.time() - reported >= STATUS_REPORT_S:
                     await self._report_status()
                     reported = loop.time()
-            except (ApiError, OSError) as error:
-                log.warning("node %s heartbeat: %s", self.spec.name, error)
+            except (ApiError, OSError, aiohttp.ClientError, asyncio.TimeoutError) as error:
+                log.warning("node %s heartbeat: %r", self.spec.name, error)
             await asyncio.sleep(LEASE_RENEW_S)
 
     def runtime(self, namespace: str, name: str) -> PodRuntime | None:
@@ -290,7 +292,7 @@ class NodeAgent:
         for node in self.nodes:
             try:
                 await node.sync()
-            except (ApiError, OSError) as error:
+            except (ApiError, OSError, aiohttp.ClientError, asyncio.TimeoutError) as error:
                 log.warning("node %s: %r", node.spec.name, error)
             except Exception:  # one pod's trouble must not stop the node
                 log.exception("node %s failed to sync", node.spec.name)

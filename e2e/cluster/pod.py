@@ -27,6 +27,8 @@ import contextlib
 import logging
 from typing import Any
 
+import aiohttp
+
 from .container import Container
 from .cpus import pod_cpu_request
 from .env import ConfigError, container_argv, container_env
@@ -37,6 +39,7 @@ from .volumes import PodVolumes, TokenKey, pod_references
 
 Obj = dict[str, Any]
 log = logging.getLogger("cluster.node")
+FINAL_STATUS_S = 60.0
 
 
 def grace_seconds(pod: Obj) -> float:
@@ -68,6 +71,7 @@ class PodRuntime:
         self._terminate = asyncio.Event()
         self._dirty = asyncio.Event()
         self._published: Obj | None = None
+        self._final = False  # the pod's life is over: its next status is its last
         self._conditions: dict[str, Obj] = {}
         self.start_time = ""
         self.volumes: PodVolumes | None = None
@@ -116,11 +120,19 @@ class PodRuntime:
         except Exception:
             log.exception("pod %s/%s failed in the kubelet", self.namespace, self.name)
         finally:
-            with contextlib.suppress(Exception):
-                await self._publish()
-            publisher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await publisher
+            # The last status (a finished pod's phase) must reach the API: the Job and
+            # ReplicaSet controllers act on it. The one publisher sends it, retrying.
+            self._final = True
+            self.changed()
+            try:
+                await asyncio.wait_for(publisher, FINAL_STATUS_S)
+            except asyncio.TimeoutError:
+                log.error(
+                    "pod %s/%s: its last status was not written in %g s",
+                    self.namespace,
+                    self.name,
+                    FINAL_STATUS_S,
+                )
             await self._teardown()
 
     async def _live(self) -> None:
@@ -296,15 +308,20 @@ class PodRuntime:
             await final_delete(self.node, self.namespace, self.name, self.uid)
 
     async def _publish_loop(self) -> None:
+        """The only writer of the pod's status: one PATCH at a time, each change written,
+        a failed write retried; it ends once the final status (after `_final`) is written."""
         while True:
             await self._dirty.wait()
             self._dirty.clear()
             try:
                 await self._publish()
-            except (ApiError, OSError) as error:
-                log.warning("pod %s/%s status: %s", self.namespace, self.name, error)
+            except (ApiError, OSError, aiohttp.ClientError, asyncio.TimeoutError) as error:
+                log.warning("pod %s/%s status: %r", self.namespace, self.name, error)
                 self._dirty.set()
                 await asyncio.sleep(0.5)
+                continue
+            if self._final and not self._dirty.is_set():
+                return
 
     async def _publish(self) -> None:
         status = self.status()
@@ -385,5 +402,5 @@ async def final_delete(node: NodeContext, namespace: str, name: str, uid: str) -
     except ApiError as error:
         if error.status != 409:  # 409: a new pod of the same name, not ours to delete
             log.warning("final delete of pod %s/%s: %s", namespace, name, error)
-    except OSError as error:
+    except (OSError, aiohttp.ClientError, asyncio.TimeoutError) as error:
         log.warning("final delete of pod %s/%s: %r", namespace, name, error)

@@ -35,6 +35,8 @@ ENGINE_NOT_READY = "EngineNotReady"
 NO_POD_SERVING = "NoPodServing"
 # Pods that had the voice loaded are not ready: its backend is being restarted, or failed.
 FAILED_ON_POD = "FailedOnPod"
+# The API server refused the operator a verb the voice needs (RBAC): an administrator's fix.
+FORBIDDEN = "Forbidden"
 
 
 @dataclass(frozen=True)
@@ -116,3 +118,20 @@ def status_changed(old_status: Mapping[str, Any] | None, new_status: Mapping[str
 
 def failed_conditions(reason: str, message: str) -> list[Cond]:
     return [Cond(t, False, reason, message) for t in CONDITION_TYPES]
+
+
+def forbidden_conditions(old: Sequence[Mapping[str, Any]], message: str) -> list[Cond]:
+    """Available turns False for a refused verb; the other conditions stay as they were
+    (Unknown where there was none yet)."""
+    previous = {c.get("type"): c for c in old}
+    out = []
+    for kind in CONDITION_TYPES:
+        before = previous.get(kind)
+        if kind == AVAILABLE or before is None:
+            out.append(Cond(kind, False if kind == AVAILABLE else None, FORBIDDEN, message))
+        else:
+            value = {"True": True, "False": False}.get(str(before.get("status")))
+            out.append(
+                Cond(kind, value, str(before.get("reason", "")), str(before.get("message", "")))
+            )
+    return out
