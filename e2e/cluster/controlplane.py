@@ -169,7 +169,13 @@ class ControlPlane:
 
     # -- life
 
-    def start(self) -> ControlPlane:
+    def start(
+        self,
+        before_controllers: Callable[[ControlPlane], None] | None = None,
+    ) -> ControlPlane:
+        """Start every process; `before_controllers` runs once the API server is ready and
+        before the controller manager starts (CRDs installed then are known to its garbage
+        collector at once, instead of after its next discovery, up to 30 s later)."""
         missing = missing_binaries(self.bin_dir)
         if missing:
             raise ControlPlaneError(
@@ -184,6 +190,8 @@ class ControlPlane:
             self.pki = ClusterPki.create(self.workdir / "pki")
             self._start_etcd()
             self._start_apiserver()
+            if before_controllers is not None:
+                before_controllers(self)
             if self.controllers:
                 self._start_controller_manager()
             if self.run_scheduler:

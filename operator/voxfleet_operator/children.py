@@ -71,8 +71,8 @@ def _same(a: Any, b: Any) -> bool:
 def drift(desired: Any, live: Any, path: str = "", lenient: bool = False) -> list[str]:
     """Where `live` departs from what we render, as JSON-ish paths (empty: in line).
 
-    Every rendered field must be there with its value and every list must match element by
-    element. A field we do not render counts too (someone added `hostNetwork` or
+    Every rendered field must be there with its value (an empty list or map may be absent,
+    as the API server omits them) and every list must match element by element. A field we do not render counts too (someone added `hostNetwork` or
     `privileged`), unless Kubernetes owns it (`SERVER_OWNED`) or it holds the server's
     default (`SERVER_DEFAULTS`). Under `metadata` only our own keys count: other tools'
     labels, annotations and the server's bookkeeping are not ours to remove.
@@ -84,7 +84,10 @@ def drift(desired: Any, live: Any, path: str = "", lenient: bool = False) -> lis
         for key, value in desired.items():
             where = f"{path}.{key}"
             if key not in live:
-                found.append(where)
+                # The API server leaves empty lists and maps out of what it returns
+                # (`tolerations: []` of a pool without any): absent is what we asked for.
+                if value != [] and value != {}:
+                    found.append(where)
             else:
                 found += drift(value, live[key], where, lenient or key == "metadata")
         if not lenient:
