@@ -8,7 +8,11 @@ kube-apiserver (with TLS and the client certificate it is given), streaming the 
 - `throttled[path]`: that many requests of `path` are answered 429 with `Retry-After: 1`;
 - `conflicts[path]`: that many PATCH/PUT requests of `path` are answered 409 Conflict, as an
   API server racing another writer does;
-- `required_token`: requests with another bearer token are answered 401.
+- `required_token`: requests with another bearer token are answered 401;
+- `expired_watches`: that many watch requests get, instead of events, one ERROR event
+  `410 Gone` ("too old resource version"), as a server answers a watch that resumes from a
+  resourceVersion its history no longer holds; `cut_watches()` ends every watch in flight
+  (as a restarted API server or a dropped connection does), so that watchers resume.
 The operator under test is pointed at the proxy (its kubeconfig), the tests' own client at
 the API server itself, so `served` and `writes()` are the operator's requests only.
 """
@@ -58,6 +62,9 @@ class FaultProxy:
         self.throttled: dict[str, int] = {}
         self.conflicts: dict[str, int] = {}
         self.required_token: str | None = None
+        self.expired_watches = 0
+        self.expired_served = 0
+        self._watches: dict[web.StreamResponse, web.Request] = {}
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -100,6 +107,21 @@ class FaultProxy:
             response = _status(429, "TooManyRequests", "slow down (injected)")
             response.headers["Retry-After"] = "1"
             return response
+        if request.query.get("watch") in ("true", "1") and self.expired_watches > 0:
+            self.expired_watches -= 1
+            self.expired_served += 1
+            gone = {
+                "type": "ERROR",
+                "object": {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "code": 410,
+                    "reason": "Expired",
+                    "message": "too old resource version (injected)",
+                },
+            }
+            return web.Response(text=json.dumps(gone) + "\n", content_type="application/json")
         if method in ("PATCH", "PUT") and self.conflicts.get(path, 0) > 0:
             self.conflicts[path] -= 1
             return _status(
@@ -119,7 +141,24 @@ class FaultProxy:
                 if name.lower() not in _HOP_HEADERS:
                     response.headers[name] = value
             await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
-            await response.write_eof()
+            watching = request.query.get("watch") in ("true", "1")
+            if watching:
+                self._watches[response] = request
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+            except (ConnectionError, RuntimeError):
+                pass  # cut, or the client went away
+            finally:
+                self._watches.pop(response, None)
             return response
+
+    def cut_watches(self) -> int:
+        """Drop the connection of every watch in flight; the number dropped."""
+        cut = list(self._watches.values())
+        self._watches.clear()
+        for request in cut:
+            if request.transport is not None:
+                request.transport.close()
+        return len(cut)

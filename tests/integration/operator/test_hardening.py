@@ -340,3 +340,31 @@ async def test_a_missing_engine_cache_claim_is_named(api: Api, operator: None) -
 
 async def _equals(read: Any, expected: str) -> bool:
     return bool(await read() == expected)
+
+
+async def test_watches_that_expire_are_listed_again_and_the_operator_converges(
+    api: Api, slow_timer: None
+) -> None:
+    """A watch resumed from a resourceVersion the server no longer holds gets 410 Gone; the
+    operator lists again and goes on (the drift timer is 600 s: only events act here)."""
+    assert api.faults is not None
+    await api.create(*VOICES, voice("joe", autoscaling={"maxReplicas": 2}))
+    await _converged(api, "joe")
+    api.faults.expired_watches = 20  # every watch that resumes now is told 410 first
+    assert api.faults.cut_watches() > 0
+    await eventually(
+        lambda: _true(api.faults is not None and api.faults.expired_served >= 3), timeout=30
+    )
+    await api.patch(*VOICES, "joe", {"spec": {"autoscaling": {"maxReplicas": 3}}})
+
+    async def applied() -> bool:
+        hpa = await api.get(*HPA)
+        return bool(hpa) and hpa["spec"]["maxReplicas"] == 3
+
+    await eventually(applied, timeout=30)
+    status = await _converged(api, "joe", generation=2)
+    assert condition(status, "SpecValid")["status"] == "True"
+
+
+async def _true(value: bool) -> bool:
+    return value
