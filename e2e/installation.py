@@ -55,6 +55,8 @@ class Installation:
     helm: Helm | None = None
     # Raises if the cluster underneath failed (a control-plane process died).
     check: Callable[[], None] = lambda: None
+    # The local cluster (e2e/cluster.LocalCluster); None on kind.
+    cluster: Any = None
     timings: dict[str, float] = field(default_factory=dict)
 
     def operator_ready(self) -> bool:
@@ -182,12 +184,14 @@ def kind_installation() -> Iterator[Installation]:
 
 
 @contextlib.contextmanager
-def local_installation(workdir: Path) -> Iterator[Installation]:
+def local_installation(
+    workdir: Path, hpa_sync_period_s: float = HPA_SYNC_PERIOD_S
+) -> Iterator[Installation]:
     """The control plane and the node agent's nodes here, and the chart installed with
     `helm install` as a user installs it."""
     from e2e.cluster import LocalCluster
 
-    cluster = LocalCluster(workdir / "cluster", hpa_sync_period_s=HPA_SYNC_PERIOD_S)
+    cluster = LocalCluster(workdir / "cluster", hpa_sync_period_s=hpa_sync_period_s)
     cluster.start()
     HEALTH_CHECKS.append(cluster.check)
     try:
@@ -222,6 +226,7 @@ def local_installation(workdir: Path) -> Iterator[Installation]:
             cluster.logs,
             helm=helm,
             check=cluster.check,
+            cluster=cluster,
         )
         try:
             _wait_for_operator(installation)

@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -417,11 +418,17 @@ def test_a_voice_whose_source_is_missing_fails_with_the_jobs_message(
     try:
         obj = eventually(failed, timeout=180, what="ghost reaches phase Failed")
     except AssertionError as error:
-        raise AssertionError(f"{error}\n{describe(kubectl, 'ttsv/ghost')}\n" + "\n".join(
-            f"{p['metadata']['name']}: {json.dumps(p.get('status'))[:800]}"
-            for p in kubectl.items("pods", "voxfleet.io/voice=ghost")
-        ) + "\n" + json.dumps([j.get("status") for j in kubectl.items(
-            "jobs", "voxfleet.io/voice=ghost")])) from None
+        raise AssertionError(
+            f"{error}\n{describe(kubectl, 'ttsv/ghost')}\n"
+            + "\n".join(
+                f"{p['metadata']['name']}: {json.dumps(p.get('status'))[:800]}"
+                for p in kubectl.items("pods", "voxfleet.io/voice=ghost")
+            )
+            + "\n"
+            + json.dumps(
+                [j.get("status") for j in kubectl.items("jobs", "voxfleet.io/voice=ghost")]
+            )
+        ) from None
     engine = condition(obj, "EngineReady")
     assert engine and engine["status"] == "False"
     jobs = kubectl.items("jobs", "voxfleet.io/voice=ghost")
@@ -438,6 +445,62 @@ def test_a_voice_whose_source_is_missing_fails_with_the_jobs_message(
     assert len(pods_later) == pods_then
     assert pods_then <= int(jobs[0]["spec"].get("backoffLimit", 6)) + 1
     kubectl.run("delete", "ttsv", "ghost")
+
+
+@pytest.mark.skipif(REAL_CLUSTER, reason="runs Prometheus and prometheus-adapter beside it")
+def test_the_pool_hpa_reads_the_charts_metrics_through_the_real_adapter(
+    installation: Installation, joe: dict[str, Any], tmp_path: Path
+) -> None:
+    """The autoscaling loop's plumbing, real end to end: Prometheus scrapes the pool pods
+    the ServiceMonitor selects, prometheus-adapter serves the chart's rules through the API
+    server's aggregation layer, and the controller manager's HPA controller reads them."""
+    from autoscale.adapter import MetricsAdapter, adapter_config_from_chart
+    from autoscale.controllers import AutoscalingWatch, current_metrics_milli
+    from autoscale.prometheus import PrometheusServer
+
+    kubectl = installation.kubectl
+    config = adapter_config_from_chart("helm", "--set", "prometheusAdapter.rules.rateWindow=30s")
+    with (
+        PrometheusServer("1s", work_dir=tmp_path / "prometheus") as prometheus,
+        MetricsAdapter(
+            installation.cluster.control_plane,
+            kubectl,
+            prometheus.url,
+            config,
+            tmp_path / "adapter",
+        ) as adapter,
+    ):
+        watch = AutoscalingWatch(kubectl, NAMESPACE, prometheus, target_refresh_s=1).start()
+        try:
+            endpoint = joe["voice"]["status"]["endpoint"]
+
+            def read_by_the_hpa() -> dict[str, Any] | None:
+                stream(installation, endpoint, "joe")  # first-audio samples to read
+                hpa = kubectl.get("hpa", POOL_DEPLOYMENT) or {}
+                active = condition(hpa, "ScalingActive") or {}
+                values = current_metrics_milli(hpa)
+                if (
+                    active.get("status") == "True"
+                    and values.get("voxfleet_first_audio_p95_seconds") is not None
+                ):
+                    return hpa
+                return None
+
+            hpa = eventually(
+                read_by_the_hpa,
+                timeout=180,
+                interval=2,
+                what="the pool HPA reads the first-audio p95 from the adapter",
+            )
+            voice_p95 = adapter.metric(
+                NAMESPACE, "ttsvoices.voxfleet.io", "joe", "voxfleet_voice_first_audio_p95_seconds"
+            )
+        finally:
+            watch.stop()
+    p95_ms = current_metrics_milli(hpa)["voxfleet_first_audio_p95_seconds"]
+    assert p95_ms is not None and 0 < p95_ms < 30_000, hpa["status"]
+    assert voice_p95 is not None and voice_p95 > 0
+    installation.timings["hpa_first_audio_p95_ms"] = float(p95_ms)
 
 
 def _operator_cluster_role(kubectl: Any) -> dict[str, Any]:

@@ -141,10 +141,15 @@ class Kube:
         return result
 
     async def list(
-        self, kind: str, namespace: str | None = None, **selectors: str
+        self,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        label_selector: str = "",
+        field_selector: str = "",
     ) -> tuple[list[Obj], str]:
-        """(items, the list's resourceVersion); `label_selector=`, `field_selector=`."""
-        query = {_camel(k): v for k, v in selectors.items() if v}
+        """(items, the list's resourceVersion)."""
+        query = _selectors(label_selector, field_selector)
         data = await self.call("GET", resource_path(kind, namespace), query=query)
         return list(data.get("items") or []), str(data["metadata"].get("resourceVersion", ""))
 
@@ -210,12 +215,14 @@ class Kube:
         kind: str,
         namespace: str | None,
         resource_version: str,
+        *,
+        label_selector: str = "",
+        field_selector: str = "",
         timeout_s: int = 300,
-        **selectors: str,
     ) -> Any:
         """The events of one watch request, as dicts, until the server ends it. A 410 Gone
         (in the response or as an ERROR event) raises `ApiError` with status 410."""
-        query: dict[str, Any] = {_camel(k): v for k, v in selectors.items() if v}
+        query: dict[str, Any] = _selectors(label_selector, field_selector)
         query.update(
             watch="true",
             resourceVersion=resource_version,
@@ -240,9 +247,9 @@ class Kube:
             response.response.release()
 
 
-def _camel(name: str) -> str:
-    first, *rest = name.split("_")
-    return first + "".join(part.title() for part in rest)
+def _selectors(label_selector: str, field_selector: str) -> dict[str, Any]:
+    query = {"labelSelector": label_selector, "fieldSelector": field_selector}
+    return {k: v for k, v in query.items() if v}
 
 
 class Informer:
@@ -255,12 +262,15 @@ class Informer:
         kind: str,
         namespace: str | None = None,
         on_change: Callable[[], None] = lambda: None,
-        **selectors: str,
+        *,
+        label_selector: str = "",
+        field_selector: str = "",
     ) -> None:
         self.kube = kube
         self.kind = kind
         self.namespace = namespace
-        self.selectors = selectors
+        self.label_selector = label_selector
+        self.field_selector = field_selector
         self.on_change = on_change
         self.objects: dict[str, Obj] = {}
         self.synced = asyncio.Event()
@@ -288,7 +298,12 @@ class Informer:
         first = True
         while True:
             try:
-                items, version = await self.kube.list(self.kind, self.namespace, **self.selectors)
+                items, version = await self.kube.list(
+                    self.kind,
+                    self.namespace,
+                    label_selector=self.label_selector,
+                    field_selector=self.field_selector,
+                )
                 self.objects = {self.key(item): item for item in items}
                 if not first:
                     self.relists += 1
@@ -297,7 +312,11 @@ class Informer:
                 self.on_change()
                 while True:  # watch, and resume where the last watch ended
                     async for event in self.kube.watch(
-                        self.kind, self.namespace, version, **self.selectors
+                        self.kind,
+                        self.namespace,
+                        version,
+                        label_selector=self.label_selector,
+                        field_selector=self.field_selector,
                     ):
                         obj = event["object"]
                         version = obj["metadata"].get("resourceVersion") or version

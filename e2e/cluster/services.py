@@ -163,7 +163,7 @@ class ServiceProxies:
     def hosts_entries(self, for_namespace: str) -> str:
         """/etc/hosts lines naming every Service as pods of `for_namespace` resolve them:
         the cluster IP, or each ready endpoint of a headless Service."""
-        lines = []
+        lines: list[str] = []
         for service in sorted(self.services.items(), key=Informer.key):
             namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
             spec = service.get("spec") or {}

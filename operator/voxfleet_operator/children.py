@@ -72,10 +72,11 @@ def drift(desired: Any, live: Any, path: str = "", lenient: bool = False) -> lis
     """Where `live` departs from what we render, as JSON-ish paths (empty: in line).
 
     Every rendered field must be there with its value (an empty list or map may be absent,
-    as the API server omits them) and every list must match element by element. A field we do not render counts too (someone added `hostNetwork` or
-    `privileged`), unless Kubernetes owns it (`SERVER_OWNED`) or it holds the server's
-    default (`SERVER_DEFAULTS`). Under `metadata` only our own keys count: other tools'
-    labels, annotations and the server's bookkeeping are not ours to remove.
+    as the API server omits them) and every list must match element by element. A field we
+    do not render counts too (someone added `hostNetwork` or `privileged`), unless
+    Kubernetes owns it (`SERVER_OWNED`) or it holds the server's default (`SERVER_DEFAULTS`).
+    Under `metadata` only our own keys count: other tools' labels, annotations and the
+    server's bookkeeping are not ours to remove.
     """
     if isinstance(desired, Mapping):
         if not isinstance(live, Mapping):

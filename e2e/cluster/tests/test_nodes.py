@@ -30,12 +30,13 @@ async def test_nodes_are_registered_ready_and_renew_their_leases(
             if t["key"] == "node.kubernetes.io/not-ready"
         ]
     name = cluster.node_specs[0].name
-    first = await kube.get("Lease", "kube-node-lease", name)
-    assert first is not None and first["spec"]["holderIdentity"] == name
+    lease = await kube.get("Lease", "kube-node-lease", name)
+    assert lease is not None and lease["spec"]["holderIdentity"] == name
+    first = lease
 
     async def renewed() -> bool:
         lease = await kube.get("Lease", "kube-node-lease", name)
-        return bool(lease) and parse_time(lease["spec"]["renewTime"][:19] + "Z") > parse_time(
+        return lease is not None and parse_time(lease["spec"]["renewTime"][:19] + "Z") > parse_time(
             first["spec"]["renewTime"][:19] + "Z"
         )
 
