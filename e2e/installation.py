@@ -3,8 +3,8 @@
 `local_installation()` builds it here: the real control plane and the node agent's nodes
 (e2e/cluster/), and the chart installed with `helm install` as a user would, the operator
 running as the chart's own Deployment under its own ServiceAccount and RBAC.
-`kind_installation()` takes a cluster where scripts/e2e-kind.sh has already run
-`helm install`. Scenarios see only `Installation`.
+`kind_installation()` installs the same chart with `helm install` on a kind cluster that
+scripts/e2e-kind.sh made and loaded the images into. Scenarios see only `Installation`.
 """
 
 from __future__ import annotations
@@ -141,9 +141,31 @@ def _wait_for_operator(installation: Installation) -> None:
     )
 
 
+def helm_set_args() -> list[str]:
+    """`--set` arguments for the install (kind: the images scripts/e2e-kind.sh loaded)."""
+    given = os.environ.get("VOXFLEET_E2E_HELM_SET", "")
+    return [arg for item in given.split(",") if item for arg in ("--set", item)]
+
+
 @contextlib.contextmanager
 def kind_installation() -> Iterator[Installation]:
+    """A kind cluster (scripts/e2e-kind.sh made it and loaded the images): the chart is
+    installed with `helm install` here too, so the scenarios are the same."""
     kubectl = Kubectl(Path(os.environ[KUBECONFIG_ENV]), NAMESPACE)
+    helm = Helm(kubectl.kubeconfig, NAMESPACE)
+    helm.run(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--create-namespace",
+        "-f",
+        str(VALUES),
+        *helm_set_args(),
+        "--wait",
+        "--timeout",
+        "5m",
+        timeout=400,
+    )
 
     def kill_process(pod: str, name: str) -> int:
         script = (
@@ -198,7 +220,15 @@ def local_installation(
         kubectl = Kubectl(cluster.kubeconfig, NAMESPACE)
         helm = Helm(cluster.kubeconfig, NAMESPACE)
         started = time.monotonic()
-        helm.run("install", RELEASE, str(CHART), "--create-namespace", "-f", str(VALUES))
+        helm.run(
+            "install",
+            RELEASE,
+            str(CHART),
+            "--create-namespace",
+            "-f",
+            str(VALUES),
+            *helm_set_args(),
+        )
 
         def reach_service(endpoint: str) -> contextlib.AbstractContextManager[str]:
             return contextlib.nullcontext(cluster.resolve(endpoint))

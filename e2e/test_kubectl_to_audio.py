@@ -550,12 +550,16 @@ def test_an_operator_denied_a_verb_says_so_in_the_voice_status_until_helm_upgrad
     # Helm 4 applies server-side: the fields `kubectl replace` took are another manager's
     # now, and a plain upgrade stops at the conflict and names it; --force-conflicts takes
     # them back, as Helm's documentation says.
-    refused_upgrade = helm.run("upgrade", RELEASE, str(CHART), "-f", str(VALUES), check=False)
+    refused_upgrade = helm.run(
+        "upgrade", RELEASE, str(CHART), "-f", str(VALUES), "--reuse-values", check=False
+    )
     assert refused_upgrade.returncode != 0
     assert 'conflict with \\"kubectl-replace\\"' in refused_upgrade.stderr or (
         'conflict with "kubectl-replace"' in refused_upgrade.stderr
     ), refused_upgrade.stderr
-    upgraded = helm.run("upgrade", RELEASE, str(CHART), "-f", str(VALUES), "--force-conflicts")
+    upgraded = helm.run(
+        "upgrade", RELEASE, str(CHART), "-f", str(VALUES), "--reuse-values", "--force-conflicts"
+    )
     assert "has been upgraded" in upgraded.stdout, upgraded.stdout
     secrets = kubectl.items("secrets", f"owner=helm,name={RELEASE}")
     statuses = {
