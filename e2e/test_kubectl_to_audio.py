@@ -30,74 +30,18 @@ from e2e_support import (
     parse_endpoint,
 )
 from installation import OPERATOR_SELECTOR, Installation, describe
-from speech import LONG_TEXT, TEXT, SayError, Speech, piper_seconds, say, say_many
-
-POOL_DEPLOYMENT = f"voxfleet-triton-{POOL}"
-POOL_PODS = f"app.kubernetes.io/name=voxfleet-triton,voxfleet.io/pool={POOL}"
-GROUP = "voxfleet.io/v1alpha1"
-
-
-def voice(name: str, path: str = "joe/en_US-joe-medium.onnx", **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": GROUP,
-        "kind": "TTSVoice",
-        "metadata": {"name": name},
-        "spec": {"pool": POOL, "source": {"pvc": {"claimName": "voices", "path": path}}, **spec},
-    }
-
-
-def ready_voice(installation: Installation, name: str, timeout: float) -> dict[str, Any]:
-    kubectl = installation.kubectl
-
-    def ready() -> dict[str, Any] | None:
-        obj = kubectl.get("ttsv", name)
-        status = (obj or {}).get("status") or {}
-        assert status.get("phase") != "Failed", f"{name} failed: {status}"
-        if status.get("phase") == "Ready" and status.get("endpoint"):
-            return obj
-        return None
-
-    try:
-        return eventually(ready, timeout=timeout, what=f"{name} is Ready")
-    except AssertionError as error:
-        pods = kubectl.items("pods")
-        logs = "\n".join(
-            f"--- {p['metadata']['name']}/{c['name']}\n"
-            + installation.logs(p["metadata"]["name"], c["name"])[-2500:]
-            for p in pods
-            for c in p["spec"]["containers"]
-        )
-        raise AssertionError(f"{error}\n{describe(kubectl, f'ttsv/{name}')}\n{logs}") from None
-
-
-def pool_pods(installation: Installation) -> list[dict[str, Any]]:
-    return [
-        p
-        for p in installation.kubectl.items("pods", POOL_PODS)
-        if not p["metadata"].get("deletionTimestamp")
-    ]
-
-
-def serving(pod: dict[str, Any], voice_name: str) -> bool:
-    labels = pod["metadata"].get("labels") or {}
-    return labels.get(f"serving.voxfleet.io/{voice_name}") == "true"
-
-
-def stream(installation: Installation, endpoint: str, name: str, text: str = TEXT) -> Speech:
-    with installation.reach_service(endpoint) as address:
-        return say(address, name, text)
-
-
-def model_stats(installation: Installation, pod: str) -> dict[str, int]:
-    """Successful requests per model, from the pod's own Triton metrics port."""
-    with installation.reach_pod(pod, 8002) as address:
-        text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
-    counts: dict[str, int] = {}
-    for line in text.splitlines():
-        if line.startswith("nv_inference_request_success{"):
-            model = line.split('model="', 1)[1].split('"', 1)[0]
-            counts[model] = counts.get(model, 0) + int(float(line.rsplit(" ", 1)[1]))
-    return counts
+from speech import LONG_TEXT, TEXT, SayError, Speech, piper_seconds, say
+from voices import (
+    POOL_DEPLOYMENT,
+    POOL_PODS,
+    model_stats,
+    pool_pods,
+    ready_voice,
+    say_many_through,
+    serving,
+    stream,
+    voice,
+)
 
 
 @pytest.fixture(scope="module")
@@ -217,13 +161,6 @@ def test_scaling_the_pool_loads_both_voices_and_spreads_streams(
     served = {name: after[name].get("joe", 0) - before[name].get("joe", 0) for name in after}
     assert sum(served.values()) == 6, served
     assert all(count >= 1 for count in served.values()), f"one pod took every stream: {served}"
-
-
-def say_many_through(
-    installation: Installation, endpoint: str, name: str, count: int, text: str = TEXT
-) -> list[Speech]:
-    with installation.reach_service(endpoint) as address:
-        return say_many(address, name, count, text)
 
 
 def test_rolling_update_with_streams_in_flight_loses_none(
@@ -572,6 +509,7 @@ def test_an_operator_denied_a_verb_says_so_in_the_voice_status_until_helm_upgrad
     kubectl.run("delete", "ttsv", "denied")
 
 
+@pytest.mark.uninstalls
 def test_helm_uninstall_removes_the_release_and_keeps_the_crd(
     installation: Installation,
 ) -> None:

@@ -1,5 +1,6 @@
 """Fixtures: one local cluster (the real control plane and the node agent's nodes) for the
-node agent's tests, a namespace of its own per test, and the API as its administrator."""
+node agent's tests, stopped when they are done, a namespace of its own per test, and the API
+as its administrator."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from cluster.kube import Kube
 _namespaces = itertools.count()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(Path(tmp_path_factory.mktemp("node-agent"))) as running:
         yield running
