@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from cluster import ControlPlane, ControlPlaneError
+from e2e_support import HEALTH_CHECKS, eventually
 
 
 def test_a_port_in_use_is_named(tmp_path: Path) -> None:
@@ -38,6 +39,15 @@ def test_a_process_that_dies_is_reported_with_its_log(tmp_path: Path) -> None:
             time.sleep(0.1)
         with pytest.raises(ControlPlaneError) as raised:
             plane.check()
+        # A scenario waiting on the cluster fails at once, not at its timeout.
+        HEALTH_CHECKS.append(plane.check)
+        started = time.monotonic()
+        try:
+            with pytest.raises(ControlPlaneError, match="etcd was killed"):
+                eventually(lambda: False, timeout=120, what="something that never happens")
+        finally:
+            HEALTH_CHECKS.remove(plane.check)
+        assert time.monotonic() - started < 5
     message = str(raised.value)
     assert message.startswith("etcd was killed by signal 9; the last lines of its log")
     assert str(plane.log_path("etcd")) in message
