@@ -168,12 +168,17 @@ def _patch_of(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, 
 
 
 async def ensure(
-    client: KubeClient, desired: dict[str, Any], cache: ObjectCache | None = None
+    client: KubeClient,
+    desired: dict[str, Any],
+    cache: ObjectCache | None = None,
+    patch_existing: bool = True,
 ) -> tuple[Outcome, dict[str, Any]]:
     """Make the live object hold `desired`: create it, patch it, or leave it alone.
 
     With a cache, the live object is the cached one when there is one (no read); a child the
-    cache lacks is read.
+    cache lacks is read. `patch_existing=False` creates only: an object that exists (made by
+    a concurrent pass meanwhile) is returned as it is, for kinds whose spec the API server
+    will not let us patch (a Job's pod template and selector are immutable).
     """
     resource = resource_of(desired)
     namespace = desired["metadata"]["namespace"]
@@ -197,7 +202,7 @@ async def ensure(
             return "created", created
     if cache is not None:
         cache.seen(resource.plural, live)
-    if in_line(desired, live):
+    if not patch_existing or in_line(desired, live):
         return "unchanged", live
     patched = await client.patch(resource, namespace, name, _patch_of(desired, live))
     if cache is not None:
