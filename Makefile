@@ -5,11 +5,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TOOLS_STAMP := .tools/.installed
+CONTROL_PLANE_STAMP := .tools/.control-plane
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test lint e2e e2e-kind autoscale bench soak faults clean
 
-setup: $(STAMP) $(TOOLS_STAMP)
+setup: $(STAMP) $(TOOLS_STAMP) $(CONTROL_PLANE_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +22,12 @@ $(STAMP): pyproject.toml
 $(TOOLS_STAMP): scripts/install-tools.sh
 	bash scripts/install-tools.sh .tools
 	touch $(TOOLS_STAMP)
+
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler and prometheus-adapter, built
+# from their Go modules (tools/*/go.mod, go.sum) into .tools/bin; needs Go and the module proxy.
+$(CONTROL_PLANE_STAMP): scripts/build-control-plane.sh $(wildcard tools/*/go.mod tools/*/go.sum)
+	nice bash scripts/build-control-plane.sh .tools
+	touch $(CONTROL_PLANE_STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/voxfleet demo -o demo.wav

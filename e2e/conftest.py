@@ -17,12 +17,32 @@ TIMINGS_FILE = ROOT / "build" / "e2e-timings.json"
 
 
 def _local_cluster_missing() -> str | None:
+    from e2e.cluster.controlplane import missing_binaries
+
     if os.geteuid() != 0:
         return "the local cluster needs root (network and mount namespaces)"
-    for tool in ("kubectl", "helm", "ip", "unshare", "mount"):
+    for tool in ("kubectl", "helm", "ip", "unshare", "mount", "openssl"):
         if shutil.which(tool) is None:
             return f"{tool} is not on PATH (kubectl and helm come with `make setup`)"
+    missing = missing_binaries()
+    if missing:
+        return (
+            f"{', '.join(missing)} not built: run `make setup` (it builds the control "
+            "plane from its Go modules)"
+        )
     return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "uninstalls: takes the installation away; run after every other scenario"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Scenarios of every file share one installation: the one that uninstalls it runs last,
+    whichever file it is in and whatever files are added."""
+    items.sort(key=lambda item: item.get_closest_marker("uninstalls") is not None)
 
 
 @pytest.fixture(scope="session")

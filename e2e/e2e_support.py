@@ -1,20 +1,22 @@
 """What the e2e scenarios do to a cluster, the same way on the local cluster and on kind.
 
 The scenarios talk to Kubernetes only through the real `kubectl` (apply, get, scale, rollout,
-delete) and to voices only through `voxfleet say`'s client at the address a voice's Service
-resolves to. The two backends differ in the API endpoint, in who runs the pods, and in how a
-test reaches a Service or a pod:
+delete) and `helm` (install, upgrade, uninstall), and to voices only through `voxfleet say`'s
+client at the address a voice's Service resolves to. The two backends differ in who runs the
+control plane and the pods, and in how a test reaches a Service or a pod:
 
-- local (default): the e2e API emulator (e2e/cluster/apiserver.py) on a loopback port, the
-  chart applied with `helm template | kubectl apply`, and the local cluster (e2e/cluster/)
-  running every pod as real processes; Services resolve through the cluster's resolver.
+- local (default): the real control plane built by `make setup` and the node agent's nodes
+  (e2e/cluster/), the chart installed with `helm install`; Services are reached at their
+  cluster IPs through the node agent's Service proxy, pods at their IPs.
 - kind (`VOXFLEET_E2E_KUBECONFIG` set, as scripts/e2e-kind.sh does): the chart is already
   installed by `helm install`; Services and pods are reached with `kubectl port-forward`.
+
+`eventually()` also runs the `HEALTH_CHECKS` the installation registers, so that a
+control-plane process that dies fails the waiting test at once, with its log's last lines.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -22,10 +24,8 @@ import re
 import shutil
 import socket
 import subprocess
-import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
-from concurrent.futures import Future
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,15 +42,21 @@ POOL = "cpu"
 VOICES_CLAIM = "voices"
 
 T = TypeVar("T")
+# Called by every `eventually()` round: each raises if the cluster underneath has failed.
+HEALTH_CHECKS: list[Callable[[], None]] = []
 
 
-def eventually(
-    check: Callable[[], T], timeout: float, interval: float = 0.5, what: str = ""
-) -> T:
+def check_health() -> None:
+    for check in list(HEALTH_CHECKS):
+        check()
+
+
+def eventually(check: Callable[[], T], timeout: float, interval: float = 0.5, what: str = "") -> T:
     """Poll `check` until it returns something truthy; fail with its last value or error."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while True:
+        check_health()
         try:
             last = check()
         except (AssertionError, subprocess.CalledProcessError, KeyError) as error:
@@ -58,8 +64,9 @@ def eventually(
         if last and not isinstance(last, BaseException):
             return last
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what or check.__name__}: not true within {timeout} s; "
-                                 f"last: {last!r}")
+            raise AssertionError(
+                f"{what or check.__name__}: not true within {timeout} s; last: {last!r}"
+            )
         time.sleep(interval)
 
 
@@ -124,35 +131,26 @@ def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
     return None
 
 
-def helm_template(values: Path = VALUES, extra: tuple[str, ...] = ()) -> str:
-    """The chart as `helm template` renders it for the suite (CRDs in, chart tests out)."""
-    result = subprocess.run(
-        ["helm", "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--include-crds",
-         "--skip-tests", "-f", str(values), *extra],
-        capture_output=True, text=True, check=True, timeout=60,
-    )
-    return result.stdout
+class Helm:
+    """The real helm (Helm 4) against the suite's cluster, in the suite's namespace."""
 
+    def __init__(self, kubeconfig: Path, namespace: str) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.binary = shutil.which("helm") or "helm"
 
-class LoopThread:
-    """An asyncio loop in a thread of its own: the local cluster runs there while the
-    scenarios, plain synchronous tests, drive it with kubectl and gRPC clients."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="e2e-loop",
-                                        daemon=True)
-        self._thread.start()
-
-    def run(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
-        return future.result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        if not self._thread.is_alive():
-            self.loop.close()
+    def run(
+        self, *args: str, check: bool = True, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [self.binary, "--kubeconfig", str(self.kubeconfig), "-n", self.namespace, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise KubectlError(result.returncode, ["helm", *args], result.stdout, result.stderr)
+        return result
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -166,11 +164,23 @@ def port_forward(kubectl: Kubectl, target: str, port: int) -> Iterator[str]:
     """`kubectl port-forward TARGET :PORT` (kind only): yields the local host:port."""
     local = free_port()
     process = subprocess.Popen(
-        [kubectl.binary, "-n", kubectl.namespace, "port-forward", target, f"{local}:{port}",
-         "--address", "127.0.0.1"],
-        env=kubectl.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            kubectl.binary,
+            "-n",
+            kubectl.namespace,
+            "port-forward",
+            target,
+            f"{local}:{port}",
+            "--address",
+            "127.0.0.1",
+        ],
+        env=kubectl.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
+
         def listening() -> bool:
             with socket.socket() as sock:
                 return sock.connect_ex(("127.0.0.1", local)) == 0
@@ -186,8 +196,10 @@ def port_forward(kubectl: Kubectl, target: str, port: int) -> Iterator[str]:
             process.wait()
 
 
-_ENDPOINT = re.compile(r"^(?P<service>[a-z0-9-]+)\.(?P<namespace>[a-z0-9-]+)\.svc(?:\.[a-z.]+)?"
-                       r":(?P<port>\d+)$")
+_ENDPOINT = re.compile(
+    r"^(?P<service>[a-z0-9-]+)\.(?P<namespace>[a-z0-9-]+)\.svc(?:\.[a-z.]+)?"
+    r":(?P<port>\d+)$"
+)
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, str, int]:

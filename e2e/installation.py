@@ -1,9 +1,10 @@
 """One installed voxfleet for the whole suite: a cluster, the chart, the operator running.
 
-`local_installation()` builds it here: the API emulator, the local cluster of real processes,
-and the chart applied with `helm template | kubectl apply` as a user would, the operator
-running as the chart's own Deployment. `kind_installation()` takes a cluster where
-scripts/e2e-kind.sh has already run `helm install`. Scenarios see only `Installation`.
+`local_installation()` builds it here: the real control plane and the node agent's nodes
+(e2e/cluster/), and the chart installed with `helm install` as a user would, the operator
+running as the chart's own Deployment under its own ServiceAccount and RBAC.
+`kind_installation()` installs the same chart with `helm install` on a kind cluster that
+scripts/e2e-kind.sh made and loaded the images into. Scenarios see only `Installation`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,20 +19,23 @@ from pathlib import Path
 from typing import Any
 
 from e2e_support import (
+    CHART,
+    HEALTH_CHECKS,
     KUBECONFIG_ENV,
     NAMESPACE,
     RELEASE,
     VALUES,
+    Helm,
     Kubectl,
-    LoopThread,
     condition,
     eventually,
-    helm_template,
     parse_endpoint,
     port_forward,
 )
 
 OPERATOR_SELECTOR = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
+# The controller manager's HPA period on the local cluster (Kubernetes' default: 15 s).
+HPA_SYNC_PERIOD_S = 5.0
 
 
 @dataclass
@@ -48,6 +51,12 @@ class Installation:
     kill_process: Callable[[str, str], int]
     # Logs of a pod's container (for failure messages).
     logs: Callable[[str, str], str]
+    # Helm, for the release the chart was installed as.
+    helm: Helm | None = None
+    # Raises if the cluster underneath failed (a control-plane process died).
+    check: Callable[[], None] = lambda: None
+    # The local cluster (e2e/cluster.LocalCluster); None on kind.
+    cluster: Any = None
     timings: dict[str, float] = field(default_factory=dict)
 
     def operator_ready(self) -> bool:
@@ -124,13 +133,39 @@ def fill_voices(kubectl: Kubectl) -> None:
 
 
 def _wait_for_operator(installation: Installation) -> None:
-    eventually(installation.operator_ready, timeout=120, interval=0.5,
-               what="the operator Deployment is available")
+    eventually(
+        installation.operator_ready,
+        timeout=120,
+        interval=0.5,
+        what="the operator Deployment is available",
+    )
+
+
+def helm_set_args() -> list[str]:
+    """`--set` arguments for the install (kind: the images scripts/e2e-kind.sh loaded)."""
+    given = os.environ.get("VOXFLEET_E2E_HELM_SET", "")
+    return [arg for item in given.split(",") if item for arg in ("--set", item)]
 
 
 @contextlib.contextmanager
 def kind_installation() -> Iterator[Installation]:
+    """A kind cluster (scripts/e2e-kind.sh made it and loaded the images): the chart is
+    installed with `helm install` here too, so the scenarios are the same."""
     kubectl = Kubectl(Path(os.environ[KUBECONFIG_ENV]), NAMESPACE)
+    helm = Helm(kubectl.kubeconfig, NAMESPACE)
+    helm.run(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--create-namespace",
+        "-f",
+        str(VALUES),
+        *helm_set_args(),
+        "--wait",
+        "--timeout",
+        "5m",
+        timeout=400,
+    )
 
     def kill_process(pod: str, name: str) -> int:
         script = (
@@ -157,33 +192,43 @@ def kind_installation() -> Iterator[Installation]:
     def logs(pod: str, container: str) -> str:
         return kubectl.run("logs", pod, "-c", container, check=False).stdout
 
-    installation = Installation(kubectl, reach_service, reach_pod, kill_process, logs)
+    installation = Installation(
+        kubectl,
+        reach_service,
+        reach_pod,
+        kill_process,
+        logs,
+        helm=Helm(kubectl.kubeconfig, NAMESPACE),
+    )
     _wait_for_operator(installation)
     fill_voices(kubectl)
     yield installation
 
 
 @contextlib.contextmanager
-def local_installation(workdir: Path) -> Iterator[Installation]:
-    """The emulator, the local cluster, and the chart installed with kubectl apply."""
-    from e2e.cluster.apiserver import serve_api
-    from e2e.cluster.cluster import LocalCluster
+def local_installation(
+    workdir: Path, hpa_sync_period_s: float = HPA_SYNC_PERIOD_S
+) -> Iterator[Installation]:
+    """The control plane and the node agent's nodes here, and the chart installed with
+    `helm install` as a user installs it."""
+    from e2e.cluster import LocalCluster
 
-    loop = LoopThread()
-    stack = contextlib.ExitStack()
+    cluster = LocalCluster(workdir / "cluster", hpa_sync_period_s=hpa_sync_period_s)
+    cluster.start()
+    HEALTH_CHECKS.append(cluster.check)
     try:
-        api_context = serve_api(workdir / "api")
-        api = loop.run(api_context.__aenter__())
-        stack.callback(lambda: loop.run(api_context.__aexit__(None, None, None), timeout=30))
-        # Pods log in with this service-account token (the emulator accepts any).
-        cluster = LocalCluster(api.url, workdir / "cluster", token="e2e-service-account")
-        cluster.start()
-        stack.callback(cluster.stop)
-        kubectl = Kubectl(api.kubeconfig, NAMESPACE)
-        kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        kubectl = Kubectl(cluster.kubeconfig, NAMESPACE)
+        helm = Helm(cluster.kubeconfig, NAMESPACE)
         started = time.monotonic()
-        rendered = helm_template(VALUES)
-        kubectl.run("apply", "-f", "-", stdin=rendered)
+        helm.run(
+            "install",
+            RELEASE,
+            str(CHART),
+            "--create-namespace",
+            "-f",
+            str(VALUES),
+            *helm_set_args(),
+        )
 
         def reach_service(endpoint: str) -> contextlib.AbstractContextManager[str]:
             return contextlib.nullcontext(cluster.resolve(endpoint))
@@ -193,25 +238,25 @@ def local_installation(workdir: Path) -> Iterator[Installation]:
             return contextlib.nullcontext(f"{obj['status']['podIP']}:{port}")
 
         def kill_process(pod: str, name: str) -> int:
-            assert cluster.kubelet is not None
-            runtime = cluster.kubelet.runtime(NAMESPACE, pod)
-            assert runtime is not None, f"pod {pod} does not run here"
-            pids = subprocess.run(
-                ["ip", "netns", "pids", runtime.netns], capture_output=True, text=True
-            ).stdout.split()
             killed = 0
-            for pid in pids:
+            for pid in cluster.pod_processes(NAMESPACE, pod):
                 try:
-                    comm = Path(f"/proc/{pid}/comm").read_text().strip()
-                    if comm == name:
-                        os.kill(int(pid), 9)
+                    if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+                        os.kill(pid, 9)
                         killed += 1
                 except OSError:
                     continue
             return killed
 
         installation = Installation(
-            kubectl, reach_service, reach_pod, kill_process, cluster.logs
+            kubectl,
+            reach_service,
+            reach_pod,
+            kill_process,
+            cluster.logs,
+            helm=helm,
+            check=cluster.check,
+            cluster=cluster,
         )
         try:
             _wait_for_operator(installation)
@@ -223,8 +268,9 @@ def local_installation(workdir: Path) -> Iterator[Installation]:
         fill_voices(kubectl)
         yield installation
     finally:
-        stack.close()
-        loop.close()
+        with contextlib.suppress(ValueError):
+            HEALTH_CHECKS.remove(cluster.check)
+        cluster.stop()
 
 
 def describe(kubectl: Kubectl, *objects: str) -> str:

@@ -1,4 +1,5 @@
-"""`kubectl apply` to audio: the scenarios of a user's first day with voxfleet, in order.
+"""`helm install`, then `kubectl apply` to audio: the scenarios of a user's first day with
+voxfleet, in order, ending with `helm upgrade` and `helm uninstall`.
 
 One installation (see installation.py) serves every scenario; each scenario leaves the
 cluster as the next one expects it (joe and joe-fast on the CPU pool, the pool's size).
@@ -13,79 +14,34 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import NAMESPACE, POOL, REAL_CLUSTER, condition, eventually, parse_endpoint
-from installation import Installation, describe
-from speech import LONG_TEXT, TEXT, SayError, Speech, piper_seconds, say, say_many
-
-POOL_DEPLOYMENT = f"voxfleet-triton-{POOL}"
-POOL_PODS = f"app.kubernetes.io/name=voxfleet-triton,voxfleet.io/pool={POOL}"
-GROUP = "voxfleet.io/v1alpha1"
-
-
-def voice(name: str, path: str = "joe/en_US-joe-medium.onnx", **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": GROUP,
-        "kind": "TTSVoice",
-        "metadata": {"name": name},
-        "spec": {"pool": POOL, "source": {"pvc": {"claimName": "voices", "path": path}}, **spec},
-    }
-
-
-def ready_voice(installation: Installation, name: str, timeout: float) -> dict[str, Any]:
-    kubectl = installation.kubectl
-
-    def ready() -> dict[str, Any] | None:
-        obj = kubectl.get("ttsv", name)
-        status = (obj or {}).get("status") or {}
-        assert status.get("phase") != "Failed", f"{name} failed: {status}"
-        if status.get("phase") == "Ready" and status.get("endpoint"):
-            return obj
-        return None
-
-    try:
-        return eventually(ready, timeout=timeout, what=f"{name} is Ready")
-    except AssertionError as error:
-        pods = kubectl.items("pods")
-        logs = "\n".join(
-            f"--- {p['metadata']['name']}/{c['name']}\n"
-            + installation.logs(p["metadata"]["name"], c["name"])[-2500:]
-            for p in pods
-            for c in p["spec"]["containers"]
-        )
-        raise AssertionError(f"{error}\n{describe(kubectl, f'ttsv/{name}')}\n{logs}") from None
-
-
-def pool_pods(installation: Installation) -> list[dict[str, Any]]:
-    return [
-        p
-        for p in installation.kubectl.items("pods", POOL_PODS)
-        if not p["metadata"].get("deletionTimestamp")
-    ]
-
-
-def serving(pod: dict[str, Any], voice_name: str) -> bool:
-    labels = pod["metadata"].get("labels") or {}
-    return labels.get(f"serving.voxfleet.io/{voice_name}") == "true"
-
-
-def stream(installation: Installation, endpoint: str, name: str, text: str = TEXT) -> Speech:
-    with installation.reach_service(endpoint) as address:
-        return say(address, name, text)
-
-
-def model_stats(installation: Installation, pod: str) -> dict[str, int]:
-    """Successful requests per model, from the pod's own Triton metrics port."""
-    with installation.reach_pod(pod, 8002) as address:
-        text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
-    counts: dict[str, int] = {}
-    for line in text.splitlines():
-        if line.startswith("nv_inference_request_success{"):
-            model = line.split('model="', 1)[1].split('"', 1)[0]
-            counts[model] = counts.get(model, 0) + int(float(line.rsplit(" ", 1)[1]))
-    return counts
+from e2e_support import (
+    CHART,
+    NAMESPACE,
+    POOL,
+    REAL_CLUSTER,
+    RELEASE,
+    VALUES,
+    condition,
+    eventually,
+    parse_endpoint,
+)
+from installation import OPERATOR_SELECTOR, Installation, describe
+from speech import LONG_TEXT, TEXT, SayError, Speech, piper_seconds, say
+from voices import (
+    POOL_DEPLOYMENT,
+    POOL_PODS,
+    model_stats,
+    pool_pods,
+    ready_voice,
+    say_many_through,
+    serving,
+    stream,
+    voice,
+)
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +93,15 @@ def test_joe_applied_with_kubectl_speaks_as_long_as_piper(
     args = " ".join(pods[0]["spec"]["containers"][0].get("args", []))
     assert "--model-control-mode=explicit" in args
     assert "--grpc-restricted-protocol=model-repository:" in args
+    # Installed by `helm install`: the release is a Secret of Helm's own, and the operator
+    # runs as the chart's Deployment under the chart's ServiceAccount.
+    (release,) = kubectl.items("secrets", f"owner=helm,name={RELEASE}")
+    assert release["type"] == "helm.sh/release.v1"
+    assert release["metadata"]["labels"]["status"] == "deployed"
+    (operator_pod,) = kubectl.items("pods", OPERATOR_SELECTOR)
+    account = operator_pod["spec"]["serviceAccountName"]
+    assert kubectl.get("serviceaccount", account) is not None
+    assert account != "default"
     # `kubectl get ttsv` shows what a user looks for.
     table = kubectl.run("get", "ttsv", "joe").stdout.splitlines()
     assert table[0].split()[:5] == ["NAME", "PHASE", "POOL", "ENDPOINT", "READY"]
@@ -198,13 +163,6 @@ def test_scaling_the_pool_loads_both_voices_and_spreads_streams(
     assert all(count >= 1 for count in served.values()), f"one pod took every stream: {served}"
 
 
-def say_many_through(
-    installation: Installation, endpoint: str, name: str, count: int, text: str = TEXT
-) -> list[Speech]:
-    with installation.reach_service(endpoint) as address:
-        return say_many(address, name, count, text)
-
-
 def test_rolling_update_with_streams_in_flight_loses_none(
     installation: Installation, joe: dict[str, Any]
 ) -> None:
@@ -253,7 +211,8 @@ def test_rolling_update_with_streams_in_flight_loses_none(
             # The clients go on until eight more streams, begun after the update, are done.
             eventually(
                 lambda: len([s for s in list(streams) if s["started"] > started]) >= 8,
-                timeout=180, what="eight streams begun after the update started",
+                timeout=180,
+                what="eight streams begun after the update started",
             )
         finally:
             stop.set()
@@ -265,9 +224,7 @@ def test_rolling_update_with_streams_in_flight_loses_none(
     short = [s["audio_seconds"] for s in streams if s["audio_seconds"] < 0.9 * reference]
     assert not short, f"streams cut short by the update: {short} (piper: {reference:.2f} s)"
     assert set(deleted) == old
-    crossing = [
-        s for s in streams if any(s["started"] < t < s["ended"] for t in deleted.values())
-    ]
+    crossing = [s for s in streams if any(s["started"] < t < s["ended"] for t in deleted.values())]
     installation.timings["rolling_update_streams"] = float(len(streams))
     installation.timings["rolling_update_streams_across_a_pod_deletion"] = float(len(crossing))
     assert crossing, "no stream was in flight when an old pod was taken out: nothing tested"
@@ -306,8 +263,9 @@ def test_killed_tritonserver_restarts_and_voices_come_back(
             assert time.monotonic() < deadline, "streams still fail 120 s after the pod healed"
             time.sleep(1)
     installation.timings["kill_to_recovery_s"] = time.monotonic() - killed_at
-    assert all(abs(s.audio_seconds - piper_seconds(TEXT)) <= 0.1 * piper_seconds(TEXT)
-               for s in speeches)
+    assert all(
+        abs(s.audio_seconds - piper_seconds(TEXT)) <= 0.1 * piper_seconds(TEXT) for s in speeches
+    )
 
 
 def test_deleting_a_voice_finishes_its_streams_and_removes_it(
@@ -323,9 +281,13 @@ def test_deleting_a_voice_finishes_its_streams_and_removes_it(
         time.sleep(3)  # four clients connected and streaming
         kubectl.run("delete", "ttsv", "joe-fast", "--wait=false")
         unlabelled = eventually(
-            lambda: not any(serving(p, "joe-fast") for p in pool_pods(installation))
-            and time.monotonic(),
-            timeout=60, interval=0.2, what="the pods no longer serve joe-fast",
+            lambda: (
+                not any(serving(p, "joe-fast") for p in pool_pods(installation))
+                and time.monotonic()
+            ),
+            timeout=60,
+            interval=0.2,
+            what="the pods no longer serve joe-fast",
         )
         finished = [future.result() for future in in_flight]
     crossing = sum(1 for speech in finished if speech.finished > unlabelled)
@@ -375,8 +337,9 @@ def test_deleting_a_voice_finishes_its_streams_and_removes_it(
             assert time.monotonic() < deadline, "the other voice still fails 30 s after"
             time.sleep(1)
     installation.timings["other_voice_refusals_after_delete"] = refused
-    assert all(abs(s.audio_seconds - piper_seconds(TEXT)) <= 0.10 * piper_seconds(TEXT)
-               for s in speeches)
+    assert all(
+        abs(s.audio_seconds - piper_seconds(TEXT)) <= 0.10 * piper_seconds(TEXT) for s in speeches
+    )
 
 
 def test_a_voice_whose_source_is_missing_fails_with_the_jobs_message(
@@ -389,7 +352,20 @@ def test_a_voice_whose_source_is_missing_fails_with_the_jobs_message(
         obj = kubectl.get("ttsv", "ghost")
         return obj if (obj or {}).get("status", {}).get("phase") == "Failed" else None
 
-    obj = eventually(failed, timeout=180, what="ghost reaches phase Failed")
+    try:
+        obj = eventually(failed, timeout=180, what="ghost reaches phase Failed")
+    except AssertionError as error:
+        raise AssertionError(
+            f"{error}\n{describe(kubectl, 'ttsv/ghost')}\n"
+            + "\n".join(
+                f"{p['metadata']['name']}: {json.dumps(p.get('status'))[:800]}"
+                for p in kubectl.items("pods", "voxfleet.io/voice=ghost")
+            )
+            + "\n"
+            + json.dumps(
+                [j.get("status") for j in kubectl.items("jobs", "voxfleet.io/voice=ghost")]
+            )
+        ) from None
     engine = condition(obj, "EngineReady")
     assert engine and engine["status"] == "False"
     jobs = kubectl.items("jobs", "voxfleet.io/voice=ghost")
@@ -406,3 +382,149 @@ def test_a_voice_whose_source_is_missing_fails_with_the_jobs_message(
     assert len(pods_later) == pods_then
     assert pods_then <= int(jobs[0]["spec"].get("backoffLimit", 6)) + 1
     kubectl.run("delete", "ttsv", "ghost")
+
+
+@pytest.mark.skipif(REAL_CLUSTER, reason="runs Prometheus and prometheus-adapter beside it")
+def test_the_pool_hpa_reads_the_charts_metrics_through_the_real_adapter(
+    installation: Installation, joe: dict[str, Any], tmp_path: Path
+) -> None:
+    """The autoscaling loop's plumbing, real end to end: Prometheus scrapes the pool pods
+    the ServiceMonitor selects, prometheus-adapter serves the chart's rules through the API
+    server's aggregation layer, and the controller manager's HPA controller reads them."""
+    from autoscale.adapter import MetricsAdapter, adapter_config_from_chart
+    from autoscale.controllers import AutoscalingWatch, current_metrics_milli
+    from autoscale.prometheus import PrometheusServer
+
+    kubectl = installation.kubectl
+    config = adapter_config_from_chart("helm", "--set", "prometheusAdapter.rules.rateWindow=30s")
+    with (
+        PrometheusServer("1s", work_dir=tmp_path / "prometheus") as prometheus,
+        MetricsAdapter(
+            installation.cluster.control_plane,
+            kubectl,
+            prometheus.url,
+            config,
+            tmp_path / "adapter",
+        ) as adapter,
+    ):
+        watch = AutoscalingWatch(kubectl, NAMESPACE, prometheus, target_refresh_s=1).start()
+        try:
+            endpoint = joe["voice"]["status"]["endpoint"]
+
+            def read_by_the_hpa() -> dict[str, Any] | None:
+                stream(installation, endpoint, "joe")  # first-audio samples to read
+                hpa = kubectl.get("hpa", POOL_DEPLOYMENT) or {}
+                active = condition(hpa, "ScalingActive") or {}
+                values = current_metrics_milli(hpa)
+                if (
+                    active.get("status") == "True"
+                    and values.get("voxfleet_first_audio_p95_seconds") is not None
+                ):
+                    return hpa
+                return None
+
+            hpa = eventually(
+                read_by_the_hpa,
+                timeout=180,
+                interval=2,
+                what="the pool HPA reads the first-audio p95 from the adapter",
+            )
+            voice_p95 = adapter.metric(
+                NAMESPACE, "ttsvoices.voxfleet.io", "joe", "voxfleet_voice_first_audio_p95_seconds"
+            )
+        finally:
+            watch.stop()
+    p95_ms = current_metrics_milli(hpa)["voxfleet_first_audio_p95_seconds"]
+    assert p95_ms is not None and 0 < p95_ms < 30_000, hpa["status"]
+    assert voice_p95 is not None and voice_p95 > 0
+    installation.timings["hpa_first_audio_p95_ms"] = float(p95_ms)
+
+
+def _operator_cluster_role(kubectl: Any) -> dict[str, Any]:
+    roles = kubectl.items("clusterroles", f"app.kubernetes.io/instance={RELEASE}")
+    (role,) = [
+        r
+        for r in roles
+        if any("ttsvoices" in rule.get("resources", []) for rule in r.get("rules") or [])
+    ]
+    return dict(role)
+
+
+def test_an_operator_denied_a_verb_says_so_in_the_voice_status_until_helm_upgrade(
+    installation: Installation,
+) -> None:
+    """RBAC that lacks one verb (create Services) is a clear failure in the voice's status,
+    not a silent retry loop; `helm upgrade` puts the chart's RBAC back and the voice then
+    becomes Ready without being touched."""
+    kubectl, helm = installation.kubectl, installation.helm
+    assert helm is not None
+    role = _operator_cluster_role(kubectl)
+    for rule in role["rules"]:
+        if rule.get("resources") == ["services"]:
+            rule["verbs"] = [v for v in rule["verbs"] if v != "create"]
+    for key in ("resourceVersion", "managedFields", "uid", "creationTimestamp"):
+        role["metadata"].pop(key, None)
+    kubectl.run("replace", "-f", "-", stdin=json.dumps(role))
+    kubectl.apply(voice("denied"))
+
+    def refused() -> dict[str, Any] | None:
+        obj = kubectl.get("ttsv", "denied")
+        available = condition(obj, "Available")
+        if available and available.get("reason") == "Forbidden":
+            return obj
+        return None
+
+    obj = eventually(refused, timeout=120, what="denied reports the refusal in its status")
+    message = condition(obj, "Available")["message"]  # type: ignore[index]
+    assert obj["status"]["phase"] == "Failed"
+    assert 'cannot create resource "services"' in message, message
+    assert "Grant it to the operator's ServiceAccount" in message
+    assert kubectl.get("service", "denied-tts") is None
+    # It stays so, unflapping, while the operator waits to try again.
+    time.sleep(5)
+    assert kubectl.get("ttsv", "denied")["status"] == obj["status"]
+
+    # Helm 4 applies server-side: the fields `kubectl replace` took are another manager's
+    # now, and a plain upgrade stops at the conflict and names it; --force-conflicts takes
+    # them back, as Helm's documentation says.
+    refused_upgrade = helm.run(
+        "upgrade", RELEASE, str(CHART), "-f", str(VALUES), "--reuse-values", check=False
+    )
+    assert refused_upgrade.returncode != 0
+    assert 'conflict with \\"kubectl-replace\\"' in refused_upgrade.stderr or (
+        'conflict with "kubectl-replace"' in refused_upgrade.stderr
+    ), refused_upgrade.stderr
+    upgraded = helm.run(
+        "upgrade", RELEASE, str(CHART), "-f", str(VALUES), "--reuse-values", "--force-conflicts"
+    )
+    assert "has been upgraded" in upgraded.stdout, upgraded.stdout
+    secrets = kubectl.items("secrets", f"owner=helm,name={RELEASE}")
+    statuses = {
+        s["metadata"]["labels"]["version"]: s["metadata"]["labels"]["status"] for s in secrets
+    }
+    assert statuses == {"1": "superseded", "2": "failed", "3": "deployed"}, statuses
+    rules = _operator_cluster_role(kubectl)["rules"]
+    assert any(r.get("resources") == ["services"] and "create" in r["verbs"] for r in rules)
+    ready_voice(installation, "denied", timeout=180)
+    kubectl.run("delete", "ttsv", "denied")
+
+
+@pytest.mark.uninstalls
+def test_helm_uninstall_removes_the_release_and_keeps_the_crd(
+    installation: Installation,
+) -> None:
+    """Last: `helm uninstall` takes the operator, its RBAC and the release's Secrets away;
+    the CRD stays (Helm never deletes crds/), so the voices are still there to read."""
+    kubectl, helm = installation.kubectl, installation.helm
+    assert helm is not None
+    result = helm.run("uninstall", RELEASE, "--wait", "--timeout", "120s")
+    assert f'release "{RELEASE}" uninstalled' in result.stdout, result.stdout
+    assert not kubectl.items("secrets", f"owner=helm,name={RELEASE}")
+    assert not kubectl.items("deployments", OPERATOR_SELECTOR)
+    assert not kubectl.items("clusterroles", f"app.kubernetes.io/instance={RELEASE}")
+    eventually(
+        lambda: not kubectl.items("pods", OPERATOR_SELECTOR),
+        timeout=120,
+        what="the operator's pod is gone",
+    )
+    assert kubectl.get("ttsv", "joe") is not None

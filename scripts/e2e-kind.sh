@@ -2,9 +2,13 @@
 # `make e2e-kind`: the e2e suite against a real Kubernetes cluster in kind.
 #
 # Creates a kind cluster, builds the operator image and the CPU Triton image from docker/,
-# loads them into the cluster, installs the chart with the suite's CPU-pool values
-# (e2e/values-cpu.yaml), runs the same suite as `make e2e` with VOXFLEET_E2E_KUBECONFIG
-# pointing at the cluster, and deletes the cluster, also when something fails.
+# loads them into the cluster, and runs the same scenarios as `make e2e`
+# (e2e/test_kubectl_to_audio.py) with VOXFLEET_E2E_KUBECONFIG pointing at the cluster: the
+# suite itself runs `helm install` with the suite's CPU-pool values (e2e/values-cpu.yaml)
+# and these images (VOXFLEET_E2E_HELM_SET), then `helm upgrade` and `helm uninstall`, as it
+# does on the local cluster. The cluster is deleted at the end, also when something fails.
+# What differs from `make e2e`: kind runs the control plane and the pods, and the suite
+# reaches Services and pods with `kubectl port-forward`.
 #
 # Needs Docker (a running engine), kind, helm and kubectl; stops at once, before creating
 # anything, where one is missing. Environment:
@@ -53,12 +57,8 @@ docker build -f docker/operator.Dockerfile -t "voxfleet-operator:$tag" .
 docker build -f docker/triton-cpu.Dockerfile -t "voxfleet-triton-cpu:$tag" .
 kind load docker-image --name "$cluster" "voxfleet-operator:$tag" "voxfleet-triton-cpu:$tag"
 
-helm install voxfleet charts/voxfleet --namespace "$namespace" --create-namespace \
-    -f e2e/values-cpu.yaml \
-    --set operator.image.repository=voxfleet-operator --set "operator.image.tag=$tag" \
-    --set tritonImage.repository=voxfleet-triton-cpu --set "tritonImage.tag=$tag" \
-    --wait --timeout 5m
-
 VOXFLEET_E2E_KUBECONFIG="$work/kubeconfig" VOXFLEET_E2E_NAMESPACE="$namespace" \
     VOXFLEET_E2E_RELEASE=voxfleet \
+    VOXFLEET_E2E_TRITON_IMAGE="voxfleet-triton-cpu:$tag" \
+    VOXFLEET_E2E_HELM_SET="operator.image.repository=voxfleet-operator,operator.image.tag=$tag,tritonImage.repository=voxfleet-triton-cpu,tritonImage.tag=$tag" \
     .venv/bin/pytest e2e/test_kubectl_to_audio.py -q ${PYTEST_ARGS:-}

@@ -1,11 +1,14 @@
 """`make autoscale`: a load step on the local cluster, and the autoscaling loop's response.
 
-    python -m autoscale.step [--sync-period 15] [--scrape-interval 5s] [--rate-window 30s] ...
+    python -m autoscale.step [--sync-period 5] [--scrape-interval 5s] [--rate-window 30s] ...
 
-One installation (e2e/installation.py: the API emulator, the local cluster of real processes
-with each pool pod on its own CPU, the chart applied with kubectl, the operator running) and,
-beside it, the real Prometheus, the chart's adapter rules and the HPA algorithm
-(controllers.py). Two scenarios:
+One installation (e2e/installation.py: the real control plane, the node agent's nodes with
+each pool pod on its own CPU, the chart installed with helm, the operator running) and,
+beside it, the real Prometheus (Debian's) scraping what the ServiceMonitors select, and the
+real prometheus-adapter serving the chart's rules as `custom.metrics.k8s.io` (adapter.py);
+the HPA controller is kube-controller-manager's own, with its sync period set by
+`--sync-period` (5 s by default, shortened from Kubernetes' 15 s). controllers.py only
+watches what it does. Two scenarios:
 
 - pool: voice `joe` on the CPU pool. Steady load at half of one pod's capacity, a step to 1.5x,
   held, then back to half until the pool has scaled in again. Reported: time from the step to
@@ -35,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -43,8 +46,8 @@ from typing import Any
 
 from e2e_support import NAMESPACE, POOL, ROOT, Kubectl, eventually
 
-from autoscale.adapter import PrometheusAdapter, rules_from_chart
-from autoscale.controllers import AutoscalingControllers, ScaleEvent
+from autoscale.adapter import MetricsAdapter, adapter_config_from_chart
+from autoscale.controllers import AutoscalingWatch, ScaleEvent
 from autoscale.load import Phase, TimedRecord, open_stream_through, run_phases
 from autoscale.prometheus import PrometheusServer
 from autoscale.report import SAMPLE_SECONDS, write
@@ -120,7 +123,7 @@ class Sampler:
     """Every SAMPLE_SECONDS: replicas, ready and serving pods, p95s, underruns."""
 
     kubectl: Kubectl
-    adapter: PrometheusAdapter
+    adapter: MetricsAdapter
     voices: Sequence[str]
     records: list[TimedRecord]
     concurrency: Callable[[], int]
@@ -151,12 +154,8 @@ class Sampler:
         """Each voice's value of an adapter metric of TTSVoices, as its HPA reads it, in ms."""
         values: dict[str, float | None] = {}
         for v in self.voices:
-            described = {"apiVersion": "voxfleet.io/v1alpha1", "kind": "TTSVoice", "name": v}
-            try:
-                value = self.adapter.object_metric(NAMESPACE, metric, described, None)
-                values[v] = round(value * 1000, 1)
-            except Exception:
-                values[v] = None
+            value = self.adapter.metric(NAMESPACE, "ttsvoices.voxfleet.io", v, metric)
+            values[v] = round(value * 1000, 1) if value is not None else None
         return values
 
     def sample(self, counted: set[int]) -> dict[str, Any]:
@@ -284,8 +283,8 @@ def streams_cut(records: Sequence[TimedRecord], since: float, until: float) -> l
 
 def pool_scenario(
     installation: Installation,
-    controllers: AutoscalingControllers,
-    adapter: PrometheusAdapter,
+    controllers: AutoscalingWatch,
+    adapter: MetricsAdapter,
     capacity: int,
     targets: Targets,
     steady_s: float,
@@ -369,8 +368,8 @@ def pool_scenario(
 
 def per_voice_scenario(
     installation: Installation,
-    controllers: AutoscalingControllers,
-    adapter: PrometheusAdapter,
+    controllers: AutoscalingWatch,
+    adapter: MetricsAdapter,
     capacity: int,
     targets: Targets,
     steady_s: float,
@@ -440,7 +439,7 @@ def event_json(event: ScaleEvent, started: float) -> dict[str, Any]:
 
 def calibrate(
     installation: Installation,
-    adapter: PrometheusAdapter,
+    adapter: MetricsAdapter,
     targets: Targets,
     levels_to_run: list[int],
 ) -> dict[str, Any]:
@@ -471,37 +470,39 @@ def calibrate(
     return {"calibration": levels}
 
 
-def no_pods(namespace: str, selector: Mapping[str, str] | None) -> list[str]:
-    return []
-
-
 @contextlib.contextmanager
 def autoscaling_environment(
     workdir: Path, args: argparse.Namespace
-) -> Iterator[tuple[Installation, AutoscalingControllers]]:
-    """A fresh installation with Prometheus and the HPA controller beside it; all stopped and
-    removed on exit."""
+) -> Iterator[tuple[Installation, AutoscalingWatch, MetricsAdapter]]:
+    """A fresh installation (the controller manager's HPA period: `--sync-period`) with
+    Prometheus and the real prometheus-adapter beside it; all stopped and removed on exit."""
     local_installation = importlib.import_module("installation").local_installation
     workdir.mkdir(parents=True, exist_ok=True)
+    config = adapter_config_from_chart(
+        "helm", "--set", f"prometheusAdapter.rules.rateWindow={args.rate_window}"
+    )
     try:
         with (
-            local_installation(workdir) as installation,
+            local_installation(workdir, hpa_sync_period_s=args.sync_period) as installation,
             PrometheusServer(args.scrape_interval, work_dir=workdir / "prometheus") as prometheus,
+            MetricsAdapter(
+                installation.cluster.control_plane,
+                installation.kubectl,
+                prometheus.url,
+                config,
+                workdir / "adapter",
+            ) as adapter,
         ):
-            controllers = AutoscalingControllers(
+            watch = AutoscalingWatch(
                 installation.kubectl,
                 NAMESPACE,
                 prometheus,
-                rules_from_chart(
-                    "helm", "--set", f"prometheusAdapter.rules.rateWindow={args.rate_window}"
-                ),
-                args.sync_period,
                 target_refresh_s=parse_seconds(args.scrape_interval),
             ).start()
             try:
-                yield installation, controllers
+                yield installation, watch, adapter
             finally:
-                controllers.stop()
+                watch.stop()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -517,7 +518,13 @@ def parse_seconds(duration: str) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--sync-period", type=float, default=15.0, help="HPA sync period, s")
+    parser.add_argument(
+        "--sync-period",
+        type=float,
+        default=5.0,
+        help="the controller manager's --horizontal-pod-autoscaler-sync-period, s "
+        "(Kubernetes' default is 15; shortened, as the suite's 5 s scrapes allow)",
+    )
     parser.add_argument("--scrape-interval", default="5s", help="Prometheus scrape interval")
     parser.add_argument(
         "--rate-window",
@@ -587,8 +594,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for scenario in scenarios:
             if scenario not in ("calibrate", "pool", "per_voice"):
                 raise SystemExit(f"unknown scenario {scenario!r}: pool or per_voice")
-            with autoscaling_environment(workdir / scenario, args) as (installation, controllers):
-                adapter = PrometheusAdapter(controllers.prometheus.url, controllers.rules, no_pods)
+            with autoscaling_environment(workdir / scenario, args) as (
+                installation,
+                controllers,
+                adapter,
+            ):
                 try:
                     if scenario == "calibrate":
                         results.update(

@@ -130,9 +130,20 @@ class Container:
                 log.write(f"--- {now()} start {self.launch['argv']}\n".encode())
                 log.flush()
                 self.process = await asyncio.create_subprocess_exec(
-                    "ip", "netns", "exec", self.netns,
-                    "unshare", "--mount", "--uts", "--propagation", "private", "--",
-                    sys.executable, str(LAUNCHER), str(self.spec_path), str(started_write),
+                    "ip",
+                    "netns",
+                    "exec",
+                    self.netns,
+                    "unshare",
+                    "--mount",
+                    "--uts",
+                    "--propagation",
+                    "private",
+                    "--",
+                    sys.executable,
+                    str(LAUNCHER),
+                    str(self.spec_path),
+                    str(started_write),
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=log,
                     stderr=log,
@@ -197,8 +208,15 @@ class Container:
         if hook and pre_stop:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(
-                    run_action(hook, self.spec, self.pod_ip, process.pid, self.launch["env"],
-                               max(0.1, grace_s), self.session),
+                    run_action(
+                        hook,
+                        self.spec,
+                        self.pod_ip,
+                        process.pid,
+                        self.launch["env"],
+                        max(0.1, grace_s),
+                        self.session,
+                    ),
                     max(0.1, grace_s),
                 )
         with contextlib.suppress(ProcessLookupError):

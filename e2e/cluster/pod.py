@@ -1,12 +1,23 @@
 """One pod on the local node: sandbox (network namespace, CPU set, volumes), containers in
 order (init containers one by one, then the others together), status, and termination.
 
+Before the containers start, the pod's references are read as its node may read them (the
+Node authorizer allows a node what its own pods name, one object at a time): Secrets and
+ConfigMaps by name, each claim's PersistentVolume (its hostPath is the volume), and a token
+from the TokenRequest API for every projected `serviceAccountToken` source (the API server's
+ServiceAccount admission adds one, with the `kube-root-ca.crt` ConfigMap, to every pod). A
+reference that is missing keeps the containers waiting (CreateContainerConfigError) and is
+read again each second, as the kubelet retries.
+
+Status is written to the pod's `status` subresource with a strategic merge patch (conditions
+by type, so the scheduler's PodScheduled stays): phase, Initialized, ContainersReady, Ready,
+podIP(s), hostIP(s), startTime and every container's state.
+
 Deletion as the kubelet does it: the pod leaves its Services' endpoints at once (Ready False),
 then each container runs its preStop hook, gets SIGTERM, and SIGKILL when the grace period
 (`deletionGracePeriodSeconds`, else `terminationGracePeriodSeconds`, default 30) ends; then the
-sandbox is torn down and the pod object released. The API emulator keeps a deleted pod
-visible (with `deletionTimestamp`) until then because the kubelet puts its finalizer
-`e2e.voxfleet.io/local-kubelet` on every pod it runs; a real API server needs no finalizer.
+sandbox is torn down and the pod object deleted for good with a zero grace period (the
+final delete, preconditioned on the pod's uid), which is what removes it from the API.
 """
 
 from __future__ import annotations
@@ -16,17 +27,19 @@ import contextlib
 import logging
 from typing import Any
 
-from .api import ApiError
+import aiohttp
+
 from .container import Container
 from .cpus import pod_cpu_request
 from .env import ConfigError, container_argv, container_env
-from .node import Node
+from .kube import STRATEGIC_MERGE_PATCH, ApiError
+from .node import NodeContext
 from .objects import now
-from .volumes import PodVolumes
+from .volumes import PodVolumes, TokenKey, pod_references
 
 Obj = dict[str, Any]
-FINALIZER = "e2e.voxfleet.io/local-kubelet"
-log = logging.getLogger("cluster.kubelet")
+log = logging.getLogger("cluster.node")
+FINAL_STATUS_S = 60.0
 
 
 def grace_seconds(pod: Obj) -> float:
@@ -37,7 +50,7 @@ def grace_seconds(pod: Obj) -> float:
 
 
 class PodRuntime:
-    def __init__(self, node: Node, pod: Obj) -> None:
+    def __init__(self, node: NodeContext, pod: Obj) -> None:
         self.node = node
         self.pod = pod
         meta = pod["metadata"]
@@ -58,6 +71,7 @@ class PodRuntime:
         self._terminate = asyncio.Event()
         self._dirty = asyncio.Event()
         self._published: Obj | None = None
+        self._final = False  # the pod's life is over: its next status is its last
         self._conditions: dict[str, Obj] = {}
         self.start_time = ""
         self.volumes: PodVolumes | None = None
@@ -106,16 +120,22 @@ class PodRuntime:
         except Exception:
             log.exception("pod %s/%s failed in the kubelet", self.namespace, self.name)
         finally:
-            with contextlib.suppress(Exception):
-                await self._publish()
-            publisher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await publisher
+            # The last status (a finished pod's phase) must reach the API: the Job and
+            # ReplicaSet controllers act on it. The one publisher sends it, retrying.
+            self._final = True
+            self.changed()
+            try:
+                await asyncio.wait_for(publisher, FINAL_STATUS_S)
+            except asyncio.TimeoutError:
+                log.error(
+                    "pod %s/%s: its last status was not written in %g s",
+                    self.namespace,
+                    self.name,
+                    FINAL_STATUS_S,
+                )
             await self._teardown()
 
     async def _live(self) -> None:
-        if not await self._add_finalizer():
-            return
         self.netns, self.ip = await asyncio.to_thread(self.node.network.add_pod, self.uid)
         self.cpus = self.node.cpus.allocate(self.uid, pod_cpu_request(self.pod))
         self.start_time = now()
@@ -138,8 +158,10 @@ class PodRuntime:
             await self._race(asyncio.gather(*tasks))
         if self.terminating:
             await asyncio.gather(
-                *(c.stop(self.grace_s, self.pre_stop) for c in self.containers
-                  + self.init_containers)
+                *(
+                    c.stop(self.grace_s, self.pre_stop)
+                    for c in self.containers + self.init_containers
+                )
             )
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
@@ -159,11 +181,8 @@ class PodRuntime:
         """Volumes, env and argv of every container; retried while references are missing."""
         while not self.terminating:
             try:
-                secrets = {s["metadata"]["name"]: s
-                           for s in await self.node.api.list("Secret", self.namespace)}
-                config_maps = {c["metadata"]["name"]: c
-                               for c in await self.node.api.list("ConfigMap", self.namespace)}
-                self._build(secrets, config_maps)
+                secrets, config_maps, claims, tokens = await self._read_references()
+                self._build(secrets, config_maps, claims, tokens)
                 self.waiting = None
                 return True
             except ConfigError as error:
@@ -174,12 +193,69 @@ class PodRuntime:
             await asyncio.sleep(1.0)
         return False
 
-    def _build(self, secrets: dict[str, Obj], config_maps: dict[str, Obj]) -> None:
+    async def _read_references(
+        self,
+    ) -> tuple[dict[str, Obj], dict[str, Obj], dict[str, str], dict[TokenKey, bytes]]:
+        api, namespace = self.node.api, self.namespace
+        wanted = pod_references(self.pod)
+        secrets, config_maps, claims = {}, {}, {}
+        for name in wanted.secrets:
+            if (secret := await api.get("Secret", namespace, name)) is not None:
+                secrets[name] = secret
+        for name in wanted.config_maps:
+            if (config_map := await api.get("ConfigMap", namespace, name)) is not None:
+                config_maps[name] = config_map
+        for name in wanted.claims:
+            claim = await api.get("PersistentVolumeClaim", namespace, name)
+            volume_name = ((claim or {}).get("spec") or {}).get("volumeName")
+            if not claim or not volume_name:
+                raise ConfigError(f'persistentvolumeclaim "{name}" is not bound')
+            volume = await api.get("PersistentVolume", None, volume_name)
+            path = (((volume or {}).get("spec") or {}).get("hostPath") or {}).get("path")
+            if not path:
+                raise ConfigError(f'persistentvolume "{volume_name}" has no hostPath here')
+            claims[name] = path
+        tokens = {}
+        account = self.pod["spec"].get("serviceAccountName") or "default"
+        for audience, seconds in wanted.tokens:
+            spec: Obj = {
+                "expirationSeconds": seconds,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": self.name,
+                    "uid": self.uid,
+                },
+            }
+            if audience:
+                spec["audiences"] = [audience]
+            request = {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": spec,
+            }
+            answer = await api.create("ServiceAccount", namespace, request, "token", account)
+            tokens[(audience, seconds)] = answer["status"]["token"].encode()
+        return secrets, config_maps, claims, tokens
+
+    def _build(
+        self,
+        secrets: dict[str, Obj],
+        config_maps: dict[str, Obj],
+        claims: dict[str, str],
+        tokens: dict[TokenKey, bytes],
+    ) -> None:
         pod = dict(self.pod)
-        pod["status"] = {"podIP": self.ip, "podIPs": [{"ip": self.ip}],
-                         "hostIP": self.node.network.gateway}
-        volumes = PodVolumes(self.node.workdir, pod, secrets, config_maps,
-                             self.node.service_account, self.node.service_hosts(self.namespace))
+        pod["status"] = {"podIP": self.ip, "podIPs": [{"ip": self.ip}], "hostIP": self.node.host_ip}
+        volumes = PodVolumes(
+            self.node.workdir,
+            pod,
+            secrets,
+            config_maps,
+            claims,
+            tokens,
+            self.node.service_hosts(self.namespace),
+        )
         volumes.prepare()
         self.volumes = volumes
         pod_dir = volumes.pod_dir
@@ -203,59 +279,57 @@ class PodRuntime:
                     "hostname": self.name,
                     "grace_s": self.grace_s,
                 }
-                restart = policy if field == "containers" else (
-                    "Never" if policy == "Never" else "OnFailure")
-                built[field].append(Container(
-                    spec, restart, self.netns, self.ip, self.name, pod_dir, launch,
-                    self.changed, self.node.session, self.node.log_dir,
-                ))
+                restart = (
+                    policy
+                    if field == "containers"
+                    else ("Never" if policy == "Never" else "OnFailure")
+                )
+                built[field].append(
+                    Container(
+                        spec,
+                        restart,
+                        self.netns,
+                        self.ip,
+                        self.name,
+                        pod_dir,
+                        launch,
+                        self.changed,
+                        self.node.session,
+                        self.node.log_dir,
+                    )
+                )
         self.init_containers, self.containers = built["initContainers"], built["containers"]
 
     async def _teardown(self) -> None:
         if self.netns:
             await asyncio.to_thread(self.node.network.remove_pod, self.uid)
         self.node.cpus.release(self.uid)
-        await self._remove_finalizer()
-
-    # -- API
-
-    async def _add_finalizer(self) -> bool:
-        finalizers = list(self.pod["metadata"].get("finalizers") or [])
-        if FINALIZER in finalizers:
-            return True
-        result = await self.node.api.patch(
-            "Pod", self.namespace, self.name, {"metadata": {"finalizers": [*finalizers, FINALIZER]}}
-        )
-        return result is not None
-
-    async def _remove_finalizer(self) -> None:
-        with contextlib.suppress(ApiError, OSError):
-            current = await self.node.api.get("Pod", self.namespace, self.name)
-            if current is None or current["metadata"].get("uid") != self.uid:
-                return
-            finalizers = list(current["metadata"].get("finalizers") or [])
-            if FINALIZER in finalizers:
-                finalizers.remove(FINALIZER)
-                await self.node.api.patch(
-                    "Pod", self.namespace, self.name, {"metadata": {"finalizers": finalizers}}
-                )
+        if self.terminating:
+            await final_delete(self.node, self.namespace, self.name, self.uid)
 
     async def _publish_loop(self) -> None:
+        """The only writer of the pod's status: one PATCH at a time, each change written,
+        a failed write retried; it ends once the final status (after `_final`) is written."""
         while True:
             await self._dirty.wait()
             self._dirty.clear()
             try:
                 await self._publish()
-            except (ApiError, OSError) as error:
-                log.warning("pod %s/%s status: %s", self.namespace, self.name, error)
+            except (ApiError, OSError, aiohttp.ClientError, asyncio.TimeoutError) as error:
+                log.warning("pod %s/%s status: %r", self.namespace, self.name, error)
                 self._dirty.set()
                 await asyncio.sleep(0.5)
+                continue
+            if self._final and not self._dirty.is_set():
+                return
 
     async def _publish(self) -> None:
         status = self.status()
         if status == self._published:
             return
-        await self.node.api.patch("Pod", self.namespace, self.name, {"status": status}, "status")
+        await self.node.api.patch(
+            "Pod", self.namespace, self.name, {"status": status}, "status", STRATEGIC_MERGE_PATCH
+        )
         self._published = status
 
     # -- status
@@ -274,8 +348,10 @@ class PodRuntime:
         containers = self.containers
         ready = bool(containers) and all(c.ready for c in containers) and not self.terminating
         phase = self.phase
-        if phase == "Pending" and self.initialized and any(
-            c.started or "running" in c.state or c.restart_count for c in containers
+        if (
+            phase == "Pending"
+            and self.initialized
+            and any(c.started or "running" in c.state or c.restart_count for c in containers)
         ):
             phase = "Running"
         terminal = phase in ("Succeeded", "Failed")
@@ -283,27 +359,48 @@ class PodRuntime:
         status: Obj = {
             "phase": phase,
             "conditions": [
-                self._condition("PodScheduled", True),
                 self._condition("Initialized", self.initialized or terminal),
                 self._condition("ContainersReady", ready, reason),
                 self._condition("Ready", ready, reason),
             ],
-            "hostIP": self.node.network.gateway if self.ip else "",
+            "hostIP": self.node.host_ip,
+            "hostIPs": [{"ip": self.node.host_ip}],
         }
         if self.ip:
-            status.update(podIP=self.ip, podIPs=[{"ip": self.ip}],
-                          hostIPs=[{"ip": self.node.network.gateway}])
+            status.update(podIP=self.ip, podIPs=[{"ip": self.ip}])
         if self.start_time:
             status["startTime"] = self.start_time
         waiting = {"waiting": self.waiting} if self.waiting else None
-        status["containerStatuses"] = [
-            c.status() for c in containers
-        ] or [
-            {"name": spec["name"], "image": spec.get("image", ""), "ready": False,
-             "started": False, "restartCount": 0,
-             "state": waiting or {"waiting": {"reason": "ContainerCreating"}}}
+        status["containerStatuses"] = [c.status() for c in containers] or [
+            {
+                "name": spec["name"],
+                "image": spec.get("image", ""),
+                "ready": False,
+                "started": False,
+                "restartCount": 0,
+                "state": waiting or {"waiting": {"reason": "ContainerCreating"}},
+            }
             for spec in self.pod["spec"].get("containers") or []
         ]
         if self.init_containers:
             status["initContainerStatuses"] = [c.status() for c in self.init_containers]
         return status
+
+
+async def final_delete(node: NodeContext, namespace: str, name: str, uid: str) -> None:
+    """The kubelet's last word on a deleted pod: delete it now, if it is still this pod."""
+    try:
+        await node.api.delete(
+            "Pod",
+            namespace,
+            name,
+            {
+                "gracePeriodSeconds": 0,
+                "preconditions": {"uid": uid},
+            },
+        )
+    except ApiError as error:
+        if error.status != 409:  # 409: a new pod of the same name, not ours to delete
+            log.warning("final delete of pod %s/%s: %s", namespace, name, error)
+    except (OSError, aiohttp.ClientError, asyncio.TimeoutError) as error:
+        log.warning("final delete of pod %s/%s: %r", namespace, name, error)

@@ -66,7 +66,13 @@ async def run_action(
                 return False, "container is not running"
             command = list(action["exec"].get("command") or [])
             process = await asyncio.create_subprocess_exec(
-                "nsenter", "-t", str(pid), "-n", "-m", "--", *command,
+                "nsenter",
+                "-t",
+                str(pid),
+                "-n",
+                "-m",
+                "--",
+                *command,
                 env=dict(env),
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,

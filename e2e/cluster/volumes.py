@@ -1,15 +1,16 @@
 """Volumes: host directories behind each pod volume, and the mounts of each container.
 
-- persistentVolumeClaim: one directory per claim, `<workdir>/claims/<namespace>/<claim>`,
-  shared by every pod that mounts the claim (as ReadWriteMany would; capacity and access modes
-  are not checked, and no PersistentVolumeClaim object is needed).
+- persistentVolumeClaim: the hostPath of the claim's bound PersistentVolume (the suite's
+  provisioner makes one directory per claim, provisioner.py), shared by every pod that mounts
+  the claim (capacity and access modes are not enforced).
 - emptyDir: a directory per pod; `medium: Memory` is a tmpfs of `sizeLimit` (or 64 MiB).
 - secret / configMap: their keys (or `items`) written as files with `defaultMode` into a
   directory per pod, mounted read-only.
-- projected: secret, configMap, downwardAPI (fieldRef) and serviceAccountToken sources.
+- projected: secret, configMap, downwardAPI (fieldRef) and serviceAccountToken sources (a
+  token from the TokenRequest API, bound to the pod; not refreshed before it expires, unlike
+  the kubelet's at 80 % of its lifetime). The service account's `kube-api-access-*` volume
+  is one of these, added to every pod by the API server's ServiceAccount admission.
 - hostPath: the host path itself.
-- the service account (unless `automountServiceAccountToken: false`): `token`, `namespace`
-  and `ca.crt` at /var/run/secrets/kubernetes.io/serviceaccount.
 `subPath` and `readOnly` are honoured. The mounts are made in the container's own mount
 namespace (see launcher.py), so every path is the rendered one.
 """
@@ -17,6 +18,7 @@ namespace (see launcher.py), so every path is the rendered one.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,10 +26,62 @@ from typing import Any
 
 from .env import ConfigError, _field
 from .objects import memory_bytes
-from .pki import NAMES as API_NAMES
 
 Obj = dict[str, Any]
-SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# A projected token's (audience, expirationSeconds); "" is the API server's own audience.
+TokenKey = tuple[str, int]
+DEFAULT_TOKEN_SECONDS = 3600
+
+
+@dataclasses.dataclass
+class References:
+    """What a pod names and the node must read before its containers start."""
+
+    secrets: set[str] = dataclasses.field(default_factory=set)
+    config_maps: set[str] = dataclasses.field(default_factory=set)
+    claims: set[str] = dataclasses.field(default_factory=set)
+    tokens: set[TokenKey] = dataclasses.field(default_factory=set)
+
+
+def token_key(source: Obj) -> TokenKey:
+    return (
+        str(source.get("audience") or ""),
+        int(source.get("expirationSeconds") or DEFAULT_TOKEN_SECONDS),
+    )
+
+
+def pod_references(pod: Obj) -> References:
+    found = References()
+    spec = pod["spec"]
+    for volume in spec.get("volumes") or []:
+        if "secret" in volume:
+            found.secrets.add(volume["secret"].get("secretName", ""))
+        if "configMap" in volume:
+            found.config_maps.add(volume["configMap"].get("name", ""))
+        if "persistentVolumeClaim" in volume:
+            found.claims.add(volume["persistentVolumeClaim"]["claimName"])
+        for source in (volume.get("projected") or {}).get("sources") or []:
+            if "secret" in source:
+                found.secrets.add(source["secret"].get("name", ""))
+            if "configMap" in source:
+                found.config_maps.add(source["configMap"].get("name", ""))
+            if "serviceAccountToken" in source:
+                found.tokens.add(token_key(source["serviceAccountToken"]))
+    for container in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        for item in container.get("envFrom") or []:
+            if "secretRef" in item:
+                found.secrets.add(item["secretRef"].get("name", ""))
+            if "configMapRef" in item:
+                found.config_maps.add(item["configMapRef"].get("name", ""))
+        for item in container.get("env") or []:
+            value_from = item.get("valueFrom") or {}
+            if "secretKeyRef" in value_from:
+                found.secrets.add(value_from["secretKeyRef"].get("name", ""))
+            if "configMapKeyRef" in value_from:
+                found.config_maps.add(value_from["configMapKeyRef"].get("name", ""))
+    found.secrets.discard("")
+    found.config_maps.discard("")
+    return found
 
 
 def _write_files(directory: Path, files: Mapping[str, bytes], mode: int) -> None:
@@ -77,14 +131,16 @@ class PodVolumes:
         pod: Obj,
         secrets: Mapping[str, Obj],
         config_maps: Mapping[str, Obj],
-        service_account: Mapping[str, bytes],
+        claims: Mapping[str, str],
+        tokens: Mapping[TokenKey, bytes],
         service_hosts: str = "",
     ) -> None:
         self.workdir = workdir
         self.pod = pod
         self.secrets = secrets
         self.config_maps = config_maps
-        self.service_account = service_account
+        self.claims = claims
+        self.tokens = tokens
         self.service_hosts = service_hosts
         self.pod_dir = workdir / "pods" / pod["metadata"]["uid"]
         self.hosts_path = self.pod_dir / "etc" / "hosts"
@@ -99,9 +155,9 @@ class PodVolumes:
             directory = self.pod_dir / "volumes" / name
             if "persistentVolumeClaim" in volume:
                 claim = volume["persistentVolumeClaim"]
-                path = self.workdir / "claims" / namespace / claim["claimName"]
-                path.mkdir(parents=True, exist_ok=True)
-                self.sources[name] = (str(path), 0, bool(claim.get("readOnly")))
+                path = self.claims[claim["claimName"]]
+                os.makedirs(path, exist_ok=True)
+                self.sources[name] = (path, 0, bool(claim.get("readOnly")))
             elif "emptyDir" in volume:
                 empty = volume["emptyDir"] or {}
                 if empty.get("medium") == "Memory":
@@ -126,26 +182,17 @@ class PodVolumes:
             else:
                 raise ConfigError(f"volume {name!r}: unsupported type {sorted(volume)}")
         self._name_files(namespace)
-        if self.pod["spec"].get("automountServiceAccountToken", True):
-            directory = self.pod_dir / "volumes" / "kube-api-access"
-            files = dict(self.service_account)
-            files["namespace"] = namespace.encode()
-            _write_files(directory, files, 0o644)
-            self.sources["kube-api-access"] = (str(directory), 0, True)
 
     def _name_files(self, namespace: str) -> None:
         """/etc/hosts and /etc/resolv.conf, which the kubelet manages in every pod. There is
-        no cluster DNS: /etc/hosts names the pod, the `kubernetes` Service and the others
-        (kept up to date by the kubelet, see services.py); the nameserver
+        no cluster DNS: /etc/hosts names the pod and every Service, `kubernetes` included
+        (kept up to date by the node agent, see services.py); the nameserver
         is the pod's own loopback, where nothing answers, so lookups of other names fail at
         once instead of waiting for the host's resolver."""
         directory = self.pod_dir / "etc"
         ip = (self.pod.get("status") or {}).get("podIP", "")
         name = self.pod["metadata"]["name"]
         hosts = f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{ip}\t{name}\n"
-        gateway = (self.pod.get("status") or {}).get("hostIP")
-        if gateway:  # the `kubernetes` Service, the only name of the cluster pods resolve
-            hosts += f"{gateway}\t{' '.join(API_NAMES)}\n"
         search = f"{namespace}.svc.cluster.local svc.cluster.local cluster.local"
         resolv = f"nameserver 127.0.0.1\nsearch {search}\noptions ndots:5\n"
         self.hosts_base = hosts
@@ -162,7 +209,7 @@ class PodVolumes:
             elif "configMap" in source:
                 files.update(_project(source["configMap"], self.config_maps, "ConfigMap") or {})
             elif "serviceAccountToken" in source:
-                token = self.service_account.get("token", b"")
+                token = self.tokens[token_key(source["serviceAccountToken"])]
                 files[source["serviceAccountToken"].get("path", "token")] = token
             elif "downwardAPI" in source:
                 for item in source["downwardAPI"].get("items") or []:
@@ -175,10 +222,6 @@ class PodVolumes:
         """The container's mounts, parents before children, for launcher.py."""
         out: list[dict[str, Any]] = []
         items = list(container.get("volumeMounts") or [])
-        if "kube-api-access" in self.sources and not any(
-            m["mountPath"] == SERVICE_ACCOUNT_DIR for m in items
-        ):
-            items.append({"name": "kube-api-access", "mountPath": SERVICE_ACCOUNT_DIR})
         items.append({"name": "etc-hosts", "mountPath": "/etc/hosts"})
         items.append({"name": "etc-resolv-conf", "mountPath": "/etc/resolv.conf"})
         for mount in items:

@@ -71,11 +71,12 @@ def _same(a: Any, b: Any) -> bool:
 def drift(desired: Any, live: Any, path: str = "", lenient: bool = False) -> list[str]:
     """Where `live` departs from what we render, as JSON-ish paths (empty: in line).
 
-    Every rendered field must be there with its value and every list must match element by
-    element. A field we do not render counts too (someone added `hostNetwork` or
-    `privileged`), unless Kubernetes owns it (`SERVER_OWNED`) or it holds the server's
-    default (`SERVER_DEFAULTS`). Under `metadata` only our own keys count: other tools'
-    labels, annotations and the server's bookkeeping are not ours to remove.
+    Every rendered field must be there with its value (an empty list or map may be absent,
+    as the API server omits them) and every list must match element by element. A field we
+    do not render counts too (someone added `hostNetwork` or `privileged`), unless
+    Kubernetes owns it (`SERVER_OWNED`) or it holds the server's default (`SERVER_DEFAULTS`).
+    Under `metadata` only our own keys count: other tools' labels, annotations and the
+    server's bookkeeping are not ours to remove.
     """
     if isinstance(desired, Mapping):
         if not isinstance(live, Mapping):
@@ -84,7 +85,10 @@ def drift(desired: Any, live: Any, path: str = "", lenient: bool = False) -> lis
         for key, value in desired.items():
             where = f"{path}.{key}"
             if key not in live:
-                found.append(where)
+                # The API server leaves empty lists and maps out of what it returns
+                # (`tolerations: []` of a pool without any): absent is what we asked for.
+                if value != [] and value != {}:
+                    found.append(where)
             else:
                 found += drift(value, live[key], where, lenient or key == "metadata")
         if not lenient:
@@ -164,12 +168,17 @@ def _patch_of(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, 
 
 
 async def ensure(
-    client: KubeClient, desired: dict[str, Any], cache: ObjectCache | None = None
+    client: KubeClient,
+    desired: dict[str, Any],
+    cache: ObjectCache | None = None,
+    patch_existing: bool = True,
 ) -> tuple[Outcome, dict[str, Any]]:
     """Make the live object hold `desired`: create it, patch it, or leave it alone.
 
     With a cache, the live object is the cached one when there is one (no read); a child the
-    cache lacks is read.
+    cache lacks is read. `patch_existing=False` creates only: an object that exists (made by
+    a concurrent pass meanwhile) is returned as it is, for kinds whose spec the API server
+    will not let us patch (a Job's pod template and selector are immutable).
     """
     resource = resource_of(desired)
     namespace = desired["metadata"]["namespace"]
@@ -193,7 +202,7 @@ async def ensure(
             return "created", created
     if cache is not None:
         cache.seen(resource.plural, live)
-    if in_line(desired, live):
+    if not patch_existing or in_line(desired, live):
         return "unchanged", live
     patched = await client.patch(resource, namespace, name, _patch_of(desired, live))
     if cache is not None:

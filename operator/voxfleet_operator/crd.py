@@ -2,8 +2,11 @@
 
 Pydantic's JSON Schema is turned into a Kubernetes structural schema: `$ref`s inlined, titles
 and `additionalProperties` dropped (pruning drops unknown fields instead), optional fields made
-non-nullable and non-required, and a `{}` default on optional objects whose fields all have
+non-nullable and non-required, and a default on optional objects whose fields all have
 defaults, so that the API server fills nested defaults even when a whole block is omitted.
+That default spells out every nested default rather than `{}`: the API server checks a
+default against the object's CEL rules as it is written, and a rule such as
+`self.minReplicas <= self.maxReplicas` fails on `{}` ("no such key"), which rejects the CRD.
 """
 
 from __future__ import annotations
@@ -98,7 +101,11 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
                 and not prop.get("required")
                 and prop.get("properties")
             ):
-                prop["default"] = {}
+                prop["default"] = {
+                    key: value["default"]
+                    for key, value in prop["properties"].items()
+                    if "default" in value
+                }
     return out
 
 

@@ -74,7 +74,11 @@ async def sync_engine(
     if job is None:
         job = await rt.client.get(JOBS, voice.namespace, job_name)
     if job is None:
-        _, job = await ensure(rt.client, with_owners(job_doc, [body]), rt.cache)
+        # Created, never patched: a concurrent pass may have made it a moment ago, and a
+        # Job's selector and pod template cannot change (the API server answers 422).
+        _, job = await ensure(
+            rt.client, with_owners(job_doc, [body]), rt.cache, patch_existing=False
+        )
         # Jobs of an older key are of no further use to this voice.
         for old in await rt.client.list(JOBS, voice.namespace, f"{VOICE_LABEL}={voice.name}"):
             old_key = (old["metadata"].get("labels") or {}).get(ENGINE_KEY_LABEL)

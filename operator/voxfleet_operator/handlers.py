@@ -15,11 +15,11 @@ import aiohttp
 import kopf
 
 from voxfleet_operator.config import load_config
-from voxfleet_operator.kube import KubeClient, is_transient
+from voxfleet_operator.kube import ApiError, KubeClient, is_transient
 from voxfleet_operator.names import MANAGED_BY, POOL_LABEL, REPOSITORY_KEY_SECRET, VOICE_LABEL
 from voxfleet_operator.pods import LOADED_PREFIX, pod_load_marker, pod_ready, unload_from_pods
 from voxfleet_operator.pools import Pool
-from voxfleet_operator.reconcile import reconcile_voice
+from voxfleet_operator.reconcile import reconcile_voice, report_forbidden
 from voxfleet_operator.render.speech_api import is_speech_api_child
 from voxfleet_operator.runtime import (
     JOBS,
@@ -48,27 +48,61 @@ def retry_delay_seconds(retry: int) -> float:
     return RETRY_DELAYS_SECONDS[min(max(retry, 0), len(RETRY_DELAYS_SECONDS) - 1)]
 
 
-async def with_backoff(runtime: Runtime, retry: int, work: Awaitable[Any]) -> None:
+def forbidden_message(error: ApiError) -> str:
+    return (
+        f"the API server refused the operator: {error.message}. Grant it to the operator's "
+        "ServiceAccount (the chart's RBAC, `rbac.create`); the operator tries again every "
+        f"{RETRY_DELAYS_SECONDS[-1]:g} s"
+    )
+
+
+async def with_backoff(
+    runtime: Runtime,
+    retry: int,
+    work: Awaitable[Any],
+    body: Mapping[str, Any] | None = None,
+) -> None:
     """Run one pass; on failure, back off and ask kopf to try again.
 
     kopf's own delay for a failing handler is a flat 60 s; a `TemporaryError` carries ours
     instead. During an API outage the wait ends as soon as the API answers again, so that
     the operator converges right after the outage, whatever the delay had reached.
+
+    A 403 is no outage: RBAC refused a verb, which only an administrator can change. The
+    voice (`body`) says so in its status (phase Failed, Available False, reason Forbidden,
+    the server's message), and the pass is tried again at the longest delay, not in a
+    quiet loop.
     """
     try:
         await work
     except (kopf.TemporaryError, kopf.PermanentError):
         raise
+    except ApiError as error:
+        if error.status != 403 or runtime.closed:
+            await _back_off(runtime, retry, error)
+            return
+        message = forbidden_message(error)
+        logger.error("%s", message)
+        if body is not None:
+            try:
+                await report_forbidden(runtime, body, message)
+            except Exception as status_error:  # the status itself may be refused
+                logger.error("reporting the refusal in the status failed: %s", status_error)
+        raise kopf.TemporaryError(message, delay=RETRY_DELAYS_SECONDS[-1]) from error
     except Exception as error:
-        if runtime.closed:
-            return  # the operator is stopping: the pass ends with it, and is no error
-        delay = retry_delay_seconds(retry)
-        if is_transient(error):
-            await runtime.client.health.wait_up(delay)
-            delay = 0.0  # waited already, or the API is back
-        raise kopf.TemporaryError(
-            f"{type(error).__name__}: {error} (retry {retry + 1})", delay=delay
-        ) from error
+        await _back_off(runtime, retry, error)
+
+
+async def _back_off(runtime: Runtime, retry: int, error: Exception) -> None:
+    if runtime.closed:
+        return  # the operator is stopping: the pass ends with it, and is no error
+    delay = retry_delay_seconds(retry)
+    if is_transient(error):
+        await runtime.client.health.wait_up(delay)
+        delay = 0.0  # waited already, or the API is back
+    raise kopf.TemporaryError(
+        f"{type(error).__name__}: {error} (retry {retry + 1})", delay=delay
+    ) from error
 
 
 def resync_seconds() -> float:
@@ -154,7 +188,7 @@ async def reconcile(
     **_: Any,
 ) -> None:
     peers = _peers(voices_by_namespace, namespace)
-    await with_backoff(memo.runtime, retry, reconcile_voice(memo.runtime, body, peers))
+    await with_backoff(memo.runtime, retry, reconcile_voice(memo.runtime, body, peers), body)
 
 
 async def correct_drift(
@@ -168,7 +202,7 @@ async def correct_drift(
     if body.metadata.get("deletionTimestamp") or memo.runtime.closed:
         return
     peers = _peers(voices_by_namespace, namespace)
-    await with_backoff(memo.runtime, retry, reconcile_voice(memo.runtime, body, peers))
+    await with_backoff(memo.runtime, retry, reconcile_voice(memo.runtime, body, peers), body)
 
 
 def voice_bodies(body: kopf.Body, namespace: str | None, name: str | None, **_: Any) -> Any:

@@ -47,6 +47,7 @@ from voxfleet_operator.status import (
     Cond,
     build_status,
     failed_conditions,
+    forbidden_conditions,
     status_changed,
 )
 from voxfleet_operator.voices import InvalidVoice, parse_voice
@@ -61,6 +62,23 @@ async def write_status(rt: Runtime, body: Mapping[str, Any], new_status: dict[st
         TTSVOICES, meta["namespace"], meta["name"], {"status": new_status}, subresource="status"
     )
     return True
+
+
+async def report_forbidden(rt: Runtime, body: Mapping[str, Any], message: str) -> None:
+    """Say in the voice's status that the API server refused the operator something the
+    voice needs: phase Failed, Available False with reason Forbidden and `message`."""
+    old_status = body.get("status") or {}
+    status = build_status(
+        old_status,
+        phase="Failed",
+        conditions=forbidden_conditions(old_status.get("conditions") or [], message),
+        generation=body["metadata"].get("generation"),
+        pool=old_status.get("pool"),
+        endpoint=old_status.get("endpoint"),
+        engine_key=old_status.get("engineKey"),
+        ready_pods=old_status.get("readyPods"),
+    )
+    await write_status(rt, body, status)
 
 
 async def remember_valid_spec(rt: Runtime, body: Mapping[str, Any]) -> None:

@@ -39,6 +39,8 @@ FAILED_ON_POD = "FailedOnPod"
 INSUFFICIENT_GPU_MEMORY = "InsufficientGPUMemory"
 # No ready pod has the memory the voice needs; the pool is being scaled up for it.
 SCALING_FOR_MEMORY = "ScalingUpForMemory"
+# The API server refused the operator a verb the voice needs (RBAC): an administrator's fix.
+FORBIDDEN = "Forbidden"
 
 
 @dataclass(frozen=True)
@@ -120,3 +122,20 @@ def status_changed(old_status: Mapping[str, Any] | None, new_status: Mapping[str
 
 def failed_conditions(reason: str, message: str) -> list[Cond]:
     return [Cond(t, False, reason, message) for t in CONDITION_TYPES]
+
+
+def forbidden_conditions(old: Sequence[Mapping[str, Any]], message: str) -> list[Cond]:
+    """Available turns False for a refused verb; the other conditions stay as they were
+    (Unknown where there was none yet)."""
+    previous = {c.get("type"): c for c in old}
+    out = []
+    for kind in CONDITION_TYPES:
+        before = previous.get(kind)
+        if kind == AVAILABLE or before is None:
+            out.append(Cond(kind, False if kind == AVAILABLE else None, FORBIDDEN, message))
+        else:
+            value = {"True": True, "False": False}.get(str(before.get("status")))
+            out.append(
+                Cond(kind, value, str(before.get("reason", "")), str(before.get("message", "")))
+            )
+    return out

@@ -1,50 +1,52 @@
-"""Fixtures: an API emulator (KMock with the harness's scripted API-server behaviours) and a
-LocalCluster running against it, plus a small client for the tests' own API calls."""
+"""Fixtures: one local cluster (the real control plane and the node agent's nodes) for the
+node agent's tests, stopped when they are done, a namespace of its own per test, and the API
+as its administrator."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import AsyncIterator
+import itertools
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import aiohttp
-import kmock
 import pytest
 from cluster import LocalCluster
-from cluster.api import KubeApi
+from cluster.kube import Kube
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "tests" / "integration" / "operator"))
-from operator_harness import RESOURCES, ScriptedKubernetes  # noqa: E402
-
-CLUSTER_RESOURCES: dict[str, kmock.ResourceInfo] = {
-    **RESOURCES,
-    "apps/v1/deployments": kmock.ResourceInfo(
-        kind="Deployment",
-        namespaced=True,
-        subresources={"status", "scale"},
-        verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
-    ),
-    "v1/configmaps": kmock.ResourceInfo(kind="ConfigMap", namespaced=True),
-}
+_namespaces = itertools.count()
 
 
-@pytest.fixture()
-async def api() -> AsyncIterator[tuple[KubeApi, str]]:
-    async with ScriptedKubernetes() as emulator, kmock.Server(emulator) as server:
-        for name, info in CLUSTER_RESOURCES.items():
-            emulator.resources[name] = info
-        async with aiohttp.ClientSession() as session:
-            yield KubeApi(session, str(server.url)), str(server.url)
-
-
-@pytest.fixture()
-async def cluster(api: tuple[KubeApi, str], tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    async with LocalCluster(api[1], tmp_path / "cluster", tick_s=0.1) as running:
+@pytest.fixture(scope="package")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(Path(tmp_path_factory.mktemp("node-agent"))) as running:
         yield running
 
 
 @pytest.fixture()
-def kube(api: tuple[KubeApi, str]) -> KubeApi:
-    return api[0]
+async def kube(cluster: LocalCluster) -> AsyncIterator[Kube]:
+    client = await Kube.connect(cluster.kubeconfig)
+    try:
+        yield client
+    finally:
+        await client.close()
 
+
+@pytest.fixture()
+async def ns(kube: Kube, cluster: LocalCluster) -> AsyncIterator[str]:
+    """A namespace for one test, with its `default` ServiceAccount; deleted afterwards (the
+    namespace controller deletes its pods, which the node agent stops)."""
+    from cluster.waiting import eventually
+
+    name = f"agent-{next(_namespaces)}"
+    await kube.call(
+        "POST",
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+    )
+
+    async def account() -> bool:
+        return await kube.get("ServiceAccount", name, "default") is not None
+
+    await eventually(account, timeout=30)
+    yield name
+    cluster.check()
+    await kube.call("DELETE", f"/api/v1/namespaces/{name}")

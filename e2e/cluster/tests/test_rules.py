@@ -1,5 +1,5 @@
-"""The documented rules of the cluster's pure parts: `$(VAR)` expansion, env order,
-IntOrString percentages, and CPU sets from requests."""
+"""The documented rules of the node agent's pure parts: `$(VAR)` expansion, env order, and
+CPU sets from requests."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import base64
 import pytest
 from cluster.cpus import CpuAllocator
 from cluster.env import ConfigError, container_argv, container_env, expand
-from cluster.objects import scaled_value
 
-POD = {"metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"app": "a"}},
-       "spec": {}, "status": {"podIP": "10.213.0.9"}}
+POD = {
+    "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"app": "a"}},
+    "spec": {},
+    "status": {"podIP": "10.213.0.9"},
+}
 
 
 def test_expansion_follows_kubernetes() -> None:
@@ -29,8 +31,10 @@ def test_env_refers_only_to_what_is_defined_before() -> None:
             {"name": "WHO", "value": "$(CM_X)@$(LATER)"},
             {"name": "LATER", "value": "late"},
             {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
-            {"name": "OPT", "valueFrom": {"secretKeyRef": {"name": "none", "key": "k",
-                                                           "optional": True}}},
+            {
+                "name": "OPT",
+                "valueFrom": {"secretKeyRef": {"name": "none", "key": "k", "optional": True}},
+            },
         ],
     }
     config_maps = {"cm": {"metadata": {"name": "cm"}, "data": {"X": "x"}}}
@@ -38,22 +42,25 @@ def test_env_refers_only_to_what_is_defined_before() -> None:
     assert env["WHO"] == "x@$(LATER)" and env["APP"] == "a" and "OPT" not in env
     assert env["PATH"] == "/bin" and "PATH" not in defined  # the image's env is not expanded
     assert container_argv(container, defined) == [
-        "run", "--who=x@$(LATER)", "--later=late", "--path=$(PATH)"]
+        "run",
+        "--who=x@$(LATER)",
+        "--later=late",
+        "--path=$(PATH)",
+    ]
 
 
 def test_a_missing_key_says_which() -> None:
-    container = {"name": "c", "command": ["x"], "env": [
-        {"name": "K", "valueFrom": {"secretKeyRef": {"name": "s", "key": "nope"}}}]}
-    secret = {"metadata": {"name": "s", "namespace": "ns"},
-              "data": {"k": base64.b64encode(b"v").decode()}}
+    container = {
+        "name": "c",
+        "command": ["x"],
+        "env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "s", "key": "nope"}}}],
+    }
+    secret = {
+        "metadata": {"name": "s", "namespace": "ns"},
+        "data": {"k": base64.b64encode(b"v").decode()},
+    }
     with pytest.raises(ConfigError, match="couldn't find key nope in Secret ns/s"):
         container_env(POD, container, {"s": secret}, {}, {})
-
-
-def test_percentages_round_as_the_deployment_controller_does() -> None:
-    assert scaled_value("25%", 3, round_up=True) == 1  # maxSurge: 0.75 up
-    assert scaled_value("25%", 3, round_up=False) == 0  # maxUnavailable: 0.75 down
-    assert scaled_value(2, 3, round_up=False) == 2
 
 
 def test_cpu_sets_spread_then_share() -> None:

@@ -1,18 +1,24 @@
-"""The real `kubectl` (from .tools) against the e2e API emulator, as a user drives a cluster."""
+"""The chart and the CRD against a real kube-apiserver, driven with the real `kubectl`.
+
+One API server for the module (e2e/cluster/controlplane.py, no controllers): what is checked
+is what the server itself accepts, refuses, defaults and prints, as a user meets it.
+"""
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 import json
 import os
 import shutil
-from collections.abc import AsyncIterator
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from e2e.cluster.apiserver import ServedApi, serve_api
+from e2e.cluster.controlplane import ControlPlane, missing_binaries
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "voxfleet"
@@ -20,175 +26,138 @@ JOE = ROOT / "manifests" / "examples" / "joe.yaml"
 CPU_VALUES = "defaultPool: cpu\npools:\n  - name: cpu\n    maxPods: 4\n"
 
 pytestmark = pytest.mark.skipif(
-    not (shutil.which("kubectl") and shutil.which("helm")),
-    reason="kubectl and helm come with `make setup` (.tools/bin on PATH)",
+    not (shutil.which("kubectl") and shutil.which("helm")) or bool(missing_binaries()),
+    reason="kubectl, helm and the control plane come with `make setup` (.tools/bin on PATH)",
 )
+_namespaces = itertools.count()
 
 
 class Kubectl:
-    def __init__(self, api: ServedApi) -> None:
-        self.api = api
-        self.env = dict(os.environ, KUBECONFIG=str(api.kubeconfig))
+    def __init__(self, kubeconfig: Path, namespace: str) -> None:
+        self.env = dict(os.environ, KUBECONFIG=str(kubeconfig))
+        self.namespace = namespace
 
-    async def run(self, *args: str, stdin: str | None = None, ok: bool = True) -> tuple[str, str]:
-        process = await asyncio.create_subprocess_exec(
-            "kubectl",
-            *args,
-            env=self.env,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(
-            process.communicate(stdin.encode() if stdin is not None else None), 60
+    def run(self, *args: str, stdin: str | None = None, ok: bool = True) -> tuple[str, str]:
+        result = subprocess.run(
+            ["kubectl", "-n", self.namespace, *args], input=stdin, capture_output=True,
+            text=True, env=self.env, timeout=60,
         )
         if ok:
-            assert process.returncode == 0, f"kubectl {' '.join(args)}: {err.decode()}"
+            assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
         else:
-            assert process.returncode != 0, f"kubectl {' '.join(args)} succeeded: {out.decode()}"
-        return out.decode(), err.decode()
+            assert result.returncode != 0, f"kubectl {' '.join(args)} succeeded: {result.stdout}"
+        return result.stdout, result.stderr
 
-    async def get_json(self, *args: str) -> Any:
-        out, _ = await self.run("get", *args, "-o", "json")
+    def get_json(self, *args: str) -> Any:
+        out, _ = self.run("get", *args, "-o", "json")
         return json.loads(out)
 
 
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    with ControlPlane(tmp_path_factory.mktemp("api"), controllers=(), scheduler=False) as running:
+        Kubectl(running.admin_kubeconfig, "default").run("apply", "-f", str(CHART / "crds"))
+        Kubectl(running.admin_kubeconfig, "default").run(
+            "wait", "--for=condition=Established", "crd/ttsvoices.voxfleet.io")
+        yield running
+
+
 @pytest.fixture()
-async def kubectl(tmp_path: Path) -> AsyncIterator[Kubectl]:
-    async with serve_api(tmp_path) as api:
-        yield Kubectl(api)
+def kubectl(plane: ControlPlane) -> Kubectl:
+    """kubectl as cluster-admin, in a namespace of the test's own."""
+    namespace = f"test-{next(_namespaces)}"
+    admin = Kubectl(plane.admin_kubeconfig, namespace)
+    admin.run("create", "namespace", namespace)
+    return admin
 
 
-async def helm_template(tmp_path: Path) -> str:
+def helm_template(namespace: str, tmp_path: Path) -> str:
     values = tmp_path / "values.yaml"
     values.write_text(CPU_VALUES)
-    process = await asyncio.create_subprocess_exec(
-        "helm", "template", "vf", str(CHART), "--namespace", "default", "--include-crds",
-        "--skip-tests", "-f", str(values),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await process.communicate()
-    assert process.returncode == 0, err.decode()
-    return out.decode()
+    return subprocess.run(
+        ["helm", "template", "vf", str(CHART), "--namespace", namespace, "--skip-tests",
+         "-f", str(values)],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout
 
 
-async def test_the_chart_applies_and_every_object_reads_back(
-    kubectl: Kubectl, tmp_path: Path
-) -> None:
-    rendered = await helm_template(tmp_path)
-    out, _ = await kubectl.run("apply", "-f", "-", stdin=rendered)
+def test_the_chart_applies_and_reapplies_unchanged(kubectl: Kubectl, tmp_path: Path) -> None:
+    rendered = helm_template(kubectl.namespace, tmp_path)
+    out, _ = kubectl.run("apply", "-f", "-", stdin=rendered)
     assert "deployment.apps/vf-voxfleet created" in out
-    assert "customresourcedefinition.apiextensions.k8s.io/ttsvoices.voxfleet.io created" in out
-    # Applying the same objects again changes nothing.
-    again, _ = await kubectl.run("apply", "-f", "-", stdin=rendered)
+    assert "clusterrole.rbac.authorization.k8s.io/vf-voxfleet created" in out
+    # Applying the same objects again changes nothing (defaulted fields included).
+    again, _ = kubectl.run("apply", "-f", "-", stdin=rendered)
     assert "created" not in again and "configured" not in again, again
-    pools = await kubectl.get_json("configmap", "vf-voxfleet-pools")
-    assert pools["kind"] == "ConfigMap" and "cpu" in json.dumps(pools["data"])
-    raw, _ = await kubectl.run("get", "--raw", "/apis/rbac.authorization.k8s.io/v1/clusterroles")
-    listing = json.loads(raw)
-    assert listing["kind"] == "ClusterRoleList"
-    assert listing["apiVersion"] == "rbac.authorization.k8s.io/v1"
-    assert {i["metadata"]["name"] for i in listing["items"]} >= {"vf-voxfleet"}
+    pools = kubectl.get_json("configmap", "vf-voxfleet-pools")
+    assert "cpu" in json.dumps(pools["data"])
 
 
-async def test_get_ttsv_shows_the_crd_printer_columns(kubectl: Kubectl, tmp_path: Path) -> None:
-    await kubectl.run("apply", "-f", str(CHART / "crds"))
-    out, err = await kubectl.run("apply", "-f", str(JOE))
+def test_get_ttsv_shows_the_crd_printer_columns(kubectl: Kubectl) -> None:
+    out, _ = kubectl.run("apply", "-f", str(JOE))
     assert "ttsvoice.voxfleet.io/joe created" in out
     # Status is the operator's to write, through the status subresource.
-    await kubectl.run(
+    kubectl.run(
         "patch", "ttsv", "joe", "--subresource=status", "--type=merge", "-p",
-        json.dumps({"status": {"phase": "Ready", "pool": "cpu", "endpoint": "joe.default.svc:8001",
-                               "conditions": [{"type": "Available", "status": "True"}]}}),
+        json.dumps({"status": {"phase": "Ready", "pool": "cpu",
+                               "endpoint": "joe.default.svc:8001",
+                               "conditions": [{"type": "Available", "status": "True",
+                                               "reason": "Serving", "message": "",
+                                               "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}),
     )
-    out, err = await kubectl.run("get", "ttsv")
+    out, _ = kubectl.run("get", "ttsv")
     header, row = out.splitlines()[:2]
     assert header.split() == ["NAME", "PHASE", "POOL", "ENDPOINT", "READY", "AGE"]
     assert row.split()[:5] == ["joe", "Ready", "cpu", "joe.default.svc:8001", "True"]
-    assert "could also match" not in err  # the status subresource is no resource of its own
-    voice = await kubectl.get_json("ttsv", "joe")
+    voice = kubectl.get_json("ttsv", "joe")
     assert voice["metadata"]["generation"] == 1  # a status write is no spec change
 
 
-async def test_apply_validates_against_the_schemas(kubectl: Kubectl, tmp_path: Path) -> None:
-    rendered = await helm_template(tmp_path)
-    await kubectl.run("apply", "-f", "-", stdin=rendered)
-    _, err = await kubectl.run(
+def test_the_crd_fills_defaults_and_its_rules_refuse_with_their_messages(
+    kubectl: Kubectl,
+) -> None:
+    """The real server applies the CRD's defaults and CEL rules (the CRD was once refused:
+    a `{}` default failed its own object's rules)."""
+    kubectl.run("apply", "-f", str(JOE))
+    spec = kubectl.get_json("ttsv", "joe")["spec"]
+    # Blocks left out are filled with every field's default, nested ones included.
+    assert spec["autoscaling"]["minReplicas"] == 1
+    assert spec["autoscaling"]["maxReplicas"] >= spec["autoscaling"]["minReplicas"]
+    assert spec["streaming"]["firstWindowFrames"] <= spec["streaming"]["steadyWindowFrames"]
+    base = yaml.safe_load(JOE.read_text())
+
+    def refused(name: str, **spec_changes: Any) -> str:
+        voice = json.loads(json.dumps(base))
+        voice["metadata"]["name"] = name
+        voice["spec"].update(spec_changes)
+        _, err = kubectl.run("apply", "-f", "-", stdin=json.dumps(voice), ok=False)
+        assert kubectl.run("get", "ttsv", name, ok=False)  # nothing was stored
+        return err
+
+    err = refused("small", autoscaling={"minReplicas": 5, "maxReplicas": 2})
+    assert "autoscaling.minReplicas must not exceed autoscaling.maxReplicas" in err
+    err = refused("windows", streaming={"firstWindowFrames": 64, "steadyWindowFrames": 16})
+    assert "streaming.firstWindowFrames must not exceed streaming.steadyWindowFrames" in err
+    err = refused("alone", autoscaling={"perVoice": True})
+    assert "autoscaling.perVoice needs spec.replicas" in err
+    err = refused("a" * 60)
+    assert "metadata.name must be a DNS label of at most" in err
+
+
+def test_apply_validates_against_the_schemas(kubectl: Kubectl, tmp_path: Path) -> None:
+    _, err = kubectl.run(
         "apply", "-f", "-", stdin=JOE.read_text().replace("sha256:", "sha265:"), ok=False
     )
     assert 'unknown field "spec.source.sha265"' in err
-    _, err = await kubectl.run(
+    rendered = helm_template(kubectl.namespace, tmp_path)
+    _, err = kubectl.run(
         "apply", "-f", "-", stdin=rendered.replace("replicas: 1", "replicas: one"), ok=False
     )
-    assert "spec.replicas" in err and "integer" in err
-    _, err = await kubectl.run(
-        "apply", "-f", "-",
-        stdin=rendered.replace("enableServiceLinks: false", "enableServiceLink: false"), ok=False,
-    )
-    assert "enableServiceLink" in err
-    deployment = await kubectl.get_json("deployment", "vf-voxfleet")
-    assert deployment["spec"]["replicas"] == 1  # nothing invalid was stored
+    assert "replicas" in err
+    assert not kubectl.get_json("deployments")["items"]  # nothing invalid was stored
 
 
-async def test_scale_restart_and_reapply_change_the_deployment_as_on_a_cluster(
-    kubectl: Kubectl, tmp_path: Path
-) -> None:
-    rendered = await helm_template(tmp_path)
-    await kubectl.run("apply", "-f", "-", stdin=rendered)
-    await kubectl.run("scale", "deployment", "vf-voxfleet", "--replicas=3")
-    deployment = await kubectl.get_json("deployment", "vf-voxfleet")
-    assert deployment["spec"]["replicas"] == 3
-    assert deployment["metadata"]["generation"] == 2
-    out, _ = await kubectl.run("get", "deployment", "vf-voxfleet")
-    assert out.split()[:4] == ["NAME", "READY", "UP-TO-DATE", "AVAILABLE"]
-    assert out.splitlines()[1].split()[1] == "0/3"
-
-    await kubectl.run("rollout", "restart", "deployment", "vf-voxfleet")
-    template = (await kubectl.get_json("deployment", "vf-voxfleet"))["spec"]["template"]
-    assert "kubectl.kubernetes.io/restartedAt" in template["metadata"]["annotations"]
-    assert "checksum/pools" in template["metadata"]["annotations"]
-
-    # A strategic merge patch from apply: a renamed variable replaces the old one, and the
-    # other variables and containers stay as they were.
-    before = (await kubectl.get_json("deployment", "vf-voxfleet"))["spec"]
-    env_before = [e["name"] for e in before["template"]["spec"]["containers"][0]["env"]]
-    assert env_before[-1] == "HOME"
-    renamed = rendered.replace("name: HOME\n", "name: XDG_CACHE_HOME\n")
-    await kubectl.run("apply", "-f", "-", stdin=renamed)
-    spec = (await kubectl.get_json("deployment", "vf-voxfleet"))["spec"]
-    env = [e["name"] for e in spec["template"]["spec"]["containers"][0]["env"]]
-    assert env == [*env_before[:-1], "XDG_CACHE_HOME"]
-    assert spec["template"]["spec"]["containers"][0]["command"] == ["voxfleet"]
-
-
-async def test_scale_of_a_kind_without_the_subresource_is_refused(kubectl: Kubectl) -> None:
-    await kubectl.run("apply", "-f", str(CHART / "crds"))
-    await kubectl.run("apply", "-f", str(JOE))
-    crd = await kubectl.get_json("crd", "ttsvoices.voxfleet.io")
-    scale = crd["spec"]["versions"][0].get("subresources", {}).get("scale")
-    if scale:
-        await kubectl.run("scale", "ttsv", "joe", "--replicas=2")
-        voice = await kubectl.get_json("ttsv", "joe")
-        for part in scale["specReplicasPath"].strip(".").split("."):
-            voice = voice[part]
-        assert voice == 2
-    else:
-        _, err = await kubectl.run("scale", "ttsv", "joe", "--replicas=2", ok=False)
-        assert "scale" in err
-
-
-async def test_namespaces_are_a_resource_of_their_own(kubectl: Kubectl) -> None:
-    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "speech"}}
-    out, _ = await kubectl.run("apply", "-f", "-", stdin=json.dumps(namespace))
-    assert "namespace/speech created" in out
-    await kubectl.run("apply", "-n", "speech", "-f", str(CHART / "crds"))
-    await kubectl.run("apply", "-n", "speech", "-f", str(JOE))
-    listing = await kubectl.get_json("namespaces")
-    assert [n["metadata"]["name"] for n in listing["items"]] == ["speech"]
-    voice = await kubectl.get_json("ttsv", "joe", "-n", "speech")
-    assert voice["metadata"]["namespace"] == "speech"
-    await kubectl.run("delete", "namespace", "speech")
-    assert (await kubectl.get_json("namespaces"))["items"] == []
-    # Generators that send protobuf are refused with a reason, not a crash.
-    _, err = await kubectl.run("create", "namespace", "other", ok=False)
-    assert "protobuf bodies are not emulated" in err
+def test_scale_of_a_voice_sets_its_spec_replicas(kubectl: Kubectl) -> None:
+    kubectl.run("apply", "-f", str(JOE))
+    kubectl.run("scale", "ttsv", "joe", "--replicas=2")
+    assert kubectl.get_json("ttsv", "joe")["spec"]["replicas"] == 2

@@ -1,10 +1,19 @@
-"""The operator really running (kopf, in this process) against a Kubernetes API.
+"""The operator really running (kopf, in this process) against a real kube-apiserver.
 
-By default the API is the KMock emulator, with the behaviours of a real API server that KMock
-lacks scripted below. Set `VOXFLEET_E2E_KUBECONFIG` to run the same tests against a real
-cluster (kind): the CRD must be installed there (`voxfleet crd | kubectl apply -f -`), and
-tests that count the emulator's requests or play a controller that the cluster has are
-skipped or become no-ops.
+One control plane per test session (etcd, kube-apiserver, and the controller manager's
+garbage collector, namespace, service-account and claim-protection controllers; no
+scheduler, no Job controller and no kubelet: tests that need a Job finished or a pod ready
+write that status themselves), built by `make setup` (e2e/cluster/controlplane.py), with
+the chart's CRD installed. Each test works in the `default` namespace, emptied after it.
+
+The operator reaches the API through `FaultProxy` (faults.py), which passes everything on
+and can inject what a real server will not do on request (503s, 429s, 409s, 401s) and
+count the operator's requests; the tests' own `Api` talks to the API server directly,
+through the official Python client (`kubernetes.aio`, via e2e/cluster/kube.py).
+
+Set `VOXFLEET_E2E_KUBECONFIG` to run the same tests against another cluster (kind): the CRD
+must be installed there (`voxfleet crd | kubectl apply -f -`), and the tests that need the
+fault proxy are skipped.
 """
 
 from __future__ import annotations
@@ -13,99 +22,58 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import aiohttp.web
-import kmock
 import pytest
 import yaml
+from faults import FaultProxy
 
-from e2e.cluster.apiserver import ScriptedKubernetes
+from e2e.cluster.controlplane import ControlPlane
+from e2e.cluster.kube import MERGE_PATCH, ApiError, Kube
 from e2e.cluster.waiting import eventually as poll_until
 
+ROOT = Path(__file__).resolve().parents[3]
+CRD = ROOT / "charts" / "voxfleet" / "crds" / "ttsvoices.voxfleet.io.yaml"
 REAL_CLUSTER = bool(os.environ.get("VOXFLEET_E2E_KUBECONFIG"))
 NAMESPACE = "voxfleet-e2e" if REAL_CLUSTER else "default"
-
-# The operator watches its children (to repair them at once and to read them from a cache).
-CHILD_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
-RESOURCES: dict[str, kmock.ResourceInfo] = {
-    # kopf waits to discover these two before it starts any watch.
-    "v1/namespaces": kmock.ResourceInfo(
-        kind="Namespace", namespaced=False, verbs={"get", "list", "watch"}
-    ),
-    "apiextensions.k8s.io/v1/customresourcedefinitions": kmock.ResourceInfo(
-        kind="CustomResourceDefinition", namespaced=False, verbs={"get", "list", "watch"}
-    ),
-    "voxfleet.io/v1alpha1/ttsvoices": kmock.ResourceInfo(
-        kind="TTSVoice",
-        singular="ttsvoice",
-        namespaced=True,
-        shortnames={"ttsv"},
-        subresources={"status"},
-        verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
-    ),
-    "batch/v1/jobs": kmock.ResourceInfo(
-        kind="Job",
-        namespaced=True,
-        subresources={"status"},
-        verbs={"get", "list", "watch", "create", "patch", "delete"},
-    ),
-    "apps/v1/deployments": kmock.ResourceInfo(
-        kind="Deployment", namespaced=True, verbs=CHILD_VERBS
-    ),
-    "v1/services": kmock.ResourceInfo(kind="Service", namespaced=True, verbs=CHILD_VERBS),
-    "v1/secrets": kmock.ResourceInfo(kind="Secret", namespaced=True, verbs=CHILD_VERBS),
-    "v1/configmaps": kmock.ResourceInfo(kind="ConfigMap", namespaced=True, verbs=CHILD_VERBS),
-    "v1/pods": kmock.ResourceInfo(
-        kind="Pod",
-        namespaced=True,
-        subresources={"status"},
-        verbs={"get", "list", "watch", "create", "patch", "delete"},
-    ),
-    "v1/events": kmock.ResourceInfo(kind="Event", namespaced=True),
-    "autoscaling/v2/horizontalpodautoscalers": kmock.ResourceInfo(
-        kind="HorizontalPodAutoscaler", namespaced=True, verbs=CHILD_VERBS
-    ),
-    "policy/v1/poddisruptionbudgets": kmock.ResourceInfo(
-        kind="PodDisruptionBudget", namespaced=True, verbs=CHILD_VERBS
-    ),
-    "v1/persistentvolumeclaims": kmock.ResourceInfo(
-        kind="PersistentVolumeClaim", namespaced=True, verbs=CHILD_VERBS
-    ),
-}
+TEST_CONTROLLERS = (
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "persistentvolumeclaim-protection-controller",
+)
+# What a test may leave in a namespace, emptied after each test.
+CLEANED = (
+    ("batch/v1", "jobs"),
+    ("apps/v1", "deployments"),
+    ("v1", "services"),
+    ("v1", "secrets"),
+    ("v1", "pods"),
+    ("autoscaling/v2", "horizontalpodautoscalers"),
+    ("policy/v1", "poddisruptionbudgets"),
+    ("v1", "persistentvolumeclaims"),
+)
 
 
 class Api:
-    """What tests do to the cluster, the same way for KMock and for a real cluster."""
+    """What tests do to the cluster: plain verbs by group/version and plural, objects as
+    dicts; 404 is None. `faults` is the proxy in front of the operator (None on kind)."""
 
-    def __init__(
-        self,
-        session: aiohttp.ClientSession,
-        server: str,
-        emulator: Any,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        self.session = session
-        self.server = server.rstrip("/")
-        self.emulator: ScriptedKubernetes | None = emulator
-        self.headers = dict(headers or {})
+    def __init__(self, kube: Kube, faults: FaultProxy | None) -> None:
+        self.kube = kube
+        self.faults = faults
 
     async def call(self, method: str, path: str, body: Any = None) -> Any:
-        kwargs: dict[str, Any] = {"headers": dict(self.headers)}
-        if body is not None:
-            kwargs["json"] = body
-            kwargs["headers"]["Content-Type"] = (
-                "application/merge-patch+json" if method == "PATCH" else "application/json"
+        try:
+            return await self.kube.call(
+                method, path, body, content_type=MERGE_PATCH if method == "PATCH" else ""
             )
-        async with self.session.request(method, self.server + path, **kwargs) as response:
-            data = await response.json(content_type=None)
-            if response.status == 404:
+        except ApiError as error:
+            if error.status == 404:
                 return None
-            assert response.status < 400, f"{method} {path}: {response.status} {data}"
-            return data
+            raise AssertionError(str(error)) from None
 
     @staticmethod
     def path(api: str, plural: str, name: str | None = None, ns: str = NAMESPACE) -> str:
@@ -118,11 +86,18 @@ class Api:
 
     async def list(self, api: str, plural: str) -> list[dict[str, Any]]:
         result = await self.call("GET", self.path(api, plural))
-        return list(result["items"])
+        return list(result["items"]) if result else []
 
     async def create(self, api: str, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """POST the object; a status in it is then written through the status
+        subresource, as the controller or kubelet that owns it would."""
         obj.setdefault("metadata", {}).setdefault("namespace", NAMESPACE)
+        status = obj.pop("status", None)
         result: dict[str, Any] = await self.call("POST", self.path(api, plural), obj)
+        if status:
+            name = result["metadata"]["name"]
+            await self.patch(api, plural, name, {"status": status}, "status")
+            result = await self.get(api, plural, name) or result
         return result
 
     async def patch(
@@ -134,9 +109,9 @@ class Api:
         await self.call("DELETE", self.path(api, plural, name))
 
     def writes(self) -> list[str]:
-        """PATCH, PUT and POST requests the emulator has served so far (KMock only)."""
-        assert self.emulator is not None
-        return list(self.emulator.writes)
+        """POST, PATCH, PUT and DELETE requests the operator has sent so far."""
+        assert self.faults is not None
+        return self.faults.writes()
 
 
 async def eventually(
@@ -146,44 +121,203 @@ async def eventually(
     return await poll_until(check, timeout=timeout, interval=interval)
 
 
-@pytest.fixture()
-async def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Api]:
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane | None]:
     if REAL_CLUSTER:
-        monkeypatch.setenv("KUBECONFIG", os.environ["VOXFLEET_E2E_KUBECONFIG"])
-        from voxfleet_operator.kube import KubeClient
+        yield None
+        return
+    plane = ControlPlane(
+        tmp_path_factory.mktemp("control-plane"), controllers=TEST_CONTROLLERS, scheduler=False
+    )
+    plane.start(before_controllers=lambda started: asyncio.run(_install_crds(started)))
+    try:
+        asyncio.run(_wait_for_default_account(plane))
+        yield plane
+    finally:
+        plane.stop()
 
-        client = await KubeClient.connect()
-        auth = {"Authorization": client._authorization} if client._authorization else {}
-        real = Api(client._session, client._server, None, auth)
+
+async def _install_crds(plane: ControlPlane) -> None:
+    kube = await Kube.connect(plane.admin_kubeconfig)
+    try:
+        await _install_crd(kube, yaml.safe_load(CRD.read_text()))
+    finally:
+        await kube.close()
+
+
+async def _wait_for_default_account(plane: ControlPlane) -> None:
+    """Pods can be created once the service-account controller has made `default`."""
+    kube = await Kube.connect(plane.admin_kubeconfig)
+    try:
+        await poll_until(lambda: kube.get("ServiceAccount", NAMESPACE, "default"), timeout=60)
+    finally:
+        await kube.close()
+
+
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+async def _install_crd(kube: Kube, crd: dict[str, Any]) -> None:
+    await kube.call("POST", CRDS, crd)
+
+    async def established() -> bool:
+        obj = await kube.call("GET", f"{CRDS}/{crd['metadata']['name']}")
+        return any(
+            c["type"] == "Established" and c["status"] == "True"
+            for c in (obj.get("status") or {}).get("conditions") or []
+        )
+
+    await poll_until(established, timeout=30)
+
+
+async def install_service_monitor_crd(api: Api) -> None:
+    """Serve the Prometheus Operator's ServiceMonitor API (until the test ends)."""
+    await _install_crd(api.kube, SERVICE_MONITOR_CRD)
+
+
+# The Prometheus Operator's ServiceMonitor, as far as the operator writes it: the API group
+# and kind (its schema left open). Tests add it, or leave it out, as the cluster would.
+SERVICE_MONITOR_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "names": {
+            "kind": "ServiceMonitor",
+            "listKind": "ServiceMonitorList",
+            "plural": "servicemonitors",
+            "singular": "servicemonitor",
+        },
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def _operator_kubeconfig(path: Path, server: str, token: str) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "test", "cluster": {"server": server}}],
+                "users": [{"name": "operator", "user": {"token": token}}],
+                "contexts": [{"name": "test", "context": {"cluster": "test", "user": "operator"}}],
+                "current-context": "test",
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture()
+async def api(
+    control_plane: ControlPlane | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Api]:
+    if control_plane is None:  # another cluster (kind)
+        kubeconfig = Path(os.environ["VOXFLEET_E2E_KUBECONFIG"])
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        kube = await Kube.connect(kubeconfig)
         try:
-            namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+            real = Api(kube, None)
             if await real.call("GET", f"/api/v1/namespaces/{NAMESPACE}") is None:
-                await real.call("POST", "/api/v1/namespaces", namespace)
+                await real.call(
+                    "POST",
+                    "/api/v1/namespaces",
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+                )
             yield real
         finally:
-            await client.close()
+            await kube.close()
         return
-    async with ScriptedKubernetes() as emulator, kmock.Server(emulator) as server:
-        for name, info in RESOURCES.items():
-            emulator.resources[name] = info
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "kmock", "cluster": {"server": str(server.url)}}],
-                    "users": [{"name": "kmock", "user": {"token": "kmock"}}],
-                    "contexts": [
-                        {"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}
-                    ],
-                    "current-context": "kmock",
-                }
+    plane = control_plane
+    pair = plane.client_certificate("voxfleet-e2e-admin", ("system:masters",))
+    faults = await FaultProxy(plane.url, plane.ca_cert, pair.cert, pair.key).start()
+    monkeypatch.setenv(
+        "KUBECONFIG", str(_operator_kubeconfig(tmp_path / "kubeconfig", faults.url, "operator"))
+    )
+    kube = await Kube.connect(plane.admin_kubeconfig)
+    try:
+        yield Api(kube, faults)
+    finally:
+        try:
+            await _empty(kube)
+        finally:
+            await faults.stop()
+            await kube.close()
+
+
+async def _empty(kube: Kube) -> None:
+    """Remove what the test left: voices (their finalizers first, no operator runs now),
+    every child kind in every namespace, and namespaces tests made."""
+    voices = await kube.call("GET", "/apis/voxfleet.io/v1alpha1/ttsvoices")
+    for item in voices["items"]:
+        meta = item["metadata"]
+        path = Api.path("voxfleet.io/v1alpha1", "ttsvoices", meta["name"], meta["namespace"])
+        with contextlib.suppress(ApiError):
+            await kube.call(
+                "PATCH", path, {"metadata": {"finalizers": None}}, content_type=MERGE_PATCH
             )
-        )
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-        async with aiohttp.ClientSession() as session:
-            yield Api(session, str(server.url), emulator)
+            await kube.call("DELETE", path)
+    for group, plural in CLEANED:
+        base = f"/api/{group}" if group == "v1" else f"/apis/{group}"
+        try:
+            listing = await kube.call("GET", f"{base}/{plural}")
+        except ApiError:
+            continue
+        for item in listing["items"]:
+            meta = item["metadata"]
+            if meta["namespace"].startswith("kube-") or (plural, meta["name"]) == (
+                "services",
+                "kubernetes",
+            ):
+                continue
+            with contextlib.suppress(ApiError):
+                await kube.call(
+                    "DELETE",
+                    Api.path(group, plural, meta["name"], meta["namespace"]),
+                    {
+                        "apiVersion": "v1",
+                        "kind": "DeleteOptions",
+                        "gracePeriodSeconds": 0,
+                        "propagationPolicy": "Background",
+                    },
+                )
+    monitors = f"{CRDS}/{SERVICE_MONITOR_CRD['metadata']['name']}"
+    with contextlib.suppress(ApiError):
+        await kube.call("DELETE", monitors)
+    namespaces = await kube.call("GET", "/api/v1/namespaces")
+    for item in namespaces["items"]:
+        name = item["metadata"]["name"]
+        if name not in ("default", "kube-system", "kube-public", "kube-node-lease"):
+            with contextlib.suppress(ApiError):
+                await kube.call("DELETE", f"/api/v1/namespaces/{name}")
+
+    async def emptied() -> bool:
+        left = await kube.call("GET", "/apis/voxfleet.io/v1alpha1/ttsvoices")
+        claims = await kube.call("GET", "/api/v1/persistentvolumeclaims")
+        try:
+            await kube.call("GET", monitors)
+        except ApiError as error:
+            gone = error.status == 404
+        else:
+            gone = False
+        return not left["items"] and not claims["items"] and gone
+
+    await poll_until(emptied, timeout=30)
 
 
 POOLS = {
@@ -223,8 +357,8 @@ async def running_operator(tmp_path: Path, resync_seconds: float) -> AsyncIterat
     """kopf running the voxfleet handlers cluster-wide in a thread of its own, until exit.
 
     A thread and event loop of its own, as `kopf run` has: at exit kopf waits for every task
-    of its loop, which must not include the emulator's. Cluster-wide on purpose: KMock answers
-    500 to `GET /api/v1/namespaces`, which kopf needs to watch a namespace list.
+    of its loop, which must not include the tests' own. Cluster-wide, as the chart's default
+    installation runs it.
     """
     import kopf
     from voxfleet_operator.handlers import build_registry

@@ -27,7 +27,7 @@ from test_operator import VOICES, condition, finish_job, jobs_of, status_of, voi
 
 pytestmark = [
     pytest.mark.kube,
-    pytest.mark.skipif(REAL_CLUSTER, reason="scripts or counts the emulator's requests"),
+    pytest.mark.skipif(REAL_CLUSTER, reason="needs the fault proxy"),
 ]
 
 DEPLOYMENT = ("apps/v1", "deployments", "voxfleet-triton-t4")
@@ -73,7 +73,11 @@ async def test_added_fields_and_deleted_children_are_repaired_on_events(
     assert live is not None
     pod = live["spec"]["template"]["spec"]
     triton = {**pod["containers"][0]}
-    triton["securityContext"] = {**triton["securityContext"], "privileged": True}
+    triton["securityContext"] = {
+        **triton["securityContext"],
+        "privileged": True,
+        "allowPrivilegeEscalation": True,
+    }
     sidecar = {"name": "sidecar", "image": "busybox"}
     edit = {
         "hostNetwork": True,
@@ -90,6 +94,7 @@ async def test_added_fields_and_deleted_children_are_repaired_on_events(
             and "serviceAccountName" not in pod
             and len(containers) == 1
             and "privileged" not in containers[0]["securityContext"]
+            and containers[0]["securityContext"]["allowPrivilegeEscalation"] is False
         )
 
     edited = await _timed(reverted)
@@ -121,25 +126,25 @@ WRITES = frozenset({"POST", "PATCH", "PUT", "DELETE"})
 async def test_operator_converges_right_after_an_api_outage(
     api: Api, tmp_path: Path, resync_seconds: float, failing: frozenset[str]
 ) -> None:
-    assert api.emulator is not None
+    assert api.faults is not None
     await _with_claim(api)
     async with running_operator(tmp_path, resync_seconds=resync_seconds):
         await _outage_then_recovery(api, resync_seconds, failing)
 
 
 async def _outage_then_recovery(api: Api, resync_seconds: float, failing: frozenset[str]) -> None:
-    assert api.emulator is not None
+    assert api.faults is not None
     await api.create(*VOICES, voice("joe", autoscaling={"maxReplicas": 2}))
     await _converged(api, "joe")
 
     # The operator's requests (`failing`: its writes, or all of them, its watches too) fail
     # with 503 for 20 s; a spec change arrives meanwhile.
-    api.emulator.outage_methods = failing
-    served_before = len(api.emulator.served)
+    api.faults.outage_methods = failing
+    served_before = len(api.faults.served)
     await api.patch(*VOICES, "joe", {"spec": {"autoscaling": {"maxReplicas": 3}}})
     await asyncio.sleep(20)
-    attempts = len(api.emulator.served) - served_before
-    api.emulator.outage_methods = frozenset()
+    attempts = len(api.faults.served) - served_before
+    api.faults.outage_methods = frozenset()
     recovered = time.monotonic()
 
     async def applied() -> bool:
@@ -167,24 +172,23 @@ async def test_client_retries_throttling_and_outages_and_sees_recovery(api: Api)
     from voxfleet_operator.kube import ApiError, KubeClient
     from voxfleet_operator.runtime import TTSVOICES
 
-    assert api.emulator is not None
-    await api.list(*VOICES)  # the emulator's bookkeeping starts with its first request
+    assert api.faults is not None
     client = await KubeClient.connect()
     try:
         path = Api.path("voxfleet.io/v1alpha1", "ttsvoices", "absent")
-        api.emulator.throttled[path] = 2
+        api.faults.throttled[path] = 2
         started = time.monotonic()
         assert await client.get(TTSVOICES, NAMESPACE, "absent") is None
         waited = time.monotonic() - started
-        assert api.emulator.throttled[path] == 0
+        assert api.faults.throttled[path] == 0
         assert waited >= 2.0, f"Retry-After: 1 twice, yet answered after {waited:.2f} s"
 
-        api.emulator.outage_methods = frozenset({"GET"})
+        api.faults.outage_methods = frozenset({"GET"})
         with pytest.raises(ApiError) as failure:
             await client.get(TTSVOICES, NAMESPACE, "absent")
         assert failure.value.status == 503
         assert client.health.down
-        api.emulator.outage_methods = frozenset()
+        api.faults.outage_methods = frozenset()
         started = time.monotonic()
         assert await client.health.wait_up(10.0)
         assert time.monotonic() - started < 2.0  # the probe runs every second
@@ -195,7 +199,7 @@ async def test_client_retries_throttling_and_outages_and_sees_recovery(api: Api)
 async def test_a_converged_operator_reads_and_writes_nothing(
     api: Api, operator: None, tmp_path: Path
 ) -> None:
-    assert api.emulator is not None
+    assert api.faults is not None
     await api.create(*VOICES, voice("joe"))
     await api.create(*VOICES, voice("amy", pool="l4"))
     (job,) = await eventually(lambda: jobs_of(api, "joe"))
@@ -207,9 +211,9 @@ async def test_a_converged_operator_reads_and_writes_nothing(
 
     first = await eventually(engines_built)
     await asyncio.sleep(0.5)
-    served_before = len(api.emulator.served)
+    served_before = len(api.faults.served)
     await asyncio.sleep(3.0)  # six drift passes of each voice
-    served = api.emulator.served[served_before:]
+    served = api.faults.served[served_before:]
     assert served == [], f"a converged operator sent {served}"
     # The EngineReady message is the same before and after status records the key.
     assert condition(await status_of(api, "joe"), "EngineReady") == condition(first, "EngineReady")
@@ -217,6 +221,11 @@ async def test_a_converged_operator_reads_and_writes_nothing(
 
 async def test_each_namespace_gets_its_own_random_key(api: Api, operator: None) -> None:
     other = "tenant-b"
+    await api.call(
+        "POST",
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other}},
+    )
     await api.create(*VOICES, voice("joe"))
     body = voice("amy")
     body["metadata"]["namespace"] = other
@@ -281,14 +290,20 @@ async def test_an_invalid_edit_keeps_the_last_valid_generation(api: Api, operato
     assert before["readyPods"] == 1
     assert condition(before, "SpecValid")["status"] == "True"
 
-    await api.patch(*VOICES, "joe", {"spec": {"autoscaling": {"minReplicas": 5}}})
+    # An edit the CRD's CEL rules can judge is refused by the API server: nothing changes.
+    with pytest.raises(AssertionError, match=r"422 .*minReplicas must not exceed"):
+        await api.patch(*VOICES, "joe", {"spec": {"autoscaling": {"minReplicas": 5}}})
+    # One only the operator can judge (a pool it does not know) is reported, and the last
+    # valid generation keeps serving.
+    await api.patch(*VOICES, "joe", {"spec": {"pool": "a100"}})
     status = await _converged(api, "joe", generation=2)
     spec_valid = condition(status, "SpecValid")
-    assert spec_valid["status"] == "False" and spec_valid["reason"] == "InvalidSpec"
-    assert "minReplicas must not exceed autoscaling.maxReplicas (5 > 3)" in spec_valid["message"]
+    assert spec_valid["status"] == "False" and spec_valid["reason"] == "UnknownPool"
+    assert "known pools: t4, l4" in spec_valid["message"]
     assert "still serving generation 1" in spec_valid["message"]
     # Everything else is as it was: still Ready on its pod, endpoint, engines, the pool.
     assert status["phase"] == "Ready" and status["readyPods"] == 1
+    assert status["pool"] == "t4"
     assert condition(status, "Available")["status"] == "True"
     assert status["endpoint"] == before["endpoint"]
     assert status["engineKey"] == before["engineKey"]
@@ -302,17 +317,11 @@ async def test_an_invalid_edit_keeps_the_last_valid_generation(api: Api, operato
     assert await api.get("v1", "services", "joe-tts") is not None
 
     # Fixed: the new generation applies and the condition clears.
-    await api.patch(*VOICES, "joe", {"spec": {"autoscaling": {"minReplicas": 2}}})
+    await api.patch(*VOICES, "joe", {"spec": {"pool": "t4", "autoscaling": {"minReplicas": 2}}})
     status = await _converged(api, "joe", generation=3)
     assert condition(status, "SpecValid")["status"] == "True"
-
-    # An unknown pool is reported the same way, naming the pools there are.
-    await api.patch(*VOICES, "joe", {"spec": {"pool": "a100"}})
-    status = await _converged(api, "joe", generation=4)
-    spec_valid = condition(status, "SpecValid")
-    assert spec_valid["reason"] == "UnknownPool"
-    assert "known pools: t4, l4" in spec_valid["message"]
-    assert status["pool"] == "t4"
+    hpa = await api.get(*HPA)
+    assert hpa is not None and hpa["spec"]["minReplicas"] == 2
 
 
 async def test_a_missing_engine_cache_claim_is_named(api: Api, operator: None) -> None:
@@ -331,3 +340,31 @@ async def test_a_missing_engine_cache_claim_is_named(api: Api, operator: None) -
 
 async def _equals(read: Any, expected: str) -> bool:
     return bool(await read() == expected)
+
+
+async def test_watches_that_expire_are_listed_again_and_the_operator_converges(
+    api: Api, slow_timer: None
+) -> None:
+    """A watch resumed from a resourceVersion the server no longer holds gets 410 Gone; the
+    operator lists again and goes on (the drift timer is 600 s: only events act here)."""
+    assert api.faults is not None
+    await api.create(*VOICES, voice("joe", autoscaling={"maxReplicas": 2}))
+    await _converged(api, "joe")
+    api.faults.expired_watches = 20  # every watch that resumes now is told 410 first
+    assert api.faults.cut_watches() > 0
+    await eventually(
+        lambda: _true(api.faults is not None and api.faults.expired_served >= 3), timeout=30
+    )
+    await api.patch(*VOICES, "joe", {"spec": {"autoscaling": {"maxReplicas": 3}}})
+
+    async def applied() -> bool:
+        hpa = await api.get(*HPA)
+        return bool(hpa) and hpa["spec"]["maxReplicas"] == 3
+
+    await eventually(applied, timeout=30)
+    status = await _converged(api, "joe", generation=2)
+    assert condition(status, "SpecValid")["status"] == "True"
+
+
+async def _true(value: bool) -> bool:
+    return value

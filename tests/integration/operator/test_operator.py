@@ -1,7 +1,7 @@
 """The operator end to end: TTSVoices in, children and status out, against a Kubernetes API.
 
-Runs against KMock by default (see operator_harness.py for what is scripted there); the same
-tests run on kind with VOXFLEET_E2E_KUBECONFIG (request counting is KMock-only).
+Runs against a real kube-apiserver (operator_harness.py); the same tests run on kind with
+VOXFLEET_E2E_KUBECONFIG (request counting and injected faults need the fault proxy).
 """
 
 from __future__ import annotations
@@ -55,11 +55,48 @@ async def jobs_of(api: Api, name: str) -> list[dict[str, Any]]:
 
 
 async def finish_job(api: Api, job: dict[str, Any], succeeded: bool, message: str = "") -> None:
-    """Play the Job controller (KMock has none): mark the engine-build Job done."""
-    kind = "Complete" if succeeded else "Failed"
-    reason = "Completed" if succeeded else "BackoffLimitExceeded"
-    cond = {"type": kind, "status": "True", "reason": reason, "message": message}
-    status = {"conditions": [cond], "succeeded" if succeeded else "failed": 1}
+    """Play the Job controller (the tests' control plane runs none): mark the Job done, with
+    the fields the API server requires of a finished Job's status."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if succeeded:
+        status: dict[str, Any] = {
+            "startTime": now,
+            "completionTime": now,
+            "succeeded": 1,
+            "conditions": [
+                {
+                    "type": "SuccessCriteriaMet",
+                    "status": "True",
+                    "reason": "CompletionsReached",
+                    "message": "Reached expected number of succeeded pods",
+                },
+                {
+                    "type": "Complete",
+                    "status": "True",
+                    "reason": "CompletionsReached",
+                    "message": message or "Reached expected number of succeeded pods",
+                },
+            ],
+        }
+    else:
+        status = {
+            "startTime": now,
+            "failed": 1,
+            "conditions": [
+                {
+                    "type": "FailureTarget",
+                    "status": "True",
+                    "reason": "BackoffLimitExceeded",
+                    "message": message,
+                },
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "BackoffLimitExceeded",
+                    "message": message,
+                },
+            ],
+        }
     await api.patch("batch/v1", "jobs", job["metadata"]["name"], {"status": status}, "status")
 
 
@@ -73,10 +110,11 @@ async def test_apply_creates_every_child_and_reports_status(api: Api, operator: 
                 return False
         return bool(await api.get("v1", "services", "joe-tts")) and bool(await jobs_of(api, "joe"))
 
-    await eventually(all_children, timeout=5)
+    await eventually(all_children, timeout=10)
     elapsed = time.monotonic() - started
     print(f"apply -> all children: {elapsed:.2f} s")
-    assert elapsed < 2.0, f"children took {elapsed:.2f} s"
+    # A bound, not a benchmark: a real API server on a shared machine takes about 2 s.
+    assert elapsed < 5.0, f"children took {elapsed:.2f} s"
 
     uid = created["metadata"]["uid"]
     service = await api.get("v1", "services", "joe-tts")
@@ -93,8 +131,8 @@ async def test_apply_creates_every_child_and_reports_status(api: Api, operator: 
     ]
     (job,) = await jobs_of(api, "joe")
     assert job["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"] == "Tesla-T4"
-    # No ServiceMonitor: the emulator does not serve the monitoring.coreos.com API.
-    assert not [w for w in (api.writes() if api.emulator else []) if "servicemonitors" in w]
+    # No ServiceMonitor: the monitoring.coreos.com API is not served here.
+    assert not [w for w in (api.writes() if api.faults else []) if "servicemonitors" in w]
 
     status = await eventually(lambda: status_of(api, "joe"))
     assert status["phase"] == "Building"
@@ -219,7 +257,7 @@ async def test_deleted_or_edited_child_comes_back(api: Api, operator: None) -> N
         "apps/v1",
         "deployments",
         "voxfleet-triton-t4",
-        {"spec": {"template": {"spec": {"terminationGracePeriodSeconds": 1}}}},
+        {"spec": {"template": {"spec": {"terminationGracePeriodSeconds": 10}}}},
     )
 
     async def restored() -> bool:
@@ -230,27 +268,32 @@ async def test_deleted_or_edited_child_comes_back(api: Api, operator: None) -> N
     await eventually(restored, timeout=5)
 
 
-async def test_invalid_voice_fails_with_a_reason_and_no_retry_storm(
+async def test_an_invalid_voice_is_refused_by_the_crd_or_fails_with_a_reason(
     api: Api, operator: None
 ) -> None:
+    # What the CRD's CEL rules can tell, the API server refuses at once, with the rule's
+    # message (a default of {} once failed these rules and kept the CRD out altogether).
     bad = voice("bad", autoscaling={"minReplicas": 5, "maxReplicas": 2})
-    await api.create(*VOICES, bad)
+    with pytest.raises(AssertionError, match=r"422 .*minReplicas must not exceed .*maxReplicas"):
+        await api.create(*VOICES, bad)
+    # What only the operator knows (its pools) ends in a Failed voice with a reason, and no
+    # retry storm.
+    await api.create(*VOICES, voice("lost", pool="a100"))
 
     async def failed() -> dict[str, Any] | None:
-        status = await status_of(api, "bad")
+        status = await status_of(api, "lost")
         return status if status.get("phase") == "Failed" else None
 
     status = await eventually(failed)
-    available = condition(status, "Available")
-    assert available["reason"] == "InvalidSpec"
-    assert "minReplicas must not exceed autoscaling.maxReplicas (5 > 2)" in available["message"]
-    assert await jobs_of(api, "bad") == []
-    if api.emulator is None:
+    assert condition(status, "Scheduled")["reason"] == "UnknownPool"
+    assert "known pools: t4, l4" in condition(status, "Scheduled")["message"]
+    assert await jobs_of(api, "lost") == []
+    if api.faults is None:
         return
 
     async def create_handled() -> bool:
         # kopf records a handled create in an annotation, written after the handler's status.
-        body = await api.get(*VOICES, "bad")
+        body = await api.get(*VOICES, "lost")
         annotations = (body or {}).get("metadata", {}).get("annotations") or {}
         return "voxfleet.io/last-handled-configuration" in annotations
 
@@ -258,11 +301,6 @@ async def test_invalid_voice_fails_with_a_reason_and_no_retry_storm(
     writes_before = api.writes()
     await asyncio.sleep(2.0)  # four drift-correction ticks
     assert api.writes() == writes_before, "an invalid voice keeps being written"
-
-    await api.create(*VOICES, voice("lost", pool="a100"))
-    status = await eventually(lambda: status_of(api, "lost"))
-    assert condition(status, "Scheduled")["reason"] == "UnknownPool"
-    assert "known pools: t4, l4" in condition(status, "Scheduled")["message"]
 
 
 async def test_delete_clears_finalizer_and_releases_the_pool(api: Api, operator: None) -> None:
@@ -284,7 +322,7 @@ async def test_delete_clears_finalizer_and_releases_the_pool(api: Api, operator:
 
     await api.delete(*VOICES, "joe")
     await eventually(lambda: _gone(api, *VOICES, "joe"))
-    await eventually(lambda: _gone(api, "v1", "services", "joe-tts"))
+    await eventually(lambda: _gone(api, "v1", "services", "joe-tts"), timeout=20)
     deployment = await api.get("apps/v1", "deployments", "voxfleet-triton-t4")
     assert deployment is not None
     assert [r["name"] for r in deployment["metadata"]["ownerReferences"]] == ["amy"]
@@ -300,7 +338,7 @@ async def _gone(api: Api, group: str, plural: str, name: str) -> bool:
     return await api.get(group, plural, name) is None
 
 
-@pytest.mark.skipif(REAL_CLUSTER, reason="counts the emulator's requests")
+@pytest.mark.skipif(REAL_CLUSTER, reason="counts the operator's requests (fault proxy)")
 async def test_no_writes_once_converged(api: Api, operator: None, tmp_path: Path) -> None:
     from voxfleet_operator.config import load_config
     from voxfleet_operator.kube import KubeClient
@@ -318,7 +356,7 @@ async def test_no_writes_once_converged(api: Api, operator: None, tmp_path: Path
 
     await eventually(converged)
     await asyncio.sleep(1.0)  # let the timers of both voices settle too
-    assert api.emulator is not None
+    assert api.faults is not None
     writes_before = api.writes()
 
     import aiohttp
@@ -341,17 +379,14 @@ async def test_no_writes_once_converged(api: Api, operator: None, tmp_path: Path
     assert writes == []
 
 
-@pytest.mark.skipif(REAL_CLUSTER, reason="scripts the emulator")
+@pytest.mark.skipif(REAL_CLUSTER, reason="needs the fault proxy")
 async def test_conflicts_are_retried_and_service_monitor_follows_its_crd(
     api: Api, tmp_path: Path
 ) -> None:
-    import kmock
-    from operator_harness import CHILD_VERBS, running_operator
+    from operator_harness import install_service_monitor_crd, running_operator
 
-    assert api.emulator is not None
-    api.emulator.resources["monitoring.coreos.com/v1/servicemonitors"] = kmock.ResourceInfo(
-        kind="ServiceMonitor", namespaced=True, verbs=CHILD_VERBS
-    )
+    assert api.faults is not None
+    await install_service_monitor_crd(api)
     # A Secret of that name that the operator does not manage (Helm's) is left alone.
     await api.create(
         "v1",
@@ -377,11 +412,11 @@ async def test_conflicts_are_retried_and_service_monitor_follows_its_crd(
             "apps/v1",
             "deployments",
             "voxfleet-triton-t4",
-            {"spec": {"template": {"spec": {"terminationGracePeriodSeconds": 1}}}},
+            {"spec": {"template": {"spec": {"terminationGracePeriodSeconds": 10}}}},
         )
         # The operator's next two patches of it are refused with 409 Conflict.
         path = Api.path("apps/v1", "deployments", "voxfleet-triton-t4")
-        api.emulator.conflicts[path] = 2
+        api.faults.conflicts[path] = 2
 
         async def restored() -> bool:
             deployment = await api.get("apps/v1", "deployments", "voxfleet-triton-t4")
@@ -390,7 +425,7 @@ async def test_conflicts_are_retried_and_service_monitor_follows_its_crd(
             )
 
         await eventually(restored, timeout=5)
-        assert api.emulator.conflicts[path] == 0  # both conflicts were met and retried
+        assert api.faults.conflicts[path] == 0  # both conflicts were met and retried
         secret = await api.get("v1", "secrets", "voxfleet-repository-key")
         assert secret is not None and secret["data"] == {"repository-key": "aGVsbQ=="}
         assert "ownerReferences" not in secret["metadata"]

@@ -72,19 +72,19 @@ async def test_voxfleet_operator_process_reconciles_and_stops_cleanly(
     assert errors == [], "\n".join(errors)
 
 
-@pytest.mark.skipif(REAL_CLUSTER, reason="scripts the emulator")
+@pytest.mark.skipif(REAL_CLUSTER, reason="needs the fault proxy")
 async def test_client_reads_a_rotated_token_after_401(api: Api) -> None:
     from voxfleet_operator.kube import KubeClient
     from voxfleet_operator.runtime import TTSVOICES
 
-    assert api.emulator is not None
+    assert api.faults is not None
     client = await KubeClient.connect()
     try:
         kubeconfig = Path(os.environ["KUBECONFIG"])
         config = yaml.safe_load(kubeconfig.read_text())
         config["users"][0]["user"]["token"] = "rotated"
         kubeconfig.write_text(yaml.safe_dump(config))
-        api.emulator.required_token = "rotated"
+        api.faults.required_token = "rotated"
         # 404 (the voice does not exist), not 401: the client logged in again.
         assert await client.get(TTSVOICES, "default", "absent") is None
     finally:

@@ -1,4 +1,4 @@
-"""How long the operator takes to reconcile 200 voices against the emulator (goal: < 60 s)."""
+"""How long the operator takes to reconcile 200 voices against a real API server (goal: < 60 s)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.kube
 VOICE_COUNT = 200
 
 
-@pytest.mark.skipif(REAL_CLUSTER, reason="a measurement of the operator against the emulator")
+@pytest.mark.skipif(REAL_CLUSTER, reason="a measurement on the tests' own control plane")
 async def test_two_hundred_voices_reconcile_within_a_minute(api: Api, tmp_path: Path) -> None:
     from operator_harness import engine_cache_claim
 
@@ -77,7 +77,7 @@ async def test_five_hundred_voices_converge_then_cost_almost_nothing(
     over two full drift periods, and the operator's resident memory."""
     from operator_harness import POOLS, engine_cache_claim
 
-    assert api.emulator is not None
+    assert api.faults is not None
     namespaces = [f"tenant-{i}" for i in range(5)]
     for namespace in namespaces:
         claim = engine_cache_claim()
@@ -92,7 +92,7 @@ async def test_five_hundred_voices_converge_then_cost_almost_nothing(
     )
     try:
         await asyncio.sleep(3)  # kopf's start
-        served_at_start = len(api.emulator.served)
+        served_at_start = len(api.faults.served)
         started = time.monotonic()
         for index in range(500):
             namespace = namespaces[index % 5]
@@ -119,12 +119,12 @@ async def test_five_hundred_voices_converge_then_cost_almost_nothing(
 
         await eventually(converged, timeout=900, interval=2.0)
         elapsed = time.monotonic() - started
-        during = api.emulator.served[served_at_start:]
+        during = api.faults.served[served_at_start:]
         writes = [r for r in during if not r.split()[0].endswith("GET")]
         await asyncio.sleep(10)  # the last events settle
-        quiet_from = len(api.emulator.served)
+        quiet_from = len(api.faults.served)
         await asyncio.sleep(60)  # two drift periods of every voice
-        quiet = api.emulator.served[quiet_from:]
+        quiet = api.faults.served[quiet_from:]
         rss_kib = next(
             int(line.split()[1])
             for line in Path(f"/proc/{process.pid}/status").read_text().splitlines()
