@@ -18,7 +18,13 @@ all put their streams through the same choice:
   errors (the gateway to OpenAI's envelope) at their edge.
 - `resolve_endpoints("joe-tts-pods.tts.svc:8001")` lists the ready pods of a voice through
   its headless Service (plain DNS: no Kubernetes API, no RBAC), for callers that have no
-  list of their own.
+  list of their own; `ResolvedEndpoints` keeps that answer for a few seconds and looks it up
+  again in the background once it is older, so that a client holding one connection per pod
+  sees a pod added by a scale-out (or one that left) within seconds, without ever waiting
+  for a lookup but the first.
+- Streams that every tried pod refused are counted apart (`Balancer.refused_streams`), as are
+  the refusals a retry absorbed (`EndpointCounts.refusals`): a listener who got no audio is
+  not a failure of the pods, and one who got it from the second pod did not notice.
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ from __future__ import annotations
 import itertools
 import socket
 import threading
+import time
 from collections.abc import (
     AsyncIterator,
     Callable,
     Collection,
+    Generator,
     Iterable,
     Iterator,
     Sequence,
@@ -59,6 +67,58 @@ def resolve_endpoints(address: str) -> list[str]:
         return []
     found = {str(info[4][0]) for info in infos}
     return sorted(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in found)
+
+
+class ResolvedEndpoints:
+    """The endpoints `address` resolves to, looked up again once older than `ttl_s`.
+
+    Calling it returns the last answer at once; a stale answer starts one lookup in a thread
+    of its own, so neither a blocking caller nor an event loop waits on DNS (only the first
+    call does). A lookup that fails keeps the previous answer. `resolve` is for tests."""
+
+    def __init__(
+        self,
+        address: str,
+        ttl_s: float = 2.0,
+        resolve: Callable[[str], list[str]] = resolve_endpoints,
+    ) -> None:
+        self.address = address
+        self.ttl_s = ttl_s
+        self._resolve = resolve
+        self._lock = threading.Lock()
+        self._endpoints: list[str] | None = None
+        self._at = 0.0
+        self._looking = False
+
+    def __call__(self) -> list[str]:
+        with self._lock:
+            known, stale = self._endpoints, time.monotonic() - self._at > self.ttl_s
+            start = known is not None and stale and not self._looking
+            if start:
+                self._looking = True
+        if known is None:
+            return self.refresh()
+        if start:
+            threading.Thread(target=self._refresh_quietly, daemon=True).start()
+        return list(known)
+
+    def refresh(self) -> list[str]:
+        """Look the address up now (blocking) and keep the answer."""
+        try:
+            found = self._resolve(self.address)
+        finally:
+            with self._lock:
+                self._looking = False
+        with self._lock:
+            self._endpoints, self._at = list(found), time.monotonic()
+        return list(found)
+
+    def _refresh_quietly(self) -> None:
+        try:
+            self.refresh()
+        except Exception:  # keep the previous answer; the next call tries again
+            with self._lock:
+                self._at = time.monotonic()
 
 
 class NoEndpoints(LookupError):
@@ -117,6 +177,10 @@ class Balancer:
         self._counts: dict[str, EndpointCounts] = {}
         self._lock = threading.Lock()
         self._turn = itertools.count()
+        # Streams every tried endpoint refused (the listener got no audio), and streams that
+        # found no endpoint at all.
+        self.refused_streams = 0
+        self.unserved_streams = 0
 
     def choose(self, endpoints: Iterable[str], avoid: Collection[str] = ()) -> str | None:
         """The endpoint with the fewest streams in flight, round-robin among equals; None
@@ -149,6 +213,15 @@ class Balancer:
     def failed(self, endpoint: str) -> None:
         with self._lock:
             self._count(endpoint).failures += 1
+
+    def gave_up(self, refused: bool) -> None:
+        """A stream ends without audio: every endpoint it tried refused it (`refused`), or
+        there was no endpoint to try."""
+        with self._lock:
+            if refused:
+                self.refused_streams += 1
+            else:
+                self.unserved_streams += 1
 
     def should_retry(self, code: str | None, started: bool) -> bool:
         """Whether an error with gRPC status `code` may be tried on another endpoint."""
@@ -195,6 +268,7 @@ class StreamAttempts:
         if len(self.tried) < self.balancer.max_attempts:
             endpoint = self.balancer.choose(self.endpoints(), avoid=self.tried)
         if endpoint is None:
+            self.balancer.gave_up(bool(self.refusals))
             if self.refusals:
                 raise StreamRefused(self.voice, self.refusals)
             raise NoEndpoints(self.voice)
@@ -253,8 +327,8 @@ def stream_balanced_sync(
     endpoints: Sequence[str] | Callable[[], Sequence[str]],
     open_stream: Callable[[str], Iterator[T]],
     code_of: Callable[[BaseException], str | None],
-) -> Iterator[T]:
-    """`stream_balanced` for blocking callers (engines.client's `stream_tts`)."""
+) -> Generator[T, None, None]:
+    """`stream_balanced` for blocking callers (engines.client's `TtsClient`)."""
     attempts = StreamAttempts(balancer, voice, _endpoints_of(endpoints))
     while True:
         endpoint = attempts.next_endpoint()

@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from engines.bench.stats import SPEECH_API_SYSTEM, SYSTEMS
+from engines.bench.stats import BALANCED_SYSTEM, SPEECH_API_SYSTEM, SYSTEMS
 from engines.commands.arguments import positive_seconds, seconds
 
 DEFAULT_CONCURRENCY = "1,4,16,32,64"
 # The speech API gateway runs only when asked for (it needs --api-url); scripts/bench.sh asks.
-DEFAULT_SYSTEMS = [name for name in SYSTEMS if name != SPEECH_API_SYSTEM]
+# So does the balanced system, which needs the pods of a voice (--pods).
+DEFAULT_SYSTEMS = [name for name in SYSTEMS if name not in (SPEECH_API_SYSTEM, BALANCED_SYSTEM)]
 
 
 def _concurrencies(value: str) -> list[int]:
@@ -101,6 +102,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "system (e.g. http://127.0.0.1:8080)",
     )
     parser.add_argument(
+        "--pods",
+        help=f"the pods of the voice for the {BALANCED_SYSTEM} system: its headless Service "
+        "(e.g. joe-tts-pods.tts.svc:8001, looked up again every 2 s) or HOST:PORT,HOST:PORT; "
+        "each stream goes to the pod with the fewest of the client's streams in flight, and a "
+        "refused one to another pod (--client-processes N: each process on its own)",
+    )
+    parser.add_argument(
         "--naive-model",
         default="joe-naive",
         help="model name of the triton-naive baseline (default joe-naive)",
@@ -115,7 +123,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=_systems,
         default=list(DEFAULT_SYSTEMS),
         help=f"comma-separated, from {','.join(SYSTEMS)} (default all but {SPEECH_API_SYSTEM}, "
-        "which needs --api-url)",
+        f"which needs --api-url, and {BALANCED_SYSTEM}, which needs --pods)",
     )
     parser.add_argument(
         "--concurrency",
@@ -258,7 +266,12 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     from engines.bench.machine import describe_machine, measure_one_shot_limit
     from engines.bench.runner import SweepSettings, run_sweep
     from engines.bench.stats import auto_concurrencies, evaluate_goals, profile_level
-    from engines.bench.systems import BenchSystemError, PiperSystem, TritonSystem
+    from engines.bench.systems import (
+        BalancedTritonSystem,
+        BenchSystemError,
+        PiperSystem,
+        TritonSystem,
+    )
     from engines.corpus import load_corpus, sentence_order
 
     sentences = sentence_order(load_corpus(args.corpus))
@@ -296,6 +309,13 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                     "voxfleet-api needs --api-url: a `voxfleet api --upstream` in front of --url"
                 )
             systems.append(SpeechApiSystem(args.api_url, args.model))
+        elif name == BALANCED_SYSTEM:
+            if not args.pods:
+                raise BenchSystemError(
+                    f"{BALANCED_SYSTEM} needs --pods: the voice's headless Service "
+                    "(<voice>-tts-pods.<namespace>.svc:8001) or HOST:PORT,HOST:PORT"
+                )
+            systems.append(BalancedTritonSystem(name, args.pods, args.model))
         else:
             systems.append(
                 TritonSystem(

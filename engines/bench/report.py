@@ -125,6 +125,8 @@ def runs_table(runs: Sequence[dict[str, Any]]) -> str:
         fa = run["first_audio_ms"]
         server = run.get("server") or {}
         errors = f" ({run['errors']} failed)" if run.get("errors") else ""
+        if run.get("refused"):
+            errors += f" ({run['refused']} refused)"
         rows.append(
             f"| {run['system']} | {run['concurrency']} | {run['streams']}{errors} | "
             f"{_num(fa['p50'])} / {_num(fa['p95'])} / {_num(fa['p99'])} | {run['underruns']} | "

@@ -257,7 +257,8 @@ def _progress_line(run: RunSummary) -> str:
         f"{run.system:>16} c={run.concurrency:<3} streams={run.streams:<4} "
         f"first audio p50/p95/p99 {fa['p50']:.0f}/{fa['p95']:.0f}/{fa['p99']:.0f} ms  "
         f"underruns {run.underruns} ({run.underrun_rate:.0%} of streams)  rtf {run.rtf:.3f}  "
-        f"audio {run.audio_seconds_per_second:.1f} s/s  errors {run.errors}"
+        f"audio {run.audio_seconds_per_second:.1f} s/s  errors {run.errors}  "
+        f"refused {run.refused}"
         + (f"  server cpu {cpu:.0f}%" if isinstance(cpu, float) else "")
         + (f"  client loop lag p95 {lag:.0f} ms" if isinstance(lag, float) else "")
         + (f"  [{batch}]" if batch else "")

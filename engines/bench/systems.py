@@ -5,6 +5,12 @@
 - `triton-naive`: a non-streaming model behind Triton (unary gRPC ModelInfer, one response).
 - `voxfleet`, `voxfleet-nobatch`: the decoupled stream model over gRPC ModelStreamInfer, one
   stream per request, every response a chunk, ended by the empty final-flagged response.
+- `voxfleet-pods`: the same stream model on every pod of a voice (its headless Service, or a
+  list of servers), a pod picked per stream by `engines.balancing` over a connection per pod,
+  and a stream a full pod refuses sent to another (`BalancedTritonSystem`). With
+  `--client-processes N` each client process balances on its own over its own connections,
+  as separate listener processes with long-lived connections would; with one process, one
+  client holds the connections of every listener.
 
 The Triton clients speak gRPC through `grpc.aio` and Triton's generated stubs, so that dozens of
 concurrent streams share one event loop and one connection.
@@ -17,14 +23,22 @@ import math
 import os
 import random
 import struct
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from engines.balancing import (
+    Balancer,
+    NoEndpoints,
+    ResolvedEndpoints,
+    StreamRefused,
+    stream_balanced,
+)
 from engines.bench.resources import ProcessTree, find_listening_process, own_process
-from engines.client import STREAM_CLOSE_TIMEOUT_S
+from engines.client import PRUNE_INTERVAL_S, STREAM_CLOSE_TIMEOUT_S, client_endpoints
 
 # Audio responses of long sentences exceed gRPC's 4 MiB default only for unusually long text,
 # but a benchmark should never fail on a limit the server does not have.
@@ -35,7 +49,19 @@ _GRPC_OPTIONS = [
 
 
 class BenchSystemError(RuntimeError):
-    """A system that cannot be benchmarked as configured (server down, model missing)."""
+    """A system that cannot be benchmarked as configured (server down, model missing), or a
+    stream that failed; `code` is the gRPC status name where one is known."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _status_code(message: str) -> str | None:
+    """The status a stream model's error message leads with (`[RESOURCE_EXHAUSTED] ...`)."""
+    if message.startswith("[") and "] " in message:
+        return message[1 : message.index("] ")]
+    return None
 
 
 class PiperSystem:
@@ -188,7 +214,11 @@ class TritonSystem:
             )
             yield _audio_of(response)
 
-    async def _stream(self, text: str, model: str | None = None) -> AsyncIterator[tuple[int, int]]:
+    async def _stream(
+        self, text: str, model: str | None = None, stub: Any = None
+    ) -> AsyncIterator[tuple[int, int]]:
+        import grpc
+
         request = _text_request(model or self.model, text, self._shape, final_flag=True)
         finished = asyncio.Event()
 
@@ -198,12 +228,13 @@ class TritonSystem:
             # legal gRPC, but would leave the stream's lifetime to the server's reading of it.
             await finished.wait()
 
-        call = self._stub.ModelStreamInfer(requests())
+        call = (stub or self._stub).ModelStreamInfer(requests())
         complete = False
         try:
             async for response in call:
                 if response.error_message:
-                    raise BenchSystemError(response.error_message)
+                    message = response.error_message
+                    raise BenchSystemError(message, _status_code(message))
                 infer = response.infer_response
                 samples, rate = _audio_of(infer)
                 if samples:
@@ -213,6 +244,10 @@ class TritonSystem:
                     complete = True
                     return
             raise BenchSystemError("the stream closed without a final response")
+        except grpc.aio.AioRpcError as error:
+            code = error.code()
+            name = code.name if code is not None else None
+            raise BenchSystemError(f"[{name}] {error.details()}", name) from None
         finally:
             finished.set()
             if complete:
@@ -320,3 +355,135 @@ class SpreadTritonSystem(TritonSystem):
         self.picked[model] = self.picked.get(model, 0) + 1
         async for chunk in self._stream(text, model):
             yield chunk
+
+
+def _code_of(error: BaseException) -> str | None:
+    return error.code if isinstance(error, BenchSystemError) else None
+
+
+class BalancedTritonSystem(TritonSystem):
+    """The stream model on every pod behind `url` (see the module docstring): a channel per
+    pod, a pod chosen per stream, refusals retried on another pod within `max_attempts`.
+
+    `url` is a name resolved again every `resolve_ttl_s` (a voice's headless Service,
+    `joe-tts-pods.<ns>.svc:8001`) or a comma-separated list of `host:port`; `pods` replaces
+    either with a function of the current endpoints (one process only)."""
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        model: str,
+        pods: Callable[[], Sequence[str]] | None = None,
+        max_attempts: int = 3,
+        resolve_ttl_s: float = 2.0,
+    ) -> None:
+        super().__init__(name, url, model, streaming=True)
+        self.max_attempts = max_attempts
+        self.resolve_ttl_s = resolve_ttl_s
+        if pods is not None:
+            self._pods: Callable[[], Sequence[str]] = pods
+        elif "," in url:
+            fixed = [part.strip() for part in url.split(",") if part.strip()]
+            self._pods = lambda: fixed
+        else:
+            self._pods = ResolvedEndpoints(url, resolve_ttl_s, client_endpoints)
+        self.balancer = Balancer(max_attempts=max_attempts)
+        self._channels: dict[str, tuple[Any, Any]] = {}
+        self._pruned_at = time.monotonic()
+        self._closing: set[asyncio.Future[Any]] = set()
+
+    def client_spec(self) -> tuple[type[TritonSystem], dict[str, Any]]:
+        return type(self), {
+            "name": self.name,
+            "url": self.url,
+            "model": self.model,
+            "max_attempts": self.max_attempts,
+            "resolve_ttl_s": self.resolve_ttl_s,
+        }
+
+    def _stub_of(self, endpoint: str) -> Any:
+        import grpc
+        from tritonclient.grpc import service_pb2_grpc
+
+        entry = self._channels.get(endpoint)
+        if entry is None:
+            channel = grpc.aio.insecure_channel(
+                endpoint, options=[*_GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+            )
+            entry = self._channels[endpoint] = (
+                channel,
+                service_pb2_grpc.GRPCInferenceServiceStub(channel),
+            )
+        return entry[1]
+
+    async def connect(self, ready_timeout_s: float = 10.0) -> None:
+        """Check that some pod serves the model (every listed pod is tried)."""
+        from tritonclient.grpc import service_pb2
+
+        endpoints = list(await asyncio.to_thread(self._pods))
+        if not endpoints:
+            raise BenchSystemError(f"{self.name}: no pod behind {self.url} serves now")
+        failures = []
+        for endpoint in endpoints:
+            try:
+                ready = await self._stub_of(endpoint).ModelReady(
+                    service_pb2.ModelReadyRequest(name=self.model), timeout=ready_timeout_s
+                )
+            except Exception as error:
+                failures.append(f"{endpoint}: {error}")
+                continue
+            if ready.ready:
+                self._stub = self._stub_of(endpoint)
+                return
+            failures.append(f"{endpoint}: model {self.model!r} not ready")
+        raise BenchSystemError(f"{self.name}: no pod serves {self.model!r}: {'; '.join(failures)}")
+
+    async def prepare(self, concurrency: int) -> None:
+        if self._stub is None:
+            await self.connect()
+
+    def endpoints(self) -> list[str]:
+        """The pods a stream may go to now; the channels of pods that left (and have nothing
+        in flight) are closed now and then."""
+        found = list(self._pods())
+        if time.monotonic() - self._pruned_at > PRUNE_INTERVAL_S:
+            self._pruned_at = time.monotonic()
+            busy = {e for e, c in self.balancer.counts().items() if c.in_flight}
+            for endpoint in [e for e in self._channels if e not in found and e not in busy]:
+                channel, _ = self._channels.pop(endpoint)
+                closing = asyncio.ensure_future(channel.close())
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
+            self.balancer.forget([*found, *busy])
+        return found
+
+    async def open_stream(self, text: str) -> AsyncIterator[tuple[int, int]]:
+        def open_one(endpoint: str) -> AsyncIterator[tuple[int, int]]:
+            return self._stream(text, stub=self._stub_of(endpoint))
+
+        chunks = stream_balanced(self.balancer, self.model, self.endpoints, open_one, _code_of)
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except StreamRefused as refused:
+            raise BenchSystemError(f"[{refused.code}] {refused}", refused.code) from None
+        except NoEndpoints as error:
+            raise BenchSystemError(f"[UNAVAILABLE] {error}", "UNAVAILABLE") from None
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+    def server(self) -> ProcessTree | None:
+        return None  # several servers: their resources are not this client's to read
+
+    async def batch_counts(self) -> dict[str, dict[int, int]]:
+        return {}
+
+    async def queue_totals(self) -> dict[str, tuple[int, int]]:
+        return {}
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for channel, _ in channels:
+            await channel.close()
+        self._stub = None

@@ -1,4 +1,8 @@
-"""`voxfleet say`: stream one text from a server into a WAV file (or raw PCM on stdout)."""
+"""`voxfleet say`: stream one text from a server into a WAV file (or raw PCM on stdout).
+
+`--url` is looked up as `engines.client.TtsClient` does: a name that resolves to several pods
+(a voice's headless Service) sends the stream to one of them, and to another where one
+refuses it before any audio (full, or stopping)."""
 
 from __future__ import annotations
 
@@ -66,7 +70,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("text", metavar="TEXT")
     parser.add_argument("-o", "--output", default="out.wav", help="WAV file, or - for raw PCM")
     parser.add_argument("--voice", default="joe")
-    parser.add_argument("--url", default="localhost:8001", help="Triton gRPC host:port")
+    parser.add_argument(
+        "--url",
+        default="localhost:8001",
+        help="Triton gRPC HOST:PORT: a server, a voice's Service, or its headless Service "
+        "(<voice>-tts-pods.<namespace>.svc:8001), whose pods each get a try when one is full",
+    )
     parser.add_argument("--speaker", type=int, default=None, help="speaker id (multi-speaker)")
     parser.add_argument("--json", action="store_true", help="print one JSON object of timings")
     parser.add_argument(

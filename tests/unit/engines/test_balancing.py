@@ -4,6 +4,8 @@ another pod within a budget, never after audio has started."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from engines.balancing import (
     Balancer,
     NoEndpoints,
+    ResolvedEndpoints,
     StreamRefused,
     stream_balanced,
     stream_balanced_sync,
@@ -168,3 +171,66 @@ def test_forget_drops_idle_pods_that_are_gone() -> None:
     balancer.ended(PODS[1])
     balancer.forget(keep={PODS[2]})
     assert set(balancer.counts()) == {PODS[0]}  # still has a stream in flight
+
+
+def test_streams_no_pod_took_are_counted_apart_from_refusals_a_retry_absorbed() -> None:
+    balancer = Balancer(max_attempts=3)
+
+    def refuse_first(endpoint: str) -> Iterator[str]:
+        if endpoint == PODS[0]:
+            raise Refused("RESOURCE_EXHAUSTED")
+        yield endpoint
+
+    def refuse_all(endpoint: str) -> Iterator[str]:
+        raise Refused("RESOURCE_EXHAUSTED")
+        yield "never"
+
+    assert list(stream_balanced_sync(balancer, "joe", PODS[:2], refuse_first, code_of))
+    assert balancer.refusals == 1 and balancer.refused_streams == 0
+    with pytest.raises(StreamRefused):
+        list(stream_balanced_sync(balancer, "joe", PODS[:2], refuse_all, code_of))
+    assert balancer.refusals == 3 and balancer.refused_streams == 1
+    with pytest.raises(NoEndpoints):
+        list(stream_balanced_sync(balancer, "joe", [], refuse_all, code_of))
+    assert balancer.refused_streams == 1 and balancer.unserved_streams == 1
+
+
+def test_resolved_endpoints_answer_at_once_and_look_up_again_once_stale() -> None:
+    answers = [[PODS[0]], [PODS[0], PODS[1]]]
+    lookups: list[str] = []
+    looked_up = threading.Event()
+
+    def resolve(address: str) -> list[str]:
+        lookups.append(address)
+        if len(lookups) > 1:
+            looked_up.set()
+        return answers[min(len(lookups), len(answers)) - 1]
+
+    endpoints = ResolvedEndpoints("joe-tts-pods.tts.svc:8001", ttl_s=0.05, resolve=resolve)
+    assert endpoints() == [PODS[0]]  # the first call waits for its lookup
+    assert endpoints() == [PODS[0]]  # fresh: no lookup
+    assert len(lookups) == 1
+    time.sleep(0.1)
+    assert endpoints() == [PODS[0]]  # stale: the old answer now, a lookup in the background
+    assert looked_up.wait(5)
+    deadline = time.monotonic() + 5
+    while endpoints() != PODS[:2] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert endpoints() == PODS[:2]  # a pod added by a scale-out is listed
+
+
+def test_a_failed_lookup_keeps_the_last_answer() -> None:
+    calls = [0]
+
+    def resolve(address: str) -> list[str]:
+        calls[0] += 1
+        if calls[0] > 1:
+            raise OSError("resolver down")
+        return [PODS[0]]
+
+    endpoints = ResolvedEndpoints("x:1", ttl_s=0.0, resolve=resolve)
+    assert endpoints() == [PODS[0]]
+    for _ in range(20):
+        assert endpoints() == [PODS[0]]
+        time.sleep(0.01)
+    assert calls[0] > 1

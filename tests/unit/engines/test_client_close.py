@@ -10,46 +10,48 @@ import time
 import pytest
 
 from engines import client as client_module
-from engines.client import _close_stream
+from engines.client import _close_call
 
 
-class FakeClient:
-    """`stop_stream` as tritonclient's: a close waits for the server to end the stream (here
-    until `ends` is set); a cancel ends it at once."""
+class FakeCall:
+    """A gRPC call as grpc's: `code()` waits for the call to end (here until the server
+    `ends` it, or it is cancelled); `cancel()` ends it at once."""
 
     def __init__(self, server_ends: bool) -> None:
-        self.calls: list[bool] = []
+        self.cancelled = False
         self.ends = threading.Event()
         if server_ends:
             self.ends.set()
 
-    def stop_stream(self, cancel_requests: bool = False) -> None:
-        self.calls.append(cancel_requests)
-        if cancel_requests:
-            self.ends.set()
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.ends.set()
+
+    def code(self) -> str:
         self.ends.wait()
+        return "CANCELLED" if self.cancelled else "OK"
 
 
 def test_a_finished_stream_is_closed_not_cancelled() -> None:
-    fake = FakeClient(server_ends=True)
-    _close_stream(fake, complete=True)  # type: ignore[arg-type]
+    call, our_half = FakeCall(server_ends=True), threading.Event()
+    _close_call(call, complete=True, finished=our_half)
     time.sleep(0.05)
-    assert fake.calls == [False]
+    assert our_half.is_set() and not call.cancelled
 
 
 def test_an_unfinished_stream_is_cancelled() -> None:
-    fake = FakeClient(server_ends=False)
-    _close_stream(fake, complete=False)  # type: ignore[arg-type]
-    assert fake.calls == [True]
+    call, our_half = FakeCall(server_ends=False), threading.Event()
+    _close_call(call, complete=False, finished=our_half)
+    assert call.cancelled
 
 
 def test_a_close_the_server_never_ends_is_cancelled_after_the_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(client_module, "STREAM_CLOSE_TIMEOUT_S", 0.2)
-    fake = FakeClient(server_ends=False)
+    call, our_half = FakeCall(server_ends=False), threading.Event()
     started = time.monotonic()
-    _close_stream(fake, complete=True)  # type: ignore[arg-type]
+    _close_call(call, complete=True, finished=our_half)
     waited = time.monotonic() - started
-    assert fake.calls == [False, True]
+    assert call.cancelled
     assert 0.15 < waited < 5
