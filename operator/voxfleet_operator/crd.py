@@ -39,6 +39,31 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "type": "string",
         "jsonPath": '.status.conditions[?(@.type=="Available")].status',
     },
+    {
+        "name": "Pods",
+        "type": "integer",
+        "jsonPath": ".status.readyPods",
+        "description": "Ready pool pods serving the voice.",
+    },
+    # Empty unless the operator reads Prometheus (the chart's prometheus.url).
+    {
+        "name": "Streams",
+        "type": "integer",
+        "jsonPath": ".status.liveStreams",
+        "description": "Streams in progress on the voice's pods.",
+    },
+    {
+        "name": "P95-ms",
+        "type": "integer",
+        "jsonPath": ".status.firstAudioP95Ms",
+        "description": "Time to first audio, 95th percentile over 5 minutes (ms).",
+    },
+    {
+        "name": "Refused-5m",
+        "type": "integer",
+        "jsonPath": ".status.refusedStreams",
+        "description": "Streams refused because the pods were full, over 5 minutes.",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

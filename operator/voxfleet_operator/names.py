@@ -15,6 +15,8 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 # A pod carries one `serving.voxfleet.io/<voice>: "true"` label per voice loaded on it; the
 # voice's Service selects on it, so traffic reaches only pods that really hold the voice.
 SERVING_PREFIX = "serving.voxfleet.io/"
+# The TTSVoice scale subresource's selector: a label no pod carries (placement.scale_selector).
+SCALED_VOICE_LABEL = "voxfleet.io/scaled-voice"
 REPOSITORY_KEY_SECRET = "voxfleet-repository-key"
 REPOSITORY_KEY_SECRET_KEY = "repository-key"
 # The header Triton checks on repository (load/unload) calls; HTTP sends it as is, gRPC as
@@ -99,6 +101,11 @@ MAX_VOICE_NAME = DNS_LABEL_MAX - max(
 
 def endpoint(voice: str, namespace: str) -> str:
     return f"{voice_service_name(voice)}.{namespace}.svc:{GRPC_PORT}"
+
+
+def pods_endpoint(voice: str, namespace: str) -> str:
+    """The voice's headless Service, which resolves to each ready pod serving it."""
+    return f"{voice_pods_service_name(voice)}.{namespace}.svc:{GRPC_PORT}"
 
 
 def pool_selector(pool: str) -> dict[str, str]:

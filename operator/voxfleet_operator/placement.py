@@ -23,7 +23,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from voxfleet_operator.names import SERVING_PREFIX, pool_selector, serving_label
+from voxfleet_operator.names import (
+    SCALED_VOICE_LABEL,
+    SERVING_PREFIX,
+    pool_selector,
+    serving_label,
+)
 
 # A voice's footprint before any pod has reported one of its pool's (MiB): above the
 # measured torch-cuda voice (43 MiB on the H200) and onnxruntime voice (about 80 MiB of RSS).
@@ -185,11 +190,22 @@ def place_voice(
 
 
 def voice_selector(voice: str, pool: str) -> str:
-    """The label selector of the pods serving `voice` (its scale subresource's selector)."""
+    """The label selector of the pods serving `voice`."""
     labels = {**pool_selector(pool), serving_label(voice): "true"}
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
+def scale_selector(voice: str) -> str:
+    """The scale subresource's selector: a label no pod carries. The HPA controller lets only
+    one HPA select a pod, and the pool's HPA selects all of them (render/voice_scaling.py)."""
+    return f"{SCALED_VOICE_LABEL}={voice}"
+
+
 def scale_status(voice: str, pool: str, serving: int) -> dict[str, Any]:
-    """The status fields behind the TTSVoice scale subresource."""
-    return {"replicas": serving, "selector": voice_selector(voice, pool)}
+    """The status fields behind the TTSVoice scale subresource, and the serving pods'
+    selector for people."""
+    return {
+        "replicas": serving,
+        "selector": scale_selector(voice),
+        "podSelector": voice_selector(voice, pool),
+    }

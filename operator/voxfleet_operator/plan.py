@@ -31,7 +31,7 @@ class PoolPlan:
     min_replicas: int
     max_replicas: int
     target_first_audio_ms: int
-    target_queue_ms: int
+    target_load_percent: int
 
 
 def plan_pool(
@@ -52,7 +52,7 @@ def plan_pool(
         min_replicas=min_replicas,
         max_replicas=max_replicas,
         target_first_audio_ms=min(s.target_first_audio_p95_ms for s in scaling),
-        target_queue_ms=min(s.target_queue_ms for s in scaling),
+        target_load_percent=min(s.target_load_percent for s in scaling),
     )
 
 

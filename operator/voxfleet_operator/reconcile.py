@@ -12,7 +12,7 @@ from typing import Any
 
 from voxfleet_operator.children import ensure, with_owners
 from voxfleet_operator.engine_builds import sync_engine
-from voxfleet_operator.names import MANAGED_BY, endpoint, pool_deployment_name
+from voxfleet_operator.names import MANAGED_BY, endpoint, pods_endpoint, pool_deployment_name
 from voxfleet_operator.placement import scale_status
 from voxfleet_operator.pods import sync_pods
 from voxfleet_operator.render import render_voice
@@ -215,6 +215,8 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
         ready_pods=serving,
     )
     status.update(scale_status(name, pool.name, serving))
+    status["podsEndpoint"] = pods_endpoint(name, namespace)
+    status.update(await rt.voice_status_metrics(namespace, name))
     await write_status(rt, body, status)
     return status
 

@@ -15,6 +15,7 @@ import aiohttp
 from voxfleet_operator.cache import ObjectCache
 from voxfleet_operator.config import OperatorConfig
 from voxfleet_operator.kube import PLURALS, KubeClient
+from voxfleet_operator.metrics import VoiceMetricsReader, empty_status
 from voxfleet_operator.names import (
     HEALTH_PORT,
     MEMORY_PATH,
@@ -78,6 +79,19 @@ class Runtime:
     pending_memory: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     # (namespace, pool) -> the pods its voices need by memory (the pool HPA's floor)
     memory_pods: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Per-voice figures from Prometheus for the status (None: no URL configured).
+    voice_metrics: VoiceMetricsReader | None = None
+
+    def __post_init__(self) -> None:
+        if self.voice_metrics is None and self.config.prometheus_url:
+            self.voice_metrics = VoiceMetricsReader(self.config.prometheus_url)
+
+    async def voice_status_metrics(self, namespace: str, voice: str) -> dict[str, Any]:
+        """The voice's live streams, first-audio p95 and refusals for its status; every field
+        None (removed) without a Prometheus URL."""
+        if self.voice_metrics is None:
+            return empty_status()
+        return await self.voice_metrics.voice_status(namespace, voice)
 
     def lock(self, namespace: str) -> asyncio.Lock:
         return self.locks.setdefault(namespace, asyncio.Lock())

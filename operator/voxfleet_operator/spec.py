@@ -239,17 +239,29 @@ class Autoscaling(_Model):
         le=60000,
         description="Time to first audio the pool is scaled to keep, in milliseconds.",
     )
+    target_load_percent: int = Field(
+        default=70,
+        ge=10,
+        le=100,
+        description="Load a pod is scaled to keep, in percent of the real-time streams it "
+        "holds by its own measurement (voxfleet_load_ratio: its live streams over that "
+        "capacity; a busy pod refuses new streams at 100). The pool's HPA keeps its pods' mean "
+        "load there; a per-voice HPA the voice's own streams, in pods.",
+    )
     target_queue_ms: int = Field(
         default=50,
         ge=1,
         le=60000,
-        description="Time a ready window may wait for the vocoder, in milliseconds.",
+        description="Deprecated and ignored since chart 0.4.0 (no HPA scales on the time "
+        "windows wait for the vocoder: it holds slack the planner keeps on purpose, and is "
+        "high on an idle pod); accepted so that existing manifests still apply.",
     )
     per_voice: bool = Field(
         default=False,
         description="Scale this voice on its own: the operator renders a HorizontalPodAutoscaler "
         "on the voice's scale subresource (spec.replicas, pool pods the voice is loaded on) "
-        "that follows the voice's own first-audio p95 and queue time; needs spec.replicas.",
+        "that follows the voice's own streams over its pods' capacity "
+        "(targetLoadPercent); needs spec.replicas.",
     )
 
     @model_validator(mode="after")
@@ -396,8 +408,35 @@ class TTSVoiceStatus(_Model):
     )
     selector: str | None = Field(
         default=None,
-        description="Label selector of the pods serving the voice (the scale subresource's "
-        "selector, which an HPA reads).",
+        description="The scale subresource's selector: one that selects no pod "
+        "(`voxfleet.io/scaled-voice=<voice>`), because Kubernetes' HPA controller refuses "
+        "HPAs whose pods overlap and the pool's HPA already selects every pod of the pool; "
+        "the voice's HPA scales on a metric of the TTSVoice itself, which needs no pod list.",
+    )
+    pod_selector: str | None = Field(
+        default=None,
+        description="Label selector of the pods serving the voice (`kubectl get pods -l ...`).",
+    )
+    pods_endpoint: str | None = Field(
+        default=None,
+        description="The voice's headless Service (host:port): it resolves to each ready pod "
+        "serving the voice, for clients that pick a pod per stream (engines.client.TtsClient, "
+        "gRPC's round_robin).",
+    )
+    live_streams: int | None = Field(
+        default=None,
+        description="Streams in progress on the voice's pods (from Prometheus, when the "
+        "operator is given its URL).",
+    )
+    first_audio_p95_ms: int | None = Field(
+        default=None,
+        description="95th percentile of the time to first audio over the last 5 minutes, in "
+        "milliseconds, as the pods measure it (from Prometheus).",
+    )
+    refused_streams: int | None = Field(
+        default=None,
+        description="Streams the voice's pods refused (RESOURCE_EXHAUSTED: full) over the "
+        "last 5 minutes (from Prometheus).",
     )
     observed_generation: int | None = Field(
         default=None, description="The spec generation the status describes."

@@ -111,11 +111,14 @@ shape voxfleet_operator.pools.PoolsConfig reads.
 {{- end }}
 
 {{/*
-Latency rules for prometheus-adapter, each per pod (the pool HPAs) and per TTSVoice (keyed by
-the stream model's `model` label; the per-voice HPAs):
-- voxfleet_queue_seconds and voxfleet_voice_queue_seconds: the mean time audio windows waited
-  for the vocoder over the rate window, rate(sum) / rate(count), over the voices a pod serves or
-  the pods a voice is on.
+Rules for prometheus-adapter, each per pod (the pool HPAs) and per TTSVoice (keyed by the
+stream model's `model` label; the per-voice HPAs):
+- voxfleet_load_ratio (per pod): the pod's live streams over the real-time streams it holds by
+  its own measurement, averaged over the window (the largest of its architectures'). It rises
+  with overload (a busy pod at 1 refuses new streams) and falls with idleness.
+- voxfleet_voice_load_pods (per TTSVoice): the voice's live streams on each pod over that pod's
+  capacity, summed over its pods: how many pods' worth of streams the voice has. Pods that have
+  not measured their capacity yet (never busy) count nothing.
 - voxfleet_first_audio_p95_seconds and voxfleet_voice_first_audio_p95_seconds: the 95th
   percentile of time to first audio from the stream model's histogram.
 An idle pod or voice reports 0 rather than NaN (0/0, or a quantile of empty buckets), so the HPA
@@ -124,18 +127,26 @@ can scale it down instead of treating silence as missing data.
 {{- define "voxfleet.adapterRules" -}}
 {{- $window := .Values.prometheusAdapter.rules.rateWindow }}
 {{- $keys := list (dict "key" "pod" "prefix" "voxfleet_") (dict "key" "model" "prefix" "voxfleet_voice_") }}
-{{- range $rule := $keys }}
-- seriesQuery: 'voxfleet_queue_seconds_count{namespace!="",{{ $rule.key }}!=""}'
+- seriesQuery: 'voxfleet_load_ratio{namespace!="",pod!=""}'
   resources:
     overrides:
-      {{- include "voxfleet.adapterOverrides" $rule | nindent 6 }}
+      {{- include "voxfleet.adapterOverrides" (dict "key" "pod") | nindent 6 }}
   name:
-    matches: ^voxfleet_queue_seconds_count$
-    as: {{ $rule.prefix }}queue_seconds
+    matches: ^voxfleet_load_ratio$
+    as: voxfleet_load_ratio
   metricsQuery: >-
-    sum by (<<.GroupBy>>) (rate(voxfleet_queue_seconds_sum{<<.LabelMatchers>>}[{{ $window }}]))
-    / clamp_min(sum by (<<.GroupBy>>) (rate(voxfleet_queue_seconds_count{<<.LabelMatchers>>}[{{ $window }}])), 1e-9)
-{{- end }}
+    max by (<<.GroupBy>>) (avg_over_time(<<.Series>>{<<.LabelMatchers>>}[{{ $window }}]))
+- seriesQuery: 'voxfleet_live_streams{namespace!="",model!=""}'
+  resources:
+    overrides:
+      {{- include "voxfleet.adapterOverrides" (dict "key" "model") | nindent 6 }}
+  name:
+    matches: ^voxfleet_live_streams$
+    as: voxfleet_voice_load_pods
+  metricsQuery: >-
+    (sum by (<<.GroupBy>>) (avg_over_time(voxfleet_live_streams{<<.LabelMatchers>>}[{{ $window }}])
+    / (avg_over_time(voxfleet_capacity_streams{<<.LabelMatchers>>}[{{ $window }}]) > 0)))
+    or on (<<.GroupBy>>) (0 * sum by (<<.GroupBy>>) (voxfleet_live_streams{<<.LabelMatchers>>}))
 {{- range $rule := $keys }}
 - seriesQuery: 'voxfleet_first_audio_seconds_bucket{namespace!="",{{ $rule.key }}!=""}'
   resources:

@@ -42,12 +42,13 @@ TRITON_EXIT_TIMEOUT_SECONDS = 30
 PRESTOP_SECONDS = 5
 TERMINATION_GRACE_SECONDS = PRESTOP_SECONDS + TRITON_EXIT_TIMEOUT_SECONDS + 15
 # Adapter metrics the HPAs scale on (the chart's voxfleet.adapterRules; docs/autoscaling.md):
-# per pod, the first-audio p95 from the stream model's histogram and the mean queue time; per
-# TTSVoice (the stream model's `model` label), the voice's own first-audio p95 and queue time.
+# per pod, its load (live streams over the real-time streams it holds by its own measurement)
+# and the first-audio p95 from the stream model's histogram; per TTSVoice (the stream model's
+# `model` label), the voice's streams over its pods' capacities, in pods, and its p95.
+LOAD_METRIC = "voxfleet_load_ratio"
 FIRST_AUDIO_METRIC = "voxfleet_first_audio_p95_seconds"
-QUEUE_METRIC = "voxfleet_queue_seconds"
+VOICE_LOAD_METRIC = "voxfleet_voice_load_pods"
 VOICE_FIRST_AUDIO_METRIC = "voxfleet_voice_first_audio_p95_seconds"
-VOICE_QUEUE_METRIC = "voxfleet_voice_queue_seconds"
 KEY_ENV = "VOXFLEET_REPOSITORY_KEY"
 TRITON_COMMAND = ["voxfleet", "triton"]
 
@@ -204,23 +205,35 @@ def build_pool_metrics_service(pool: Pool, namespace: str) -> dict[str, Any]:
     }
 
 
-def _seconds_quantity(milliseconds: int) -> str:
-    return f"{milliseconds}m"
+def milli_quantity(thousandths: int) -> str:
+    """A Kubernetes quantity in thousandths: 800 ms as `800m` seconds, 70 % as `700m`."""
+    return f"{thousandths}m"
+
+
+def load_target(percent: int) -> str:
+    """A load target in percent as the quantity of a ratio (70 → `700m`)."""
+    return milli_quantity(percent * 10)
 
 
 def build_pool_hpa(plan: PoolPlan) -> dict[str, Any]:
-    """The pool's HPA: the first-audio p95 and queue time of its pods, and never fewer pods
-    than its most-replicated voice is scaled to (`kubectl scale ttsv` or a per-voice HPA)."""
+    """The pool's HPA: its pods' load and first-audio p95, and never fewer pods than its
+    most-replicated voice is scaled to (`kubectl scale ttsv` or a per-voice HPA).
+
+    The load (`voxfleet_load_ratio`) rises with overload and falls with idleness: a pod's live
+    streams over the real-time streams it measured it holds, capped near 1 because a full pod
+    refuses new streams. Its mean over the pods against `targetLoadPercent` proposes
+    ceil(sum of the pods' loads / target) pods, so an idle pool scales in and a full one out.
+    The p95 guards the first-audio SLO should a pod's measure be too hopeful."""
     name = pool_deployment_name(plan.pool.name)
     voice_pods = max((v.spec.replicas or 0 for v in plan.voices), default=0)
     min_replicas = min(max(plan.min_replicas, voice_pods), plan.max_replicas)
 
-    def pods_metric(metric: str, milliseconds: int) -> dict[str, Any]:
+    def pods_metric(metric: str, target: str) -> dict[str, Any]:
         return {
             "type": "Pods",
             "pods": {
                 "metric": {"name": metric},
-                "target": {"type": "AverageValue", "averageValue": _seconds_quantity(milliseconds)},
+                "target": {"type": "AverageValue", "averageValue": target},
             },
         }
 
@@ -233,14 +246,15 @@ def build_pool_hpa(plan: PoolPlan) -> dict[str, Any]:
             "minReplicas": min_replicas,
             "maxReplicas": plan.max_replicas,
             "metrics": [
-                pods_metric(FIRST_AUDIO_METRIC, plan.target_first_audio_ms),
-                pods_metric(QUEUE_METRIC, plan.target_queue_ms),
+                pods_metric(LOAD_METRIC, load_target(plan.target_load_percent)),
+                pods_metric(FIRST_AUDIO_METRIC, milli_quantity(plan.target_first_audio_ms)),
             ],
-            # Scale up on a p95 that stayed high for one 15 s sync, at most 2 pods a minute; a
-            # new GPU pod takes a while to load its voices, so do not flap pods away.
+            # Scale up as soon as the (window-averaged) load says so, at most 2 pods a minute;
+            # scale in after five quiet minutes, 1 pod every 2 minutes: a new GPU pod takes a
+            # while to load its voices, so do not flap pods away.
             "behavior": {
                 "scaleUp": {
-                    "stabilizationWindowSeconds": 15,
+                    "stabilizationWindowSeconds": 0,
                     "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}],
                 },
                 "scaleDown": {

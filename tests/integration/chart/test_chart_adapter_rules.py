@@ -1,7 +1,8 @@
 """The prometheus-adapter rules, evaluated by the real Prometheus engine (promtool) on series
-shaped like the stream model's metrics: the mean queue time over the rate window per pod
-(across the voices the pod serves) and per voice (across its pods); the first-audio p95 from
-the histogram per pod and per voice (`model` label); and 0 (not NaN) for an idle pod or voice."""
+shaped like the stream model's metrics: a pod's load over the window (the same for every voice
+it serves, so not added up), a voice's streams in pods (its live streams on each pod over that
+pod's capacity, summed); the first-audio p95 from the histogram per pod and per voice (`model`
+label); and 0 (not NaN) for an idle pod or voice."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import yaml
 from chart_support import ROOT, by_kind, helm_template, run, tool
 
 # Adapter template variables, expanded as prometheus-adapter does for a request like
-# GET .../namespaces/speech/pods/*/voxfleet_queue_seconds.
+# GET .../namespaces/speech/pods/*/voxfleet_load_ratio.
 LABEL_MATCHERS = 'namespace="speech",pod=~"triton-a|triton-b|triton-idle"'
 GROUP_BY = "pod"
 
@@ -55,51 +56,73 @@ def promtool_test(
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def queue_rule(name: str) -> dict[str, Any]:
+def gauge(metric: str, pod: str, model: str, value: float, namespace: str = "speech") -> dict:
+    labels = f'namespace="{namespace}",pod="{pod}",model="{model}"'
+    return {"series": f"{metric}{{{labels}}}", "values": f"{value}+0x40"}
+
+
+def rule_named(name: str) -> dict[str, Any]:
     (rule,) = [r for r in adapter_rules() if r["name"]["as"] == name]
-    # The series the rule discovers by are the `_count` counters of the contract.
-    assert rule["seriesQuery"].startswith(f"{QUEUE}_count{{")
     return rule
 
 
-QUEUE = "voxfleet_queue_seconds"
+LOAD_INPUTS = [
+    # triton-a serves joe: 4 live streams of the 8 it holds.
+    gauge("voxfleet_load_ratio", "triton-a", "joe", 0.5),
+    gauge("voxfleet_live_streams", "triton-a", "joe", 4),
+    gauge("voxfleet_capacity_streams", "triton-a", "joe", 8),
+    # triton-b serves joe and amy, 3 streams each, and holds 6: full. Each voice's series
+    # carries the pod's load, which must not be added up.
+    gauge("voxfleet_load_ratio", "triton-b", "joe", 1.0),
+    gauge("voxfleet_load_ratio", "triton-b", "amy", 1.0),
+    gauge("voxfleet_live_streams", "triton-b", "joe", 3),
+    gauge("voxfleet_capacity_streams", "triton-b", "joe", 6),
+    gauge("voxfleet_live_streams", "triton-b", "amy", 3),
+    gauge("voxfleet_capacity_streams", "triton-b", "amy", 6),
+    # triton-idle has never been busy: no capacity measured, no load.
+    gauge("voxfleet_load_ratio", "triton-idle", "silent", 0),
+    gauge("voxfleet_live_streams", "triton-idle", "silent", 0),
+    gauge("voxfleet_capacity_streams", "triton-idle", "silent", 0),
+    # Another namespace's pod with the same name is not mixed in.
+    gauge("voxfleet_load_ratio", "triton-a", "joe", 9, namespace="other"),
+    gauge("voxfleet_live_streams", "triton-a", "joe", 90, namespace="other"),
+    gauge("voxfleet_capacity_streams", "triton-a", "joe", 1, namespace="other"),
+]
 
 
-def queue_inputs() -> list[dict[str, str]]:
-    metric = QUEUE
-    return [
-        # triton-a serves joe: 10 windows per 15 s step, 0.3 s of waiting in all: 30 ms each.
-        series(f"{metric}_sum", "triton-a", "joe", 0.3),
-        series(f"{metric}_count", "triton-a", "joe", 10),
-        # triton-b serves two voices: (0.2 + 0.6) s over (4 + 4) windows: 100 ms each.
-        series(f"{metric}_sum", "triton-b", "joe", 0.2),
-        series(f"{metric}_count", "triton-b", "joe", 4),
-        series(f"{metric}_sum", "triton-b", "amy", 0.6),
-        series(f"{metric}_count", "triton-b", "amy", 4),
-        # No traffic at all: 0, so that the HPA can scale an idle pool down.
-        series(f"{metric}_sum", "triton-idle", "joe", 0),
-        series(f"{metric}_count", "triton-idle", "joe", 0),
-        # Another namespace's pod with the same name is not mixed in.
-        series(f"{metric}_sum", "triton-a", "joe", 99, namespace="other"),
-        series(f"{metric}_count", "triton-a", "joe", 1, namespace="other"),
-    ]
-
-
-def test_queue_rule_gives_the_per_pod_mean(tmp_path: Path) -> None:
-    rule = queue_rule("voxfleet_queue_seconds")
+def test_load_rule_gives_each_pods_load(tmp_path: Path) -> None:
+    rule = rule_named("voxfleet_load_ratio")
+    assert rule["seriesQuery"].startswith("voxfleet_load_ratio{")
     assert rule["resources"]["overrides"] == {
         "namespace": {"resource": "namespace"},
         "pod": {"resource": "pod"},
     }
-    # In microseconds, rounded: float rates are not exact in the last bit.
+    query = expand(rule["metricsQuery"]).replace("<<.Series>>", "voxfleet_load_ratio")
     promtool_test(
         tmp_path,
-        queue_inputs(),
-        f"round(1e6 * ({expand(rule['metricsQuery'])}))",
+        LOAD_INPUTS,
+        f"round(1000 * ({query}))",
         [
-            {"labels": '{pod="triton-a"}', "value": 30000},
-            {"labels": '{pod="triton-b"}', "value": 100000},
+            {"labels": '{pod="triton-a"}', "value": 500},
+            {"labels": '{pod="triton-b"}', "value": 1000},
             {"labels": '{pod="triton-idle"}', "value": 0},
+        ],
+    )
+
+
+def test_voice_load_rule_gives_each_voices_streams_in_pods(tmp_path: Path) -> None:
+    rule = rule_named("voxfleet_voice_load_pods")
+    assert rule["seriesQuery"].startswith("voxfleet_live_streams{")
+    promtool_test(
+        tmp_path,
+        LOAD_INPUTS,
+        f"round(1000 * ({voice_query(rule)}))",
+        [
+            # joe: 4 of 8 on triton-a and 3 of 6 on triton-b: one pod's worth.
+            {"labels": '{model="joe"}', "value": 1000},
+            {"labels": '{model="amy"}', "value": 500},
+            # On a pod that never measured its capacity: 0, not missing.
+            {"labels": '{model="silent"}', "value": 0},
         ],
     )
 
@@ -116,21 +139,6 @@ def voice_query(rule: dict[str, Any]) -> str:
         .replace("<<.Series>>", rule["seriesQuery"].split("{", 1)[0])
         .replace("<<.LabelMatchers>>", 'namespace="speech",model=~"joe|amy|silent"')
         .replace("<<.GroupBy>>", "model")
-    )
-
-
-def test_voice_queue_rule_gives_each_voices_mean_over_its_pods(tmp_path: Path) -> None:
-    query = voice_query(queue_rule("voxfleet_voice_queue_seconds"))
-    promtool_test(
-        tmp_path,
-        queue_inputs(),
-        f"round(1e6 * ({query}))",
-        [
-            # joe: (0.3 + 0.2 + 0) s over (10 + 4 + 0) windows on its three pods: 35.7 ms.
-            {"labels": '{model="joe"}', "value": 35714},
-            # amy: 0.6 s over 4 windows, on triton-b only.
-            {"labels": '{model="amy"}', "value": 150000},
-        ],
     )
 
 
@@ -208,7 +216,7 @@ def test_voice_rule_gives_each_voices_p95_over_its_pods(tmp_path: Path) -> None:
 
 def test_rate_window_is_configurable() -> None:
     for rule in adapter_rules("--set", "prometheusAdapter.rules.rateWindow=3m"):
-        assert rule["metricsQuery"].count("[3m]") == 2
+        assert "[3m]" in rule["metricsQuery"]
         assert "[1m]" not in rule["metricsQuery"]
 
 
@@ -218,15 +226,15 @@ def test_rules_read_the_counters_the_stream_model_exports() -> None:
 
     exported = {
         names.LIVE_STREAMS,
+        names.LOAD_RATIO,
+        names.CAPACITY_STREAMS,
         names.UNDERRUN_RISK_STREAMS,
         names.STREAMS_TOTAL,
         names.VOCODER_BATCHES_TOTAL,
         *(f"{names.FIRST_AUDIO_SECONDS}{part}" for part in ("_bucket", "_sum", "_count")),
         *(f"{names.QUEUE_SECONDS}{part}" for part in ("_sum", "_count")),
     }
-    model = "".join(
-        path.read_text() for path in (ROOT / "engines" / "triton_model").glob("*.py")
-    )
+    model = "".join(path.read_text() for path in (ROOT / "engines" / "triton_model").glob("*.py"))
     assert "names.FIRST_AUDIO_SECONDS" in model and "HISTOGRAM" in model
     for rule in adapter_rules():
         used = set(re.findall(r"voxfleet_[a-z_]+", rule["seriesQuery"] + rule["metricsQuery"]))

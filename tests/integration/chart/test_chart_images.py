@@ -21,6 +21,7 @@ PROVIDERS = {
     "google": "tritonclient[grpc]",  # protobuf, a dependency of tritonclient[grpc]
     "numpy": "numpy",
     "prometheus_api_client": "prometheus-api-client",
+    "urllib3": "prometheus-api-client",  # its retries; a dependency of its `requests`
 }
 OWN_PACKAGES = {"voxfleet_operator", "engines"}
 

@@ -96,7 +96,17 @@ def test_crd_names_and_columns_match_the_api_contract() -> None:
         },
     }
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Pool", "Endpoint", "Ready", "Age"]
+    assert columns == [
+        "Phase",
+        "Pool",
+        "Endpoint",
+        "Ready",
+        "Pods",
+        "Streams",
+        "P95-ms",
+        "Refused-5m",
+        "Age",
+    ]
 
 
 def test_crd_and_namespaced_install_are_valid_for_kubernetes_1_30_to_1_35() -> None:

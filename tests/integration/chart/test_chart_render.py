@@ -98,6 +98,12 @@ def test_operator_configuration_reaches_the_operator_as_files_and_env() -> None:
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["VOXFLEET_WATCH_NAMESPACES"] == "speech,speech-staging"
     assert env["VOXFLEET_ENGINE_CACHE_PVC"] == "voxfleet-engine-cache"
+    assert "VOXFLEET_PROMETHEUS_URL" not in env  # no URL: the status columns stay empty
+    with_url = helm_template("helm", "--set", "prometheus.url=http://prometheus.monitoring:9090")
+    operator = one(with_url, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "VOXFLEET_PROMETHEUS_URL", "value": "http://prometheus.monitoring:9090"} in (
+        operator["env"]
+    )
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     # The pools file path is the mounted ConfigMap's key.

@@ -29,7 +29,7 @@ BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
     ("unknown-top-level-value", {"replicaCount": 2}, ["replicaCount"]),
     ("interval-not-duration", {"serviceMonitor": {"interval": "fast"}}, ["interval"]),
     ("access-mode-unknown", {"engineCache": {"accessModes": ["ReadWriteAll"]}}, ["accessModes"]),
-    ("prometheus-url-is-gone", {"prometheus": {"url": "http://prometheus:9090"}}, ["prometheus"]),
+    ("prometheus-url-not-http", {"prometheus": {"url": "prometheus:9090"}}, ["url"]),
     ("health-port-privileged", {"operator": {"image": {"repository": "x"}, "healthPort": 80}},
      ["healthPort"]),
     # Cross-field rules the template enforces (JSON Schema draft-07 cannot).

@@ -12,7 +12,7 @@ import socket
 from typing import Any
 
 import pytest
-from operator_harness import REAL_CLUSTER, Api, eventually
+from operator_harness import NAMESPACE, REAL_CLUSTER, Api, eventually
 from test_operator import VOICES, condition, finish_job, jobs_of, pool_pod, status_of, voice
 
 pytestmark = [
@@ -67,9 +67,13 @@ async def test_replicas_place_the_voice_on_that_many_pods(api: Api, operator: No
     status = await eventually(load_refused, timeout=10)
     message = condition(status, "Available")["message"]
     assert "pod-c" not in message  # one replica: the pod that already had joe keeps it
-    assert status["selector"] == (
+    # The scale subresource's selector selects no pod (the pool's HPA selects them all); the
+    # serving pods' own selector is beside it.
+    assert status["selector"] == "voxfleet.io/scaled-voice=joe"
+    assert status["podSelector"] == (
         "app.kubernetes.io/name=voxfleet-triton,serving.voxfleet.io/joe=true,voxfleet.io/pool=t4"
     )
+    assert status["podsEndpoint"] == f"joe-tts-pods.{NAMESPACE}.svc:8001"
     assert status["replicas"] == 0  # nothing could really load
 
     # `kubectl scale ttsv joe --replicas=2`: the least-loaded other pod is added, not pod-a.

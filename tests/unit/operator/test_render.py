@@ -240,7 +240,7 @@ def test_hpa_follows_the_strictest_voice_within_the_pool_limit() -> None:
                 "minReplicas": 2,
                 "maxReplicas": 3,
                 "targetFirstAudioP95Ms": 400,
-                "targetQueueMs": 80,
+                "targetLoadPercent": 80,
             },
         ),
         make_voice(
@@ -249,7 +249,7 @@ def test_hpa_follows_the_strictest_voice_within_the_pool_limit() -> None:
                 "minReplicas": 1,
                 "maxReplicas": 10,
                 "targetFirstAudioP95Ms": 250,
-                "targetQueueMs": 30,
+                "targetLoadPercent": 65,
             },
         ),
     ]
@@ -260,7 +260,7 @@ def test_hpa_follows_the_strictest_voice_within_the_pool_limit() -> None:
     metrics = {m["pods"]["metric"]["name"]: m["pods"]["target"] for m in hpa["spec"]["metrics"]}
     assert metrics == {
         "voxfleet_first_audio_p95_seconds": {"type": "AverageValue", "averageValue": "250m"},
-        "voxfleet_queue_seconds": {"type": "AverageValue", "averageValue": "30m"},
+        "voxfleet_load_ratio": {"type": "AverageValue", "averageValue": "650m"},
     }
 
 

@@ -120,7 +120,17 @@ def test_crd_identity_printer_columns_and_status() -> None:
         },
     }
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Pool", "Endpoint", "Ready", "Age"]
+    assert columns == [
+        "Phase",
+        "Pool",
+        "Endpoint",
+        "Ready",
+        "Pods",
+        "Streams",
+        "P95-ms",
+        "Refused-5m",
+        "Age",
+    ]
     # The CRD itself is a valid object for the API server's own schema.
     kubernetes_validate.validate(crd, "1.30", strict=True)
 
