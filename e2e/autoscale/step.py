@@ -2,25 +2,32 @@
 
     python -m autoscale.step [--sync-period 5] [--scrape-interval 5s] [--rate-window 30s] ...
 
-One installation (e2e/installation.py: the real control plane, the node agent's nodes with
-each pool pod on its own CPU, the chart installed with helm, the operator running) and,
-beside it, the real Prometheus (Debian's) scraping what the ServiceMonitors select, and the
-real prometheus-adapter serving the chart's rules as `custom.metrics.k8s.io` (adapter.py);
+One installation per scenario (e2e/installation.py: the real control plane, the node agent's
+nodes with each pool pod on its own CPU, the chart installed with helm, the operator running)
+and, beside it, the real Prometheus (Debian's) scraping what the ServiceMonitors select, and
+the real prometheus-adapter serving the chart's rules as `custom.metrics.k8s.io` (adapter.py);
 the HPA controller is kube-controller-manager's own, with its sync period set by
-`--sync-period` (5 s by default, shortened from Kubernetes' 15 s). controllers.py only
-watches what it does. Two scenarios:
+`--sync-period` (5 s by default, shortened from Kubernetes' 15 s). controllers.py only watches
+what it does. Listeners are load.py's: balanced clients over the voice's pods, either one
+client per listener or one for all (`load.LAYOUTS`).
 
-- pool: voice `joe` on the CPU pool. Steady load at half of one pod's capacity, a step to 1.5x,
-  held, then back to half until the pool has scaled in again. Reported: time from the step to
-  a second pod serving joe, first-audio p95 during the step, streams cut while a pod left,
-  the scale events and a timeline.
-- per-voice: `joe` and `joe-fast` on one pool, both `autoscaling.perVoice`, only joe loaded:
-  joe's own HPA scales joe to 2 pods, joe-fast stays on 1.
+The load follows from what the pod measures it holds, not from a constant: each scenario
+first runs `--measure-streams` listeners on the one pod (its voice capped at one pod) and reads
+the pod's own `voxfleet_capacity_streams` (C); the steady load is then C/2 and the step 1.5 C.
+Scenarios:
+
+- pool (one client per listener) and pool_shared (one client for all): voice `joe` on the CPU
+  pool. Steady load, a step, held, then steady again until the pool has scaled in and a
+  minute more. Reported: time from the step to a second pod serving joe, first-audio p95 of
+  the admitted streams sent during the step, admitted streams with underruns, streams every
+  pod refused (apart), streams per pod after the scale-up, streams cut while a pod left, the
+  scale events and a timeline.
+- per_voice: `joe` and `joe-fast` on one pool, both `autoscaling.perVoice`, only joe loaded:
+  joe's own HPA scales joe to 2 pods because of the step, joe-fast stays on 1.
 
 Writes results/autoscaling.json, docs/img/autoscaling.png and the measured block of
-docs/autoscaling.md, which explains them.
-`--calibrate` measures one pod's first audio and underruns at 1..4 streams (`--calibrate-levels`)
-instead.
+docs/autoscaling.md, which explains them. `--calibrate` instead runs levels of listeners on
+one pod (`--calibrate-levels`) and reports what clients saw beside what the pod measured.
 """
 
 from __future__ import annotations
@@ -34,23 +41,29 @@ import math
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import psutil
 from e2e_support import NAMESPACE, POOL, ROOT, Kubectl, eventually
 
 from autoscale.adapter import MetricsAdapter, adapter_config_from_chart
 from autoscale.controllers import AutoscalingWatch, ScaleEvent
-from autoscale.load import Phase, TimedRecord, open_stream_through, run_phases
+from autoscale.load import Clients, Phase, Pods, TimedRecord, run_phases
 from autoscale.prometheus import PrometheusServer
 from autoscale.report import SAMPLE_SECONDS, write
+from engines import names
+from engines.balancing import ResolvedEndpoints
+from engines.bench.systems import BalancedTritonSystem
 from engines.bench.timeline import analyse_stream
 from engines.corpus import cycle_sentences, load_corpus, sentence_order
 
@@ -60,17 +73,24 @@ Installation = Any
 POOL_DEPLOYMENT = f"voxfleet-triton-{POOL}"
 POOL_PODS = f"app.kubernetes.io/name=voxfleet-triton,voxfleet.io/pool={POOL}"
 JOE_PATH = "joe/en_US-joe-medium.onnx"
+GRPC_PORT, METRICS_PORT = 8001, 8002
+# How often a client looks the voice's headless Service up again (engines.client's default).
+RESOLVE_TTL_S = 2.0
+SCENARIOS = ("pool", "pool_shared", "per_voice")
+LAYOUT = {"pool": "per-listener", "pool_shared": "shared", "per_voice": "per-listener"}
 
 
 @dataclass(frozen=True)
 class Targets:
-    """The latency targets of the scenarios' voices (--slo-ms, --queue-target-ms)."""
+    """The scenarios' voices' targets (--slo-ms, --load-target-percent)."""
 
     first_audio_p95_ms: int
-    queue_ms: int
+    load_percent: int
 
 
-def voice_manifest(name: str, targets: Targets, **spec: Any) -> dict[str, Any]:
+def voice_manifest(
+    name: str, targets: Targets, max_replicas: int = 2, **spec: Any
+) -> dict[str, Any]:
     return {
         "apiVersion": "voxfleet.io/v1alpha1",
         "kind": "TTSVoice",
@@ -81,9 +101,9 @@ def voice_manifest(name: str, targets: Targets, **spec: Any) -> dict[str, Any]:
             **spec,
             "autoscaling": {
                 "minReplicas": 1,
-                "maxReplicas": 2,
+                "maxReplicas": max_replicas,
                 "targetFirstAudioP95Ms": targets.first_audio_p95_ms,
-                "targetQueueMs": targets.queue_ms,
+                "targetLoadPercent": targets.load_percent,
                 **spec.get("autoscaling", {}),
             },
         },
@@ -118,16 +138,87 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[index]
 
 
+def ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(1000 * seconds, 1)
+
+
+def pod_metrics(address: str) -> dict[str, float]:
+    """A pool pod's own view of its load, from its Triton metrics port: the real-time streams
+    it holds by its own measurement, its load ratio (the largest of its voices' series, which
+    all carry the pod's), and its live and refused streams (summed over its voices)."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=3) as response:
+        text = response.read().decode()
+    found = {"capacity": 0.0, "load": 0.0, "live": 0.0, "refused": 0.0}
+    largest = {names.CAPACITY_STREAMS: "capacity", names.LOAD_RATIO: "load"}
+    summed = {names.LIVE_STREAMS: "live", names.REFUSED_STREAMS_TOTAL: "refused"}
+    for line in text.splitlines():
+        metric = line.split("{", 1)[0]
+        if metric in largest or metric in summed:
+            value = float(line.rsplit(" ", 1)[1])
+            if metric in largest:
+                found[largest[metric]] = max(found[largest[metric]], value)
+            else:
+                found[summed[metric]] += value
+    return found
+
+
+class CpuMeter:
+    """Where the machine's CPU goes between two calls, in cores: every pool pod's processes,
+    this process (the listeners, the sampler), and the rest of the machine (the control plane,
+    Prometheus, the adapter, the operator, kubectl calls, anything else running)."""
+
+    def __init__(self, installation: Installation) -> None:
+        self.cluster = installation.cluster
+        self._last: tuple[float, float, float, dict[int, float]] | None = None
+
+    @staticmethod
+    def _cpu(pid: int) -> float:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except (psutil.Error, OSError):
+            return 0.0
+        return float(times.user + times.system)
+
+    def sample(self, pods: Sequence[str]) -> dict[str, Any]:
+        now = time.monotonic()
+        machine = psutil.cpu_times()
+        busy = float(sum(machine) - machine.idle - getattr(machine, "iowait", 0.0))
+        own = psutil.Process()
+        mine = float(sum(own.cpu_times()[:2]))
+        pids = {pod: self.cluster.pod_processes(NAMESPACE, pod) for pod in pods}
+        per_pid = {pid: self._cpu(pid) for found in pids.values() for pid in found}
+        last, self._last = self._last, (now, busy, mine, per_pid)
+        if last is None:
+            return {}
+        elapsed = max(1e-6, now - last[0])
+
+        def used(pid: int) -> float:
+            return max(0.0, per_pid[pid] - last[3].get(pid, per_pid[pid]))
+
+        by_pod = {pod: sum(used(pid) for pid in found) / elapsed for pod, found in pids.items()}
+        machine_cores = (busy - last[1]) / elapsed
+        listeners = (mine - last[2]) / elapsed
+        return {
+            "machine": round(machine_cores, 2),
+            "pods": {pod: round(cores, 2) for pod, cores in by_pod.items()},
+            "listeners": round(listeners, 2),
+            "rest": round(max(0.0, machine_cores - sum(by_pod.values()) - listeners), 2),
+        }
+
+
 @dataclass
 class Sampler:
-    """Every SAMPLE_SECONDS: replicas, ready and serving pods, p95s, underruns."""
+    """Every SAMPLE_SECONDS: replicas, ready and serving pods, each pod's own load, the voices'
+    metrics as their HPAs read them, the listeners' first audio, underruns and refusals."""
 
     kubectl: Kubectl
     adapter: MetricsAdapter
     voices: Sequence[str]
     records: list[TimedRecord]
+    clients: Clients
     concurrency: Callable[[], int]
     started: float
+    cpu: CpuMeter | None = None
     timeline: list[dict[str, Any]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -150,19 +241,18 @@ class Sampler:
             except Exception as error:  # a missed sample is not the end of the run
                 self.timeline.append({"t": time.monotonic() - self.started, "error": str(error)})
 
-    def voice_metric_ms(self, metric: str) -> dict[str, float | None]:
-        """Each voice's value of an adapter metric of TTSVoices, as its HPA reads it, in ms."""
+    def voice_metric(self, metric: str, scale: float) -> dict[str, float | None]:
+        """Each voice's value of an adapter metric of TTSVoices, as its HPA reads it."""
         values: dict[str, float | None] = {}
         for v in self.voices:
             value = self.adapter.metric(NAMESPACE, "ttsvoices.voxfleet.io", v, metric)
-            values[v] = round(value * 1000, 1) if value is not None else None
+            values[v] = round(value * scale, 3) if value is not None else None
         return values
 
     def sample(self, counted: set[int]) -> dict[str, Any]:
         now = time.monotonic()
         deployment = self.kubectl.get("deployment", POOL_DEPLOYMENT) or {}
-        pods = [p for p in self.kubectl.items("pods", POOL_PODS)]
-        ready = [p for p in pods if pod_ready(p)]
+        ready = [p for p in self.kubectl.items("pods", POOL_PODS) if pod_ready(p)]
         serving = {
             v: sum(
                 1
@@ -171,11 +261,14 @@ class Sampler:
             )
             for v in self.voices
         }
-        p95 = self.voice_metric_ms("voxfleet_voice_first_audio_p95_seconds")
-        queue = self.voice_metric_ms("voxfleet_voice_queue_seconds")
+        pods: dict[str, dict[str, float]] = {}
+        for pod in ready:
+            with contextlib.suppress(OSError, ValueError):
+                address = f"{pod['status']['podIP']}:{METRICS_PORT}"
+                pods[pod["metadata"]["name"]] = pod_metrics(address)
         recent = [
             analyse_stream(r.record).first_audio_s
-            for r in self.records
+            for r in list(self.records)
             if now - 30 <= r.record.sent_s <= now and r.record.chunks
         ]
         underruns = 0
@@ -185,22 +278,27 @@ class Sampler:
             counted.add(index)
             underruns += analyse_stream(item.record).underruns
         specs = {v["metadata"]["name"]: v.get("spec") or {} for v in self.kubectl.items("ttsv")}
-        voices = {v: specs.get(v, {}).get("replicas") for v in self.voices}
         return {
             "t": round(now - self.started, 1),
             "concurrency": self.concurrency(),
             "replicas": (deployment.get("spec") or {}).get("replicas") or 1,
             "ready_pods": len(ready),
             "serving_pods": serving,
-            "voice_replicas": voices,
-            "first_audio_p95_ms_prometheus": p95,
-            "queue_ms_prometheus": queue,
+            "voice_replicas": {v: specs.get(v, {}).get("replicas") for v in self.voices},
+            "pods": pods,
+            "voice_load_pods": self.voice_metric("voxfleet_voice_load_pods", 1.0),
+            "first_audio_p95_ms_prometheus": self.voice_metric(
+                "voxfleet_voice_first_audio_p95_seconds", 1000.0
+            ),
             "first_audio_p95_ms_client_30s": (
-                round(1000 * (percentile([x for x in recent if x is not None], 0.95) or 0), 1)
-                if recent
-                else None
+                ms(percentile([x for x in recent if x is not None], 0.95)) if recent else None
             ),
             "underruns": underruns,
+            "refused_streams": self.clients.refused_streams,
+            "streams_by_pod": {e: c["streams"] for e, c in self.clients.counts().items()},
+            "cpu_cores": self.cpu.sample([p["metadata"]["name"] for p in ready])
+            if self.cpu is not None
+            else {},
         }
 
 
@@ -208,32 +306,47 @@ def sentences() -> Iterator[str]:
     return cycle_sentences(sentence_order(load_corpus()))
 
 
-async def reachable(address: str, voice: str, timeout_s: float = 60.0) -> None:
-    """Wait until one stream succeeds through the voice's Service.
+def voice_pods(installation: Installation, voice: str) -> Callable[[], Pods]:
+    """Endpoint sources for clients of `voice`: the ready pods its headless Service lists, looked
+    up again every RESOLVE_TTL_S as a client's DNS lookups would be (the local cluster has no
+    cluster DNS: its Service proxy's EndpointSlices are what a lookup would answer)."""
+    service = f"{voice}-tts-pods"
 
-    A voice is Ready once its model is loaded and its pod labelled; the Service routes to the
-    pod a moment later (the endpoints and the proxy follow the label, as kube-proxy does).
-    The load starts after that moment, so its first streams measure the voice, not the
-    Service's catching up.
-    """
+    def lookup(_: str) -> list[str]:
+        return list(installation.cluster.endpoints(NAMESPACE, service, GRPC_PORT))
+
+    def source() -> Pods:
+        address = f"{service}.{NAMESPACE}.svc:{GRPC_PORT}"
+        return ResolvedEndpoints(address, RESOLVE_TTL_S, lookup)
+
+    return source
+
+
+async def reachable(pods: Pods, voice: str, timeout_s: float = 60.0) -> None:
+    """Wait until one stream reaches the voice through its pods' Service.
+
+    A voice is Ready once its model is loaded and its pod labelled; the Service lists the pod
+    a moment later (the endpoints follow the label). The load starts after that moment, so its
+    first streams measure the voice, not the Service's catching up."""
     deadline = time.monotonic() + timeout_s
     while True:
+        system = BalancedTritonSystem("probe", "", voice, pods=pods)
         try:
-            async for _ in open_stream_through(address, voice, "Ready."):
+            async for _ in system.open_stream("Ready."):
                 pass
             return
         except Exception as error:
             if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"no stream reached {voice} through {address}: {error}"
-                ) from error
+                raise AssertionError(f"no stream reached {voice}: {error}") from error
             await asyncio.sleep(0.5)
+        finally:
+            await system.close()
 
 
 def run_load(
     installation: Installation,
-    endpoint: str,
     voice: str,
+    clients: Clients,
     phases: Sequence[Phase],
     records: list[TimedRecord],
     until: Callable[[], bool] | None,
@@ -242,70 +355,195 @@ def run_load(
     """Run the phases; returns each phase's start (monotonic)."""
     starts: dict[str, float] = {}
 
-    async def tracked() -> None:
-        await reachable(address, voice)
-        # Phase starts are read back from run_phases' progress through `current`.
-        task = asyncio.ensure_future(
-            run_phases(address, voice, sentences(), phases, records, until=until)
-        )
-        clock = time.monotonic()
-        for phase in phases:
-            starts[phase.name] = clock
-            current["concurrency"] = phase.concurrency
-            end = clock + phase.seconds
-            while time.monotonic() < end and not task.done():
-                await asyncio.sleep(0.2)
-            clock = time.monotonic()
-        await task
-        current["concurrency"] = 0
+    def started(name: str, at: float, concurrency: int) -> None:
+        starts[name] = at
+        current["concurrency"] = concurrency
 
-    with installation.reach_service(endpoint) as address:
-        asyncio.run(tracked())
+    async def run() -> None:
+        await reachable(voice_pods(installation, voice)(), voice)
+        try:
+            await run_phases(clients, sentences(), phases, records, until=until, started=started)
+        finally:
+            current["concurrency"] = 0
+            await clients.close()
+
+    asyncio.run(run())
     return starts
 
 
+def measured_capacity(timeline: Sequence[dict[str, Any]], since_s: float) -> int:
+    """The real-time streams the pod says it holds: the median of its nonzero
+    `voxfleet_capacity_streams` readings since `since_s` (s after the start)."""
+    readings = [
+        pod["capacity"]
+        for sample in timeline
+        if sample.get("t", -1) >= since_s
+        for pod in (sample.get("pods") or {}).values()
+        if pod.get("capacity")
+    ]
+    if not readings:
+        raise AssertionError(
+            "the pod measured no capacity while it streamed (it never was 30 % busy): raise "
+            "--measure-streams"
+        )
+    return max(1, round(statistics.median(readings)))
+
+
+def load_levels(capacity: int) -> tuple[int, int]:
+    """The steady load (half of what one pod holds) and the step (1.5 times it)."""
+    return max(1, round(capacity / 2)), max(2, round(capacity * 1.5))
+
+
 def streams_cut(records: Sequence[TimedRecord], since: float, until: float) -> list[dict[str, Any]]:
-    """Streams in flight between `since` and `until` that ended early or with an error.
+    """Streams in flight between `since` and `until` that ended with an error or never ended.
 
     A failed stream ended when its error arrived; one with no end was still streaming when the
-    load stopped. A stream that failed before `since` was not cut by what happened after it.
-    """
+    load stopped. A stream that failed before `since` was not cut by what happened after it,
+    and a refusal (every pod full) is no cut: it never started."""
     cut = []
     for item in records:
         record = item.record
         end = record.ended_s if record.ended_s is not None else math.inf
-        if record.sent_s > until or end < since:
+        if record.sent_s > until or end < since or item.refused:
             continue
         if record.error is not None or record.ended_s is None:
             cut.append({"sent_s": record.sent_s, "error": record.error})
     return cut
 
 
+def stream_stats(records: Sequence[TimedRecord], phase: str | None = None) -> dict[str, Any]:
+    """Admitted streams (a pod took them), those with an underrun, refusals (every pod tried
+    was full) and other failures; first audio of the admitted ones from their request, and
+    the listeners' wait from when they first asked (refusals and retries included)."""
+    chosen = [r for r in records if phase is None or r.phase == phase]
+    admitted = [r for r in chosen if r.record.chunks]
+    stats = [analyse_stream(r.record) for r in admitted]
+    first = [s.first_audio_s for s in stats if s.first_audio_s is not None]
+    waits = [r.record.chunks[0].arrival_s - r.asked_s for r in admitted]
+    return {
+        "streams": len(chosen),
+        "admitted_streams": len(admitted),
+        "admitted_streams_with_underruns": sum(1 for s in stats if s.underruns),
+        "refused_streams": sum(1 for r in chosen if r.refused),
+        "failed_streams": sum(
+            1 for r in chosen if not r.refused and not r.record.chunks and r.record.error
+        ),
+        "first_audio_p95_ms": ms(percentile(first, 0.95)),
+        "listener_wait_p95_ms": ms(percentile(waits, 0.95)),
+    }
+
+
+def first_sample(
+    timeline: Sequence[dict[str, Any]], since: float, test: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any] | None:
+    return next((s for s in timeline if s.get("t", -1) >= since and test(s)), None)
+
+
+def spread_after(timeline: Sequence[dict[str, Any]], since: float, until: float) -> dict[str, int]:
+    """Streams each pod got between two times (from the listeners' own counts)."""
+    inside = [s for s in timeline if "streams_by_pod" in s and since <= s["t"] <= until]
+    if len(inside) < 2:
+        return {}
+    first, last = inside[0]["streams_by_pod"], inside[-1]["streams_by_pod"]
+    return {pod: count - first.get(pod, 0) for pod, count in sorted(last.items())}
+
+
+def cpu_summary(
+    timeline: Sequence[dict[str, Any]], since: float, until: float
+) -> dict[str, float] | None:
+    """Mean cores used between two times: the machine, the pool pods, the listeners, the rest."""
+    samples = [
+        s["cpu_cores"] for s in timeline if since <= s.get("t", -1) < until and s.get("cpu_cores")
+    ]
+    if not samples:
+        return None
+    return {
+        "machine": round(statistics.fmean(c["machine"] for c in samples), 2),
+        "pods": round(statistics.fmean(sum(c["pods"].values()) for c in samples), 2),
+        "listeners": round(statistics.fmean(c["listeners"] for c in samples), 2),
+        "rest": round(statistics.fmean(c["rest"] for c in samples), 2),
+    }
+
+
+class Run:
+    """One scenario's installation, listeners and sampler, and what they observed."""
+
+    def __init__(
+        self,
+        installation: Installation,
+        controllers: AutoscalingWatch,
+        adapter: MetricsAdapter,
+        voices: Sequence[str],
+        layout: str,
+    ) -> None:
+        self.installation = installation
+        self.kubectl = installation.kubectl
+        self.controllers = controllers
+        self.records: list[TimedRecord] = []
+        self.current = {"concurrency": 0}
+        self.clients = Clients(layout, voice_pods(installation, voices[0]), voices[0])
+        self.started = time.monotonic()
+        self.first_event = len(controllers.events)
+        self.sampler = Sampler(
+            self.kubectl,
+            adapter,
+            voices,
+            self.records,
+            self.clients,
+            lambda: self.current["concurrency"],
+            self.started,
+            CpuMeter(installation),
+        )
+        self.capacity = 0
+
+    def t(self, monotonic: float) -> float:
+        return round(monotonic - self.started, 1)
+
+    def events(self) -> list[ScaleEvent]:
+        return self.controllers.events[self.first_event :]
+
+    def measure_then(
+        self, args: argparse.Namespace, release: Callable[[], None]
+    ) -> tuple[list[Phase], Callable[[], tuple[int, int]]]:
+        """The phases that measure the pod's capacity with the voice held to one pod, settle at
+        the steady load, then `release` the voice to scale; and the load levels found."""
+        measuring: dict[str, float] = {}
+
+        def mark() -> None:
+            measuring["since"] = time.monotonic() - self.started + args.measure_s / 3
+
+        def levels() -> tuple[int, int]:
+            if not self.capacity:
+                self.capacity = measured_capacity(self.sampler.timeline, measuring["since"])
+            return load_levels(self.capacity)
+
+        phases = [
+            Phase("measure", args.measure_streams, args.measure_s, before=mark),
+            # The adapter's window forgets the measuring load before the voice may scale.
+            Phase("settle", lambda: levels()[0], args.settle_s),
+            Phase("steady", lambda: levels()[0], args.steady, before=release),
+        ]
+        return phases, levels
+
+
 def pool_scenario(
     installation: Installation,
     controllers: AutoscalingWatch,
     adapter: MetricsAdapter,
-    capacity: int,
     targets: Targets,
-    steady_s: float,
-    step_s: float,
-    down_max_s: float,
+    args: argparse.Namespace,
+    layout: str,
 ) -> dict[str, Any]:
     kubectl = installation.kubectl
-    kubectl.apply(voice_manifest("joe", targets))
-    endpoint = ready_voice(kubectl, "joe")["status"]["endpoint"]
-    low, high = max(1, round(capacity / 2)), max(2, round(capacity * 1.5))
-    records: list[TimedRecord] = []
-    current = {"concurrency": 0}
-    started = time.monotonic()
-    sampler = Sampler(
-        kubectl, adapter, ["joe"], records, lambda: current["concurrency"], started
-    ).start()
-    first_event = len(controllers.events)
+    kubectl.apply(voice_manifest("joe", targets, max_replicas=1))
+    ready_voice(kubectl, "joe")
+    run = Run(installation, controllers, adapter, ["joe"], layout)
+    phases, levels = run.measure_then(
+        args, lambda: kubectl.apply(voice_manifest("joe", targets, max_replicas=2))
+    )
 
     def scaled_in() -> bool:
-        events = controllers.events[first_event:]
-        down = [e for e in events if e.to_replicas < e.from_replicas]
+        down = [e for e in run.events() if e.to_replicas < e.from_replicas]
         if not down:
             return False
         ready = [
@@ -315,54 +553,61 @@ def pool_scenario(
         ]
         return len(ready) <= down[-1].to_replicas and time.monotonic() - down[-1].time_s > 60
 
-    phases = [
-        Phase("steady", low, steady_s),
-        Phase("step", high, step_s),
-        Phase("down", low, down_max_s),
+    phases += [
+        Phase("step", lambda: levels()[1], args.step),
+        Phase("down", lambda: levels()[0], args.down_max),
     ]
+    run.sampler.start()
     try:
-        starts = run_load(installation, endpoint, "joe", phases, records, scaled_in, current)
+        starts = run_load(
+            installation, "joe", run.clients, phases, run.records, scaled_in, run.current
+        )
     finally:
-        sampler.stop()
-    events = controllers.events[first_event:]
-    step_start = starts["step"]
-    second = next(
-        (
-            s
-            for s in sampler.timeline
-            if s.get("serving_pods", {}).get("joe", 0) >= 2 and s["t"] >= step_start - started
-        ),
-        None,
-    )
-    step_first_audio = [
-        s.first_audio_s
-        for item in records
-        if item.phase == "step" and (s := analyse_stream(item.record)).first_audio_s is not None
+        run.sampler.stop()
+    timeline, events = run.sampler.timeline, run.events()
+    step_at, down_at = run.t(starts["step"]), run.t(starts["down"])
+    second = first_sample(timeline, step_at, lambda s: s.get("serving_pods", {}).get("joe", 0) >= 2)
+    before_step = [
+        s for s in timeline if "serving_pods" in s and run.t(starts["steady"]) <= s["t"] < step_at
     ]
     downs = [e for e in events if e.to_replicas < e.from_replicas]
     cut: list[dict[str, Any]] = []
     if downs:
         # From the scale-in until the removed pod's grace period is surely over.
-        cut = streams_cut(records, downs[0].time_s, downs[-1].time_s + 60)
-    stats = [analyse_stream(item.record) for item in records]
+        cut = streams_cut(run.records, downs[0].time_s, downs[-1].time_s + 60)
+    low, high = levels()
+    whole, step = stream_stats(run.records), stream_stats(run.records, "step")
     return {
+        "layout": layout,
         "voice_spec": voice_manifest("joe", targets)["spec"],
-        "load_streams": {"steady": low, "step": high, "down": low},
-        "phase_start_s": {k: round(v - started, 1) for k, v in starts.items()},
-        "scale_up_seconds": (
-            round(second["t"] - (step_start - started), 1) if second is not None else None
+        "pod_capacity_streams": run.capacity,
+        "load_streams": {
+            "measure": args.measure_streams,
+            "steady": low,
+            "step": high,
+            "down": low,
+        },
+        "phase_start_s": {k: run.t(v) for k, v in starts.items()},
+        "ready_pods_before_step": max((s["ready_pods"] for s in before_step), default=None),
+        "scale_up_seconds": round(second["t"] - step_at, 1) if second is not None else None,
+        "first_audio_p95_ms_during_step": step["first_audio_p95_ms"],
+        "listener_wait_p95_ms_during_step": step["listener_wait_p95_ms"],
+        "step": step,
+        **whole,
+        "streams_per_pod_after_scale_up": (
+            spread_after(timeline, second["t"], down_at) if second is not None else {}
         ),
-        "first_audio_p95_ms_during_step": (
-            round(1000 * (percentile(step_first_audio, 0.95) or 0), 1) if step_first_audio else None
-        ),
-        "streams": len(records),
-        "streams_with_underruns": sum(1 for s in stats if s.underruns),
-        "streams_failed": sum(1 for s in stats if not s.completed),
+        "cpu_cores": {
+            "steady": cpu_summary(timeline, run.t(starts["steady"]), step_at),
+            "step_one_pod": cpu_summary(timeline, step_at, second["t"] if second else down_at),
+            "step_two_pods": cpu_summary(timeline, second["t"], down_at) if second else None,
+        },
         "scaled_in": bool(downs),
+        "scale_in_seconds_after_step": run.t(downs[0].time_s) - down_at if downs else None,
         "streams_cut_on_scale_in": len(cut) if downs else None,
         "streams_cut_detail": cut,
-        "scale_events": [event_json(e, started) for e in events],
-        "timeline": sampler.timeline,
+        "scale_events": [event_json(e, run.started) for e in events],
+        "timeline": timeline,
     }
 
 
@@ -370,63 +615,59 @@ def per_voice_scenario(
     installation: Installation,
     controllers: AutoscalingWatch,
     adapter: MetricsAdapter,
-    capacity: int,
     targets: Targets,
-    steady_s: float,
-    step_s: float,
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     kubectl = installation.kubectl
-    first_event = len(controllers.events)
     per_voice = {"replicas": 1, "autoscaling": {"perVoice": True}}
-    kubectl.apply(voice_manifest("joe", targets, **per_voice))
-    kubectl.apply(voice_manifest("joe-fast", targets, speakingRate=1.25, **per_voice))
-    endpoint = ready_voice(kubectl, "joe")["status"]["endpoint"]
-    ready_voice(kubectl, "joe-fast")
-    records: list[TimedRecord] = []
-    current = {"concurrency": 0}
-    started = time.monotonic()
-    sampler = Sampler(
-        kubectl, adapter, ["joe", "joe-fast"], records, lambda: current["concurrency"], started
-    ).start()
-    low, high = max(1, round(capacity / 2)), max(2, round(capacity * 1.5))
+    voices = {"joe": {}, "joe-fast": {"speakingRate": 1.25}}
+
+    def apply(max_replicas: int) -> None:
+        for name, spec in voices.items():
+            kubectl.apply(voice_manifest(name, targets, max_replicas, **spec, **per_voice))
+
+    apply(1)
+    for name in voices:
+        ready_voice(kubectl, name)
+    run = Run(installation, controllers, adapter, list(voices), LAYOUT["per_voice"])
+    phases, levels = run.measure_then(args, lambda: apply(2))
 
     def joe_on_two() -> bool:
-        last = sampler.timeline[-1] if sampler.timeline else {}
+        last = run.sampler.timeline[-1] if run.sampler.timeline else {}
         return bool(last.get("serving_pods", {}).get("joe", 0) >= 2)
 
-    phases = [Phase("steady", low, steady_s), Phase("step", high, step_s)]
+    phases.append(Phase("step", lambda: levels()[1], args.step))
+    run.sampler.start()
     try:
-        starts = run_load(installation, endpoint, "joe", phases, records, joe_on_two, current)
+        starts = run_load(
+            installation, "joe", run.clients, phases, run.records, joe_on_two, run.current
+        )
         time.sleep(3 * SAMPLE_SECONDS)
     finally:
-        sampler.stop()
-    last = sampler.timeline[-1] if sampler.timeline else {}
-    second = next(
-        (
-            s
-            for s in sampler.timeline
-            if s.get("serving_pods", {}).get("joe", 0) >= 2 and s["t"] >= starts["step"] - started
-        ),
-        None,
-    )
+        run.sampler.stop()
+    timeline = run.sampler.timeline
+    step_at = run.t(starts["step"])
+    last = timeline[-1] if timeline else {}
+    before = [
+        s for s in timeline if "serving_pods" in s and run.t(starts["steady"]) <= s["t"] < step_at
+    ]
+    second = first_sample(timeline, step_at, lambda s: s.get("serving_pods", {}).get("joe", 0) >= 2)
+    low, high = levels()
     return {
-        "load_streams": {"steady": low, "step": high, "voice": "joe"},
-        "phase_start_s": {k: round(v - started, 1) for k, v in starts.items()},
-        "joe_serving_pods_before_step": next(
-            (
-                s.get("serving_pods", {}).get("joe")
-                for s in reversed(sampler.timeline)
-                if "serving_pods" in s and s["t"] < starts["step"] - started
-            ),
-            None,
-        ),
+        "layout": LAYOUT["per_voice"],
+        "pod_capacity_streams": run.capacity,
+        "load_streams": {"measure": args.measure_streams, "steady": low, "step": high},
+        "phase_start_s": {k: run.t(v) for k, v in starts.items()},
+        # The most pods serving each voice at any sample between the release and the step.
+        "serving_pods_before_step": {
+            v: max((s["serving_pods"].get(v, 0) for s in before), default=None) for v in voices
+        },
         "joe_serving_pods_at_end": last.get("serving_pods", {}).get("joe"),
         "joe_fast_serving_pods_at_end": last.get("serving_pods", {}).get("joe-fast"),
-        "joe_scale_up_seconds": (
-            round(second["t"] - (starts["step"] - started), 1) if second is not None else None
-        ),
-        "scale_events": [event_json(e, started) for e in controllers.events[first_event:]],
-        "timeline": sampler.timeline,
+        "joe_scale_up_seconds": round(second["t"] - step_at, 1) if second is not None else None,
+        **stream_stats(run.records),
+        "scale_events": [event_json(e, run.started) for e in run.events()],
+        "timeline": timeline,
     }
 
 
@@ -439,34 +680,39 @@ def event_json(event: ScaleEvent, started: float) -> dict[str, Any]:
 
 def calibrate(
     installation: Installation,
+    controllers: AutoscalingWatch,
     adapter: MetricsAdapter,
     targets: Targets,
     levels_to_run: list[int],
 ) -> dict[str, Any]:
+    """Levels of listeners on one pod: what they saw, and what the pod said it holds."""
     kubectl = installation.kubectl
-    kubectl.apply(voice_manifest("joe", targets, autoscaling={"maxReplicas": 1}))
-    endpoint = ready_voice(kubectl, "joe")["status"]["endpoint"]
+    kubectl.apply(voice_manifest("joe", targets, max_replicas=1))
+    ready_voice(kubectl, "joe")
     levels = {}
     for streams in levels_to_run:
-        records: list[TimedRecord] = []
-        run_load(
-            installation,
-            endpoint,
-            "joe",
-            [Phase(f"c{streams}", streams, 40)],
-            records,
-            None,
-            {"concurrency": 0},
-        )
-        stats = [analyse_stream(r.record) for r in records]
-        first = [s.first_audio_s for s in stats if s.first_audio_s is not None]
+        run = Run(installation, controllers, adapter, ["joe"], "shared")
+        run.sampler.start()
+        try:
+            run_load(
+                installation,
+                "joe",
+                run.clients,
+                [Phase(f"c{streams}", streams, 40)],
+                run.records,
+                None,
+                run.current,
+            )
+        finally:
+            run.sampler.stop()
+        capacities = [
+            pod["capacity"] for s in run.sampler.timeline for pod in (s.get("pods") or {}).values()
+        ]
         levels[streams] = {
-            "streams": len(stats),
-            "first_audio_p50_ms": round(1000 * (percentile(first, 0.5) or 0), 1),
-            "first_audio_p95_ms": round(1000 * (percentile(first, 0.95) or 0), 1),
-            "streams_with_underruns": sum(1 for s in stats if s.underruns),
+            **stream_stats(run.records),
+            "pod_capacity_streams": sorted(set(capacities)),
         }
-        print(streams, levels[streams], flush=True)
+        print(streams, json.dumps(levels[streams]), flush=True)
     return {"calibration": levels}
 
 
@@ -532,22 +778,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the chart's prometheusAdapter.rules.rateWindow (the chart's default, 1m, suits "
         "15 to 30 s scrapes; with a 5 s scrape 30 s still holds 6 samples and reacts sooner)",
     )
-    # Calibrated 2026-11-25 (docs/autoscaling.md): one pod on one CPU held 12 streams.
-    parser.add_argument("--capacity", type=int, default=12, help="streams one pod holds")
     parser.add_argument("--slo-ms", type=int, default=800, help="targetFirstAudioP95Ms")
     parser.add_argument(
-        "--queue-target-ms", type=int, default=120, help="targetQueueMs (0: the same as --slo-ms)"
+        "--load-target-percent", type=int, default=70, help="targetLoadPercent (the chart's 70)"
     )
+    parser.add_argument(
+        "--measure-streams",
+        type=int,
+        default=4,
+        help="listeners on the one pod while it measures what it holds (it measures once at "
+        "least 30 %% busy)",
+    )
+    parser.add_argument("--measure-s", type=float, default=30.0)
+    parser.add_argument("--settle-s", type=float, default=35.0)
     parser.add_argument("--steady", type=float, default=60.0)
     parser.add_argument("--step", type=float, default=150.0)
     parser.add_argument("--down-max", type=float, default=540.0)
-    parser.add_argument("--scenarios", default="pool,per_voice")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--calibrate", action="store_true")
     parser.add_argument(
         "--calibrate-levels",
         type=lambda text: [int(n) for n in text.split(",")],
-        default=[1, 2, 3, 4],
-        help="streams per calibration level, e.g. 1,2,4,6,8",
+        default=[2, 4, 6, 8, 12],
+        help="listeners per calibration level, e.g. 2,4,8",
     )
     parser.add_argument(
         "--report-only", action="store_true", help="redraw the plot and doc from --out's JSON"
@@ -564,12 +817,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out is None:
         args.out = ROOT / "results" / "autoscaling.json"
         doc, plot_path = ROOT / "docs" / "autoscaling.md", ROOT / "docs" / "img" / "autoscaling.png"
-    targets = Targets(args.slo_ms, args.queue_target_ms or args.slo_ms)
+    targets = Targets(args.slo_ms, args.load_target_percent)
     if args.report_only:
         write(json.loads(args.out.read_text()), args.out, doc, plot_path)
         return 0
     if shutil.which("kubectl") is None or shutil.which("helm") is None:
         raise SystemExit("kubectl and helm must be on PATH (.tools/bin after `make setup`)")
+    scenarios = ["calibrate"] if args.calibrate else args.scenarios.split(",")
+    for scenario in scenarios:
+        if scenario not in ("calibrate", *SCENARIOS):
+            raise SystemExit(f"unknown scenario {scenario!r}: one of {', '.join(SCENARIOS)}")
     workdir = Path(tempfile.mkdtemp(prefix="voxfleet-autoscale-"))
     given = list(sys.argv[1:] if argv is None else argv)
     command = " ".join(
@@ -580,20 +837,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.node()}, {platform.processor() or platform.machine()}, "
         f"{len(os.sched_getaffinity(0))} CPUs",
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "sync_period_s": args.sync_period,
         "scrape_interval": args.scrape_interval,
         "rate_window": args.rate_window,
         "slo_ms": args.slo_ms,
-        "queue_target_ms": args.queue_target_ms or args.slo_ms,
-        "pod_capacity_streams": args.capacity,
+        "load_target_percent": args.load_target_percent,
     }
-    # Each scenario on a fresh installation: a pool still scaled out, or a p95 window still
-    # full of the previous scenario's load, would say nothing about the next one.
-    scenarios = ["calibrate"] if args.calibrate else args.scenarios.split(",")
+    # Each scenario on a fresh installation: a pool still scaled out, or a window still full
+    # of the previous scenario's load, would say nothing about the next one.
     try:
         for scenario in scenarios:
-            if scenario not in ("calibrate", "pool", "per_voice"):
-                raise SystemExit(f"unknown scenario {scenario!r}: pool or per_voice")
             with autoscaling_environment(workdir / scenario, args) as (
                 installation,
                 controllers,
@@ -602,30 +856,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 try:
                     if scenario == "calibrate":
                         results.update(
-                            calibrate(installation, adapter, targets, args.calibrate_levels)
+                            calibrate(
+                                installation, controllers, adapter, targets, args.calibrate_levels
+                            )
                         )
                         print(json.dumps(results, indent=1))
                         return 0
-                    if scenario == "pool":
-                        results["pool"] = pool_scenario(
-                            installation,
-                            controllers,
-                            adapter,
-                            args.capacity,
-                            targets,
-                            args.steady,
-                            args.step,
-                            args.down_max,
+                    if scenario == "per_voice":
+                        results[scenario] = per_voice_scenario(
+                            installation, controllers, adapter, targets, args
                         )
-                    elif scenario == "per_voice":
-                        results["per_voice"] = per_voice_scenario(
-                            installation,
-                            controllers,
-                            adapter,
-                            args.capacity,
-                            targets,
-                            args.steady,
-                            args.step,
+                    else:
+                        results[scenario] = pool_scenario(
+                            installation, controllers, adapter, targets, args, LAYOUT[scenario]
                         )
                 finally:
                     results.setdefault("controller_errors", {})[scenario] = controllers.errors[-20:]

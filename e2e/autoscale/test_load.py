@@ -1,4 +1,5 @@
-"""What the load step counts as a stream cut by a scale-in, and when a failed stream ended."""
+"""What the load step counts: refusals apart from failures, a refused listener asking again for
+the same sentence, streams cut by a scale-in, and the load levels from a pod's measure."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ from typing import Any
 
 import pytest
 
-from autoscale import load
-from autoscale.load import Phase, TimedRecord, run_phases
-from autoscale.step import streams_cut
+from autoscale.load import Clients, Phase, TimedRecord, run_phases
+from autoscale.step import load_levels, measured_capacity, stream_stats, streams_cut
+from engines.bench.systems import BenchSystemError
 from engines.bench.timeline import Chunk, StreamRecord
+
+REFUSAL = "BenchSystemError: [RESOURCE_EXHAUSTED] voice 'joe': 1 pod(s) refused the stream"
 
 
 def record(sent: float, ended: float | None, error: str | None = None) -> TimedRecord:
     chunks = [Chunk(sent + 0.1, 2205)] if error is None else []
-    return TimedRecord("down", StreamRecord("Hello.", sent, 22050, chunks, ended, error))
+    return TimedRecord("down", StreamRecord("Hello.", sent, 22050, chunks, ended, error), sent)
 
 
 def test_only_streams_in_flight_at_the_scale_in_count_as_cut() -> None:
@@ -26,31 +29,78 @@ def test_only_streams_in_flight_at_the_scale_in_count_as_cut() -> None:
         record(90.0, 101.0, "UNAVAILABLE: connection reset"),  # in flight, failed after it
         record(95.0, None, "cut off: still streaming when the run ended"),
         record(96.0, 104.0),  # finished normally
+        record(99.0, 100.5, REFUSAL),  # every pod was full: refused, never started
         record(300.0, 300.5, "UNAVAILABLE"),  # sent after the window
     ]
     cut = streams_cut(records, since=100.0, until=160.0)
     assert [c["sent_s"] for c in cut] == [90.0, 95.0]
 
 
-def test_a_failed_stream_records_when_it_failed(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = itertools.count(start=0.0, step=0.5)
+def test_refusals_are_counted_apart_and_the_wait_includes_them() -> None:
+    refused = record(10.0, 10.01, REFUSAL)
+    admitted = record(10.2, 12.0)
+    admitted.asked_s = 10.0  # the same listener, asking again after the refusal
+    stats = stream_stats([refused, admitted, record(20.0, 20.1, "INTERNAL: boom")])
+    assert stats["admitted_streams"] == 1 and stats["refused_streams"] == 1
+    assert stats["failed_streams"] == 1
+    assert stats["first_audio_p95_ms"] == 100.0  # from its own request
+    assert stats["listener_wait_p95_ms"] == 300.0  # from when the listener first asked
 
-    async def failing(address: str, voice: str, text: str) -> AsyncIterator[tuple[int, int]]:
+
+class FakeSystem:
+    """Refuses the first request, then fails every other one with a reset connection."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    async def open_stream(self, text: str) -> AsyncIterator[tuple[int, int]]:
+        self.texts.append(text)
         await asyncio.sleep(0)
+        if len(self.texts) == 1:
+            raise BenchSystemError("[RESOURCE_EXHAUSTED] full", "RESOURCE_EXHAUSTED")
         raise ConnectionResetError("recvmsg: Connection reset by peer")
         yield (0, 0)  # an async generator that fails before its first chunk
 
-    monkeypatch.setattr(load, "open_stream_through", failing)
+    async def close(self) -> None:
+        return None
+
+
+def test_a_refused_listener_asks_again_for_the_same_sentence_and_failures_end_when_they_fail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = itertools.count(start=0.0, step=0.5)
+    system = FakeSystem()
+    clients = Clients("shared", lambda: lambda: [], "joe")
+    monkeypatch.setattr(clients, "for_listener", lambda index: system)
     records: list[TimedRecord] = []
+    sentences = iter(f"Sentence {n}." for n in range(1000))
 
     async def run() -> Any:
         await run_phases(
-            "127.0.0.1:1", "joe", iter(["Hello."] * 1000), [Phase("x", 1, 1.0)], records,
-            clock=lambda: next(clock), drain_s=1.0,
+            clients, sentences, [Phase("x", 1, 2.0)], records, clock=lambda: next(clock),
+            drain_s=1.0,
         )  # fmt: skip
 
     asyncio.run(run())
-    assert records, "the worker sent nothing"
-    first = records[0].record
-    assert first.error is not None and "Connection reset" in first.error
-    assert first.ended_s is not None and first.ended_s > first.sent_s
+    assert len(records) >= 3, "the listener sent too little"
+    assert system.texts[0] == system.texts[1] == "Sentence 0."  # asked again after the refusal
+    assert system.texts[2] == "Sentence 1."  # a failure moves on
+    assert records[0].refused and records[1].asked_s == records[0].asked_s
+    second = records[1].record
+    assert second.error is not None and "Connection reset" in second.error
+    assert second.ended_s is not None and second.ended_s > second.sent_s
+
+
+def test_the_load_follows_the_pods_own_measure() -> None:
+    timeline = [
+        {"t": 3.0, "pods": {"a": {"capacity": 0.0}}},  # not yet measured, and too early
+        {"t": 12.0, "pods": {"a": {"capacity": 7.0}}},
+        {"t": 15.0, "pods": {"a": {"capacity": 8.0}}},
+        {"t": 18.0, "pods": {"a": {"capacity": 9.0}}},
+        {"t": 21.0, "error": "a missed sample"},
+    ]
+    assert measured_capacity(timeline, since_s=10.0) == 8
+    assert load_levels(8) == (4, 12)
+    assert load_levels(1) == (1, 2)
+    with pytest.raises(AssertionError, match="measured no capacity"):
+        measured_capacity(timeline[:1], since_s=0.0)

@@ -67,16 +67,24 @@ COSTS_LOG_ENV = "VOXFLEET_COSTS_LOG_S"
 # of wall time, over the share of that time it was busy, is the most audio it can make per
 # second; a real-time stream needs one second of audio per second, so that many streams,
 # FULL_BUSY of them kept as headroom, is its capacity. Streams that race ahead of their
-# listeners keep a scheduler busy at any load, so busyness alone says nothing; a pod that is
-# busy at least FULL_BUSY of the time AND has its capacity of streams refuses new ones
-# (RESOURCE_EXHAUSTED) rather than make every playing stream late. Its load ratio (live
-# streams / capacity) is what the HPAs scale on.
+# listeners keep a scheduler busy at any load, so busyness alone says nothing. A pod that has
+# its capacity of streams refuses new ones (RESOURCE_EXHAUSTED) rather than make every playing
+# stream late; its load ratio (live streams / capacity) is what the HPAs scale on. The busy
+# share lags a burst of new streams by its window, so it does not gate the refusal: a pod
+# that admitted streams until it looked busy had taken twice what it holds (make autoscale).
 FULL_BUSY = 0.85
 LOAD_SAMPLE_S = 0.25
 LOAD_WINDOW_S = 2.0
 # Only a busy share at least this high measures the rate (below it, a step's fixed costs
-# dominate and a few streams would make the pod look smaller than it is).
+# dominate and a few streams would make the pod look smaller than it is). A capacity measured
+# too small corrects itself: at that many streams the pod is still busy enough to measure.
 MEASURE_BUSY = 0.3
+# Until it has measured what it holds, a pod with this many live streams takes at most this
+# many more per LOAD_WINDOW_S: a pod that a balancer sees empty (new after a scale-out) would
+# otherwise get every new stream at once, before its first measurement. A lightly loaded pod
+# (fewer live streams, too idle to measure) is never refused, and a busier one still grows
+# until it is busy enough to measure itself.
+SLOW_START_STREAMS = 4
 # Phonemiser worker processes where a GPU does the rest (the CPU data plane phonemises on
 # the thread that has the request: its cores are the stages').
 GPU_FRONTEND_WORKERS = 4
@@ -210,6 +218,7 @@ class LoadMeter:
     def __init__(self, scheduler: StreamScheduler) -> None:
         self._scheduler = scheduler
         self._samples: deque[tuple[float, float, float]] = deque()
+        self._admitted: deque[float] = deque()  # while unmeasured: when streams were taken
         self.busy = 0.0
         self.rate = 0.0
         self.capacity = 0
@@ -231,10 +240,21 @@ class LoadMeter:
         """Live streams against the measured capacity (0 until it is measured)."""
         return live / self.capacity if self.capacity else 0.0
 
-    def full(self, live: int) -> bool:
-        """Whether a new stream would go past what the pod holds: it is busy at least
-        FULL_BUSY of the time and has its measured capacity of streams."""
-        return self.busy >= FULL_BUSY and self.capacity > 0 and live >= self.capacity
+    def full(self, live: int, now: float | None = None) -> bool:
+        """Whether a new stream would go past what the pod holds: it has its measured
+        capacity of streams or, before it has measured one, it has SLOW_START_STREAMS live
+        and took as many new ones within the last LOAD_WINDOW_S."""
+        if self.capacity > 0:
+            return live >= self.capacity
+        now = time.monotonic() if now is None else now
+        while self._admitted and now - self._admitted[0] > LOAD_WINDOW_S:
+            self._admitted.popleft()
+        return live >= SLOW_START_STREAMS and len(self._admitted) >= SLOW_START_STREAMS
+
+    def admitted(self, now: float | None = None) -> None:
+        """A new stream was taken (counted for the slow start of an unmeasured pod)."""
+        if self.capacity == 0:
+            self._admitted.append(time.monotonic() if now is None else now)
 
 
 @dataclass(eq=False)
@@ -515,12 +535,20 @@ class VoiceHost:
             live = voice.architecture.scheduler.live_streams()
             if load is not None and load.full(live):
                 voice.slot.stats.refused_streams += 1
-                raise StreamRefused(
-                    f"this server is full: {live} live streams of the {load.capacity} it holds "
-                    f"in real time (it makes {load.rate:.1f} s of audio a second, busy "
-                    f"{load.busy:.0%} of the time); try another server",
-                    "RESOURCE_EXHAUSTED",
+                held = (
+                    f"{live} live streams of the {load.capacity} it holds in real time (it "
+                    f"makes {load.rate:.1f} s of audio a second, busy {load.busy:.0%} of the "
+                    "time)"
+                    if load.capacity
+                    else f"it is starting: {live} live streams, and it takes "
+                    f"{SLOW_START_STREAMS} more every {LOAD_WINDOW_S:g} s until it has measured "
+                    "what it holds"
                 )
+                raise StreamRefused(
+                    f"this server is full: {held}; try another server", "RESOURCE_EXHAUSTED"
+                )
+            if load is not None:
+                load.admitted()
             voice.streams += 1
         counted = _CountedSink(sink, lambda: self._stream_ended(voice))
 

@@ -1,7 +1,7 @@
 """A pod knows what it holds: its voice host measures the audio each architecture's scheduler
 makes a second and how busy it is, derives the real-time streams it holds from its own
-history, and refuses a new stream (RESOURCE_EXHAUSTED, at once) when it is busy and holds
-that many, rather than make every playing stream late."""
+history, and refuses a new stream (RESOURCE_EXHAUSTED, at once) when it holds that many,
+rather than make every playing stream late."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ import pytest
 
 from engines.streaming import StreamSink, SynthesisParams
 from engines.streaming.types import StepTimes
-from engines.voice_host.host import FULL_BUSY, LoadMeter, StreamRefused, VoiceHost
+from engines.voice_host.host import (
+    FULL_BUSY,
+    LOAD_WINDOW_S,
+    SLOW_START_STREAMS,
+    LoadMeter,
+    StreamRefused,
+    VoiceHost,
+)
 
 
 class FakeScheduler:
@@ -48,10 +55,25 @@ def test_capacity_is_the_audio_the_pod_makes_a_second_at_full_busy() -> None:
     assert meter.ratio(5) == pytest.approx(0.5)
     scheduler.live = 11
     run(meter, scheduler, busy=1.0, rate=11.5, seconds=3)
-    assert meter.capacity == 9 and meter.full(11)
-    run(meter, scheduler, busy=0.5, rate=5.0, seconds=3)  # the load fell: streams come in
-    assert not meter.full(11)
+    assert meter.capacity == 9 and meter.full(11) and meter.full(9) and not meter.full(8)
+    # The machine got slower (another process took CPU time): it holds fewer now, and is
+    # full at that many, however busy it was when the streams came in.
+    run(meter, scheduler, busy=0.5, rate=3.0, seconds=3)
+    assert meter.capacity == 5 and meter.full(5) and not meter.full(4)
     assert meter.ratio(0) == 0.0
+
+
+def test_a_pod_that_has_not_measured_itself_takes_new_streams_slowly() -> None:
+    """A new pod looks empty to every balancer: without a measure it would take every new
+    stream at once. Until it measures, it takes SLOW_START_STREAMS more a window once it has
+    that many, and never refuses a lightly loaded listener."""
+    meter = LoadMeter(FakeScheduler())  # type: ignore[arg-type]
+    for taken in range(SLOW_START_STREAMS):
+        assert not meter.full(taken, now=10.0)
+        meter.admitted(now=10.0)
+    assert meter.full(SLOW_START_STREAMS, now=10.5)  # a burst: the rest go elsewhere
+    assert not meter.full(SLOW_START_STREAMS - 1, now=10.5)  # a stream ended: room again
+    assert not meter.full(SLOW_START_STREAMS, now=10.0 + LOAD_WINDOW_S + 0.1)  # it grows
 
 
 def test_a_full_pod_refuses_a_new_stream_with_resource_exhausted(joe_plan) -> None:
