@@ -32,6 +32,8 @@ class StreamResult:
     chunks: list[np.ndarray] = field(default_factory=list)
     first_audio_s: float | None = None
     total_s: float = 0.0
+    # Times a full server refused the stream before it was taken (`synthesize` retries).
+    refusals: int = 0
 
     @property
     def audio(self) -> np.ndarray:
@@ -201,9 +203,45 @@ def stream_tts(
             client.close()
 
 
-def synthesize(url: str, text: str | bytes, voice: str = "joe", **kwargs: object) -> StreamResult:
-    """Stream a whole text, timing first audio and the real-time factor."""
-    result = StreamResult()
+# A stream refused by a full server (RESOURCE_EXHAUSTED, before any audio) is asked for again,
+# over a new connection (a Service may send it to another pod), this long at most, waiting
+# 0.1 s, then twice as long each time up to 1 s.
+REFUSED_RETRY_S = 10.0
+
+
+def synthesize(
+    url: str,
+    text: str | bytes,
+    voice: str = "joe",
+    refused_retry_s: float = REFUSED_RETRY_S,
+    **kwargs: object,
+) -> StreamResult:
+    """Stream a whole text, timing first audio and the real-time factor. A stream that a full
+    server refuses before its first audio is asked for again for up to `refused_retry_s`
+    (0: never); `StreamResult.refusals` counts the refusals."""
+    deadline = time.monotonic() + refused_retry_s
+    delay = 0.1
+    refusals = 0
+    while True:
+        result = StreamResult()
+        try:
+            _stream_into(result, url, text, voice, **kwargs)
+        except SynthesisError as error:
+            if error.code != "RESOURCE_EXHAUSTED" or result.chunks:
+                raise
+            refusals += 1
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            continue
+        result.refusals = refusals
+        return result
+
+
+def _stream_into(
+    result: StreamResult, url: str, text: str | bytes, voice: str, **kwargs: object
+) -> None:
     started = [time.perf_counter()]
 
     def sent() -> None:
@@ -216,7 +254,6 @@ def synthesize(url: str, text: str | bytes, voice: str = "joe", **kwargs: object
         result.sample_rate = rate
         result.chunks.append(chunk)
     result.total_s = time.perf_counter() - started[0]
-    return result
 
 
 def write_wav(path: str, audio: np.ndarray, sample_rate: int) -> None:
