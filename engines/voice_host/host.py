@@ -546,6 +546,7 @@ class VoiceHost:
         with self._lock:
             if self._frontend is None:
                 self._frontend = FrontendPool(self._frontend_workers or 0)
+                LOGGER.info("phonemiser workers: %d", self._frontend_workers or 0)
             return self._frontend
 
     def _stream_ended(self, voice: _Voice) -> None:
