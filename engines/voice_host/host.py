@@ -38,7 +38,7 @@ import psutil
 from engines.frontend import Sentence
 from engines.frontend_pool import FrontendPool
 from engines.plan import ServingPlan, WindowConfig
-from engines.runtime import load_stages
+from engines.stage_runtimes import load_stages
 from engines.streaming import (
     FirstAudioPaths,
     SchedulerStats,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engines.client import StreamResult, SynthesisError, synthesize
-from engines.serving import local_server, plan_local_voices
+from engines.local_serving import local_server, plan_local_voices
 from engines.triton_server import TritonServer
 from engines.voice_host.process import HostOptions
 

@@ -19,9 +19,9 @@ from supervised import Served, running, serve_command, talk_in_background
 
 from engines import names
 from engines.client import StreamResult, SynthesisError, stream_tts, synthesize
+from engines.local_serving import plan_local_voices
 from engines.plan import ServingPlan
 from engines.repository import load_request
-from engines.serving import plan_local_voices
 from engines.triton_server import free_port
 
 pytestmark = pytest.mark.triton

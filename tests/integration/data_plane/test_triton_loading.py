@@ -20,7 +20,7 @@ import pytest
 from voxfleet_operator import loading
 from voxfleet_operator.pools import Pool, PoolsConfig
 from voxfleet_operator.render.pool import KEY_ENV, triton_args
-from voxfleet_operator.serving import serving_plan, voice_engine_key
+from voxfleet_operator.voice_plan import serving_plan, voice_engine_key
 from voxfleet_operator.voices import parse_voice
 
 from engines.client import SynthesisError, synthesize
