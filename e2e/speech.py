@@ -63,9 +63,21 @@ def say(address: str, voice: str, text: str = TEXT, timeout: float = 180) -> Spe
         output = Path(folder) / "speech.wav"
         started = time.monotonic()
         result = subprocess.run(
-            [_voxfleet(), "say", "--url", address, "--voice", voice, "-o", str(output),
-             "--json", text],
-            capture_output=True, text=True, timeout=timeout,
+            [
+                _voxfleet(),
+                "say",
+                "--url",
+                address,
+                "--voice",
+                voice,
+                "-o",
+                str(output),
+                "--json",
+                text,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         finished = time.monotonic()
         if result.returncode != 0:

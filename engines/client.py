@@ -62,6 +62,8 @@ class StreamResult:
     chunks: list[np.ndarray] = field(default_factory=list)
     first_audio_s: float | None = None
     total_s: float = 0.0
+    # Times a full server refused the stream before it was taken (`synthesize` retries).
+    refusals: int = 0
 
     @property
     def audio(self) -> np.ndarray:
@@ -417,6 +419,43 @@ def stream_tts(
             client.refresh()
 
 
+# A stream refused by every pod tried (RESOURCE_EXHAUSTED, before any audio: each is full) is
+# asked for again, after a fresh lookup, this long at most, waiting 0.1 s, then twice as long
+# each time up to 1 s.
+REFUSED_RETRY_S = 10.0
+
+
+def synthesize(
+    url: str,
+    text: str | bytes,
+    voice: str = "joe",
+    refused_retry_s: float = REFUSED_RETRY_S,
+    **kwargs: Any,
+) -> StreamResult:
+    """Stream a whole text, timing first audio and the real-time factor. A stream that every
+    pod refuses before its first audio is asked for again for up to `refused_retry_s`
+    (0: never); `StreamResult.refusals` counts those rounds of refusals."""
+    deadline = time.monotonic() + refused_retry_s
+    delay = 0.1
+    refusals = 0
+    while True:
+        try:
+            result = _collect(
+                lambda on_sent: stream_tts(url, text, voice, on_sent=on_sent, **kwargs)
+            )
+        except SynthesisError as error:
+            if error.code != "RESOURCE_EXHAUSTED":
+                raise
+            refusals += 1
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            continue
+        result.refusals = refusals
+        return result
+
+
 def _collect(
     open_stream: Callable[[Callable[[], None]], Iterator[tuple[int, np.ndarray]]],
 ) -> StreamResult:
@@ -433,11 +472,6 @@ def _collect(
         result.chunks.append(chunk)
     result.total_s = time.perf_counter() - started[0]
     return result
-
-
-def synthesize(url: str, text: str | bytes, voice: str = "joe", **kwargs: Any) -> StreamResult:
-    """Stream a whole text, timing first audio and the real-time factor."""
-    return _collect(lambda on_sent: stream_tts(url, text, voice, on_sent=on_sent, **kwargs))
 
 
 def write_wav(path: str, audio: np.ndarray, sample_rate: int) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engines.torch_cuda.runtime import TorchCudaStages, padded_phonemes
+from engines.torch_cuda.stages import TorchCudaStages, padded_phonemes
 
 SAMPLE_RATE = 22050
 HOP = 256

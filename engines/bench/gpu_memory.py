@@ -9,7 +9,7 @@ transient peak, and, with `--voices N`, N more voices loaded as weight sets (per
 copies, engines/bench/voices.py). Last it frees the graphs, and what the device gets back
 beyond the allocator's blocks is the graph executables.
 
-It imports only what every version of the data plane has (engines.runtime, .streaming,
+It imports only what every version of the data plane has (engines.stage_runtimes, .streaming,
 .plan), so running it as a script with an older `engines` on PYTHONPATH breaks that one down
 too. Prints one JSON object; docs/gpu.md gives the figures.
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from engines.plan import WindowConfig
-    from engines.runtime import load_stages
+    from engines.stage_runtimes import load_stages
     from engines.streaming import StreamScheduler
 
     windows = replace(

@@ -31,7 +31,7 @@ from engines.corpus import load_corpus, sentence_order
 from engines.engine_build import build_engines
 from engines.frontend import text_to_sentences
 from engines.plan import WindowConfig
-from engines.runtime import OnnxStages
+from engines.stage_runtimes import OnnxStages
 from engines.streaming.planner import cpu_rules, window_calls
 from engines.streaming.types import Stream, StreamSink, SynthesisParams
 from engines.voice import load_voice

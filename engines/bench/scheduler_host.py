@@ -75,7 +75,7 @@ class HeldCosts(CostModel):
 
 
 class NoArithmetic:
-    """The device tensor API of `TorchCudaStages` (engines/torch_cuda/runtime.py) on the CPU,
+    """The device tensor API of `TorchCudaStages` (engines/torch_cuda/stages.py) on the CPU,
     computing nothing: zeros of each stage's output shape."""
 
     name = "torch-cuda"
@@ -83,7 +83,7 @@ class NoArithmetic:
     def __init__(self, pages: int) -> None:
         import torch
 
-        from engines.torch_cuda.runtime import DEFAULT_BATCH_BUCKETS
+        from engines.torch_cuda.stages import DEFAULT_BATCH_BUCKETS
 
         self.padded_batch_buckets = DEFAULT_BATCH_BUCKETS
         self.torch = torch

@@ -27,7 +27,7 @@ from engines.corpus import load_corpus
 from engines.engine_build import build_engines
 from engines.frontend import text_to_sentences
 from engines.plan import WindowConfig
-from engines.runtime import OnnxStages
+from engines.stage_runtimes import OnnxStages
 from engines.streaming.planner import WindowRules, cpu_rules, next_window, window_calls
 from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams, Window
 from engines.voice import VoiceConfig, load_voice

@@ -28,7 +28,7 @@ from engines.commands.demo import REFERENCE_SENTENCE
 from engines.engine_build import build_engines
 from engines.frames import to_pcm16
 from engines.frontend import text_to_sentences
-from engines.runtime import OnnxStages
+from engines.stage_runtimes import OnnxStages
 from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, WindowConfig
 from engines.voice import load_voice
 

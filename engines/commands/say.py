@@ -23,6 +23,7 @@ def report(result, out: str, as_json: bool) -> None:  # result: engines.client.S
                     "chunks": len(result.chunks),
                     "audio_seconds": round(result.audio_seconds, 3),
                     "rtf": round(result.rtf, 4),
+                    "refusals": result.refusals,
                 }
             )
         )
@@ -45,6 +46,7 @@ def handle(args: argparse.Namespace) -> int:
             voice=args.voice,
             speaker_id=args.speaker,
             connect_timeout_s=args.connect_timeout,
+            refused_retry_s=args.refused_retry,
         )
     except SynthesisError as error:
         code = f" ({error.code})" if error.code else ""
@@ -78,6 +80,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--speaker", type=int, default=None, help="speaker id (multi-speaker)")
     parser.add_argument("--json", action="store_true", help="print one JSON object of timings")
+    parser.add_argument(
+        "--refused-retry",
+        type=seconds,
+        default=10.0,
+        metavar="S",
+        help="ask again for S seconds when a full server refuses the stream before its first "
+        "audio (RESOURCE_EXHAUSTED), over a new connection each time (default 10; 0: never)",
+    )
     parser.add_argument(
         "--connect-timeout",
         type=seconds,

@@ -77,8 +77,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 def plan_from_args(args: argparse.Namespace):  # -> list[ServingPlan], imported lazily
     from dataclasses import replace
 
+    from engines.local_serving import plan_local_voices
     from engines.plan import ServingPlan, WindowConfig
-    from engines.serving import plan_local_voices
 
     # Each of these options sets the WindowConfig field of its name where it is given.
     given = {
@@ -102,9 +102,9 @@ def plan_from_args(args: argparse.Namespace):  # -> list[ServingPlan], imported 
 
 def handle(args: argparse.Namespace) -> int:
     from engines.engine_build import EngineBuildError
+    from engines.local_serving import local_server
     from engines.mps import MpsDaemon
     from engines.plan import check_mps
-    from engines.serving import local_server
     from engines.supervisor import Supervisor, TritonEndpoints
     from engines.triton_server import EXIT_TIMEOUT_SECONDS, TritonError, server_env
     from engines.voice import VoiceError

@@ -249,7 +249,7 @@ class StreamScheduler:
 
     @property
     def _encoder_calls_in_flight(self) -> int:
-        # A backend may allow more than one (engines/torch_cuda/runtime.py: an encoder queued
+        # A backend may allow more than one (engines/torch_cuda/stages.py: an encoder queued
         # on the windows' own stream, whose calls do not slow each other down).
         return self.backend.features.encoder_calls_in_flight
 

@@ -20,7 +20,7 @@ MAX_GRAPH_WINDOWS = 64
 
 
 def load(engine_dir: Path, windows: WindowConfig, cpu_threads: int | None = None) -> StageRuntime:
-    from engines.torch_cuda.runtime import (
+    from engines.torch_cuda.stages import (
         DEFAULT_BATCH_BUCKETS,
         ENCODER_BATCH_BUCKETS,
         TorchCudaStages,

@@ -175,7 +175,7 @@ class DeviceBackend:
     def encode_launch(self, ids, lengths, scales, speakers, voice=None) -> Any:
         """`encode` without waiting (where `encodes_beside`): a call whose `done()` says its
         frame counts are on the host and whose `finish()` gives (prior, frames) as `encode`
-        does, the prior queued behind the call (engines.torch_cuda.runtime.EncoderCall)."""
+        does, the prior queued behind the call (engines.torch_cuda.stages.EncoderCall)."""
         return self.runtime.encode_launch(
             *self._encoder_inputs(ids, lengths, scales), speakers, **_voice(voice)
         )

@@ -38,7 +38,7 @@ import psutil
 from engines.frontend import Sentence
 from engines.frontend_pool import FrontendPool
 from engines.plan import ServingPlan, WindowConfig
-from engines.runtime import load_stages
+from engines.stage_runtimes import load_stages
 from engines.streaming import (
     FirstAudioPaths,
     SchedulerStats,
@@ -574,6 +574,7 @@ class VoiceHost:
         with self._lock:
             if self._frontend is None:
                 self._frontend = FrontendPool(self._frontend_workers or 0)
+                LOGGER.info("phonemiser workers: %d", self._frontend_workers or 0)
             return self._frontend
 
     def _stream_ended(self, voice: _Voice) -> None:

@@ -34,12 +34,17 @@ class HostOptions:
     memory_mib: int = 0  # the pool's declared memory (0: the device's own)
     margin_mib: int = names.MEMORY_MARGIN_MIB
     cpu_threads: int = 0  # threads per onnxruntime call (0: the CPUs the process may use)
+    frontend_workers: int | None = None  # phonemiser processes (None: 4 on a GPU, else none)
 
     def arguments(self) -> list[str]:
+        workers = (
+            [] if self.frontend_workers is None else [f"--frontend-workers={self.frontend_workers}"]
+        )
         return [
             f"--memory-mib={self.memory_mib}",
             f"--margin-mib={self.margin_mib}",
             f"--cpu-threads={self.cpu_threads}",
+            *workers,
         ]
 
 

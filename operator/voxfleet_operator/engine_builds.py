@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from voxfleet_operator.children import ensure, with_owners
+from voxfleet_operator.context import JOBS, PVCS, Runtime
 from voxfleet_operator.names import ENGINE_KEY_LABEL, VOICE_LABEL, engine_job_name
-from voxfleet_operator.plan import Voice
+from voxfleet_operator.pool_plan import Voice
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.render import render_voice
-from voxfleet_operator.runtime import JOBS, PVCS, Runtime
 from voxfleet_operator.status import (
     BUILD_FAILED,
     BUILDING,

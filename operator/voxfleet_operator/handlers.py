@@ -15,13 +15,7 @@ import aiohttp
 import kopf
 
 from voxfleet_operator.config import load_config
-from voxfleet_operator.kube import ApiError, KubeClient, is_transient
-from voxfleet_operator.names import MANAGED_BY, POOL_LABEL, REPOSITORY_KEY_SECRET, VOICE_LABEL
-from voxfleet_operator.pods import LOADED_PREFIX, pod_load_marker, pod_ready, unload_from_pods
-from voxfleet_operator.pools import Pool
-from voxfleet_operator.reconcile import reconcile_voice, report_forbidden
-from voxfleet_operator.render.speech_api import is_speech_api_child
-from voxfleet_operator.runtime import (
+from voxfleet_operator.context import (
     JOBS,
     PODS,
     POOL_PODS_LABELS,
@@ -30,6 +24,12 @@ from voxfleet_operator.runtime import (
     last_valid,
     peer_entry,
 )
+from voxfleet_operator.kube import ApiError, KubeClient, is_transient
+from voxfleet_operator.names import MANAGED_BY, POOL_LABEL, REPOSITORY_KEY_SECRET, VOICE_LABEL
+from voxfleet_operator.pods import LOADED_PREFIX, pod_load_marker, pod_ready, unload_from_pods
+from voxfleet_operator.pools import Pool
+from voxfleet_operator.reconcile import reconcile_voice, report_forbidden
+from voxfleet_operator.render.speech_api import is_speech_api_child
 from voxfleet_operator.shared import remove_from_pool, sync_shared
 from voxfleet_operator.spec import GROUP, PLURAL, VERSION
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from voxfleet_operator import loading
+from voxfleet_operator.context import PODS, Runtime
 from voxfleet_operator.names import pool_selector, serving_label
 from voxfleet_operator.placement import (
     MARGIN_MIB,
@@ -16,10 +17,9 @@ from voxfleet_operator.placement import (
     pods_for_memory,
     voice_size_mib,
 )
-from voxfleet_operator.plan import Voice
+from voxfleet_operator.pool_plan import Voice
 from voxfleet_operator.pools import Pool
-from voxfleet_operator.runtime import PODS, Runtime
-from voxfleet_operator.serving import serving_plan
+from voxfleet_operator.voice_plan import serving_plan
 
 LOADED_PREFIX = "loaded.voxfleet.io/"
 # A load Triton refused is tried again after 5 s, 10 s, 20 s ... at most every 5 minutes.

@@ -11,13 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from voxfleet_operator.children import ensure, with_owners
-from voxfleet_operator.engine_builds import sync_engine
-from voxfleet_operator.names import MANAGED_BY, endpoint, pods_endpoint, pool_deployment_name
-from voxfleet_operator.placement import scale_status
-from voxfleet_operator.pods import sync_pods
-from voxfleet_operator.render import render_voice
-from voxfleet_operator.render.voice_scaling import voice_hpa_name
-from voxfleet_operator.runtime import (
+from voxfleet_operator.context import (
     HPAS,
     LAST_VALID_SPEC,
     TTSVOICES,
@@ -27,7 +21,12 @@ from voxfleet_operator.runtime import (
     peer_entry,
     valid_spec_record,
 )
-from voxfleet_operator.serving import voice_engine_key
+from voxfleet_operator.engine_builds import sync_engine
+from voxfleet_operator.names import MANAGED_BY, endpoint, pods_endpoint, pool_deployment_name
+from voxfleet_operator.placement import scale_status
+from voxfleet_operator.pods import sync_pods
+from voxfleet_operator.render import render_voice
+from voxfleet_operator.render.voice_scaling import voice_hpa_name
 from voxfleet_operator.shared import leave_previous_pool, sync_shared
 from voxfleet_operator.status import (
     AVAILABLE,
@@ -50,6 +49,7 @@ from voxfleet_operator.status import (
     forbidden_conditions,
     status_changed,
 )
+from voxfleet_operator.voice_plan import voice_engine_key
 from voxfleet_operator.voices import InvalidVoice, parse_voice
 
 

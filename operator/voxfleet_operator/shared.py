@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from voxfleet_operator.children import ensure, with_owners
+from voxfleet_operator.context import Peer, Peers, Runtime, secret_key, valid_peers
 from voxfleet_operator.kube import PLURALS, Resource
 from voxfleet_operator.names import (
     MANAGED_BY,
@@ -15,12 +16,11 @@ from voxfleet_operator.names import (
     pool_deployment_name,
     pool_metrics_service_name,
 )
-from voxfleet_operator.plan import Voice, plan_pool
 from voxfleet_operator.pods import unload_from_pods
+from voxfleet_operator.pool_plan import Voice, plan_pool
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.render import render_pool, render_speech_api
 from voxfleet_operator.render.voice import build_repository_key_secret, new_repository_key
-from voxfleet_operator.runtime import Peer, Peers, Runtime, secret_key, valid_peers
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from voxfleet_operator.names import voice_name_problem
-from voxfleet_operator.plan import Voice
+from voxfleet_operator.pool_plan import Voice
 from voxfleet_operator.pools import PoolsConfig
 from voxfleet_operator.spec import GROUP, KIND, VERSION, TTSVoiceSpec
 from voxfleet_operator.status import INVALID_NAME, INVALID_SPEC, NOT_A_TTSVOICE, UNKNOWN_POOL

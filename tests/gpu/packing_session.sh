@@ -45,13 +45,16 @@ packing)
     # Triton's Python-backend stub runs the stream models with the environment's own
     # packages: every wheel goes into the environment itself, forced (NumPy 1.x over the
     # machine's 2.x: Triton 2.51's stub misreads TEXT under NumPy 2, and a run whose check
-    # saw /tmp/site's NumPy had every stub die on its first request).
+    # saw /tmp/site's NumPy had every stub die on its first request). NumPy 2's own files go
+    # first: installing 1.x over them leaves 2.x modules behind that break `import numpy`.
+    SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    rm -rf "$SITE"/numpy "$SITE"/numpy-*.dist-info "$SITE"/numpy.libs
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --force-reinstall /tmp/keep/*.whl || exit 1
     export PYTHONPATH="$PWD"
     python3 -c 'import numpy, sys; print("numpy", numpy.__version__); sys.exit(int(numpy.__version__.split(".")[0]) >= 2)' || {
         echo "packing_session: the environment still has NumPy 2; the stub needs 1.x" >&2; exit 1; }
-    echo "$PWD" >"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/voxfleet-checkout.pth"
+    echo "$PWD" >"$SITE/voxfleet-checkout.pth"
     python3 -c 'import pytriton' 2>/dev/null || : >"$(python3 -c 'import importlib.util; print(importlib.util.find_spec("pytriton").submodule_search_locations[0])')/__init__.py"
     python3 -m engines.bench.packing --engine-dir "$ENTRY" --voices-dir /tmp/voices \
         --voices "${PACKED:-100}" --mps-limit "${LIMIT:-16G}" --levels "${LEVELS:-500,1000,1500}" \

@@ -23,7 +23,7 @@ from engines.torch_cuda.convert import (  # noqa: E402
     UnsupportedGraphError,
     check_supported,
 )
-from engines.torch_cuda.runtime import (  # noqa: E402
+from engines.torch_cuda.stages import (  # noqa: E402
     TorchCudaStages,
     bucket_for,
 )
@@ -177,8 +177,8 @@ def test_batches_are_padded_to_the_next_bucket(batch: int, bucket: int) -> None:
 def test_runtime_refuses_to_start_without_cuda(stage_dir: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    from engines.runtime import load_stages
-    from engines.torch_cuda.runtime import TorchCudaError
+    from engines.stage_runtimes import load_stages
+    from engines.torch_cuda.stages import TorchCudaError
 
     with pytest.raises(TorchCudaError, match="needs a CUDA GPU"):
         load_stages("torch-cuda", stage_dir)
@@ -190,7 +190,7 @@ def test_torch_cuda_entry_records_its_precision(tmp_path: Path) -> None:
     target = Target(f"torch-{torch.__version__}", "NVIDIA-H100-80GB-HBM3", "9.0")
     entry = build_engines(resolve_voice_model("joe"), "torch-cuda", None, tmp_path, target=target)
     assert entry.key.precision == "fp16"
-    from engines.torch_cuda.runtime import _read_precision
+    from engines.torch_cuda.stages import _read_precision
 
     assert _read_precision(entry.path) == "fp16"
     assert {info["stage"] for info in entry.files.values()} == {"encoder", "flow", "vocoder", ""}
@@ -275,7 +275,7 @@ def test_frames_kept_on_the_device_stream_the_same_audio(
     import threading
 
     from engines.frontend import Sentence
-    from engines.runtime import OnnxStages
+    from engines.stage_runtimes import OnnxStages
     from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
     from engines.torch_cuda.backend import DeviceBackend
 

@@ -21,7 +21,7 @@ from engines.bench.voices import perturbed_voice  # noqa: E402
 from engines.frontend import Sentence  # noqa: E402
 from engines.split import split_voice  # noqa: E402
 from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, VoiceSlot  # noqa: E402
-from engines.torch_cuda.runtime import TorchCudaStages  # noqa: E402
+from engines.torch_cuda.stages import TorchCudaStages  # noqa: E402
 from engines.torch_cuda.weights import ArchitectureMismatch  # noqa: E402
 from engines.voice import load_voice  # noqa: E402
 

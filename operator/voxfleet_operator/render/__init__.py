@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from voxfleet_operator.plan import PoolPlan, Voice, place_voices
+from voxfleet_operator.pool_plan import PoolPlan, Voice, place_voices
 from voxfleet_operator.pools import PoolsConfig
 from voxfleet_operator.render.engine_job import build_engine_job
 from voxfleet_operator.render.pool import (
@@ -22,8 +22,8 @@ from voxfleet_operator.render.pool import (
 from voxfleet_operator.render.speech_api import build_voice_pods_service, render_speech_api
 from voxfleet_operator.render.voice import build_repository_key_secret, build_voice_service
 from voxfleet_operator.render.voice_scaling import build_voice_hpa
-from voxfleet_operator.serving import voice_engine_key
 from voxfleet_operator.speech_api import SpeechApiConfig
+from voxfleet_operator.voice_plan import voice_engine_key
 
 __all__ = [
     "build_engine_job",

@@ -17,8 +17,8 @@ from voxfleet_operator.render.common import (
     pool_node_selector,
     pool_resources,
 )
-from voxfleet_operator.serving import ENGINE_CACHE_MOUNT, serving_plan
 from voxfleet_operator.spec import TTSVoiceSpec
+from voxfleet_operator.voice_plan import ENGINE_CACHE_MOUNT, serving_plan
 
 VOICE_MOUNT = "/voice"
 BUILD_BACKOFF_LIMIT = 2

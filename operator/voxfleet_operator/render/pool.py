@@ -24,7 +24,7 @@ from voxfleet_operator.names import (
     pool_metrics_service_name,
     pool_selector,
 )
-from voxfleet_operator.plan import PoolPlan
+from voxfleet_operator.pool_plan import PoolPlan
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.render.common import (
     container_security_context,
@@ -33,7 +33,7 @@ from voxfleet_operator.render.common import (
     pool_node_selector,
     pool_resources,
 )
-from voxfleet_operator.serving import ENGINE_CACHE_MOUNT
+from voxfleet_operator.voice_plan import ENGINE_CACHE_MOUNT
 
 MODEL_REPOSITORY = "/models"
 # Triton finishes in-flight streams for up to this long after SIGTERM; the pod's grace period

@@ -37,7 +37,7 @@ from voxfleet_operator.names import (
     serving_label,
     voice_pods_service_name,
 )
-from voxfleet_operator.plan import Voice
+from voxfleet_operator.pool_plan import Voice
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.render.common import container_security_context, metadata
 from voxfleet_operator.speech_api import SpeechApiConfig

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from voxfleet_operator.names import POOL_LABEL, VOICE_LABEL
-from voxfleet_operator.plan import Voice
+from voxfleet_operator.pool_plan import Voice
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.render.common import metadata
 from voxfleet_operator.render.pool import VOICE_LOAD_METRIC, load_target

@@ -39,8 +39,12 @@ class Kubectl:
 
     def run(self, *args: str, stdin: str | None = None, ok: bool = True) -> tuple[str, str]:
         result = subprocess.run(
-            ["kubectl", "-n", self.namespace, *args], input=stdin, capture_output=True,
-            text=True, env=self.env, timeout=60,
+            ["kubectl", "-n", self.namespace, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=60,
         )
         if ok:
             assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
@@ -58,7 +62,8 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     with ControlPlane(tmp_path_factory.mktemp("api"), controllers=(), scheduler=False) as running:
         Kubectl(running.admin_kubeconfig, "default").run("apply", "-f", str(CHART / "crds"))
         Kubectl(running.admin_kubeconfig, "default").run(
-            "wait", "--for=condition=Established", "crd/ttsvoices.voxfleet.io")
+            "wait", "--for=condition=Established", "crd/ttsvoices.voxfleet.io"
+        )
         yield running
 
 
@@ -75,9 +80,21 @@ def helm_template(namespace: str, tmp_path: Path) -> str:
     values = tmp_path / "values.yaml"
     values.write_text(CPU_VALUES)
     return subprocess.run(
-        ["helm", "template", "vf", str(CHART), "--namespace", namespace, "--skip-tests",
-         "-f", str(values)],
-        capture_output=True, text=True, check=True, timeout=60,
+        [
+            "helm",
+            "template",
+            "vf",
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--skip-tests",
+            "-f",
+            str(values),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     ).stdout
 
 
@@ -98,12 +115,30 @@ def test_get_ttsv_shows_the_crd_printer_columns(kubectl: Kubectl) -> None:
     assert "ttsvoice.voxfleet.io/joe created" in out
     # Status is the operator's to write, through the status subresource.
     kubectl.run(
-        "patch", "ttsv", "joe", "--subresource=status", "--type=merge", "-p",
-        json.dumps({"status": {"phase": "Ready", "pool": "cpu",
-                               "endpoint": "joe.default.svc:8001",
-                               "conditions": [{"type": "Available", "status": "True",
-                                               "reason": "Serving", "message": "",
-                                               "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}),
+        "patch",
+        "ttsv",
+        "joe",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(
+            {
+                "status": {
+                    "phase": "Ready",
+                    "pool": "cpu",
+                    "endpoint": "joe.default.svc:8001",
+                    "conditions": [
+                        {
+                            "type": "Available",
+                            "status": "True",
+                            "reason": "Serving",
+                            "message": "",
+                            "lastTransitionTime": "2026-01-01T00:00:00Z",
+                        }
+                    ],
+                }
+            }
+        ),
     )
     out, _ = kubectl.run("get", "ttsv")
     header, row = out.splitlines()[:2]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.serving import local_server, plan_local_voices
+from engines.local_serving import local_server, plan_local_voices
 from engines.triton_server import TritonServer
 
 

@@ -3,7 +3,6 @@ real Triton server: the same audio and the same errors as phonemising in the mod
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,8 +11,9 @@ import numpy as np
 import pytest
 
 from engines.client import StreamResult, SynthesisError, synthesize
-from engines.serving import local_server, plan_local_voices
+from engines.local_serving import local_server, plan_local_voices
 from engines.triton_server import TritonServer
+from engines.voice_host.process import HostOptions
 
 pytestmark = pytest.mark.triton
 
@@ -24,12 +24,12 @@ def workers_server(
 ) -> Iterator[TritonServer]:
     plan = plan_local_voices(["joe"], engine_cache)
     triton = local_server(plan, work_dir=tmp_path_factory.mktemp("triton-workers"))
-    os.environ["VOXFLEET_FRONTEND_WORKERS"] = "2"
-    try:
-        with triton.start():
-            yield triton
-    finally:
-        os.environ.pop("VOXFLEET_FRONTEND_WORKERS", None)
+    # On the CPU the voice host phonemises in its own threads; two worker processes here, as
+    # a GPU pod's host runs them.
+    triton.host.options = HostOptions(frontend_workers=2)
+    with triton.start():
+        yield triton
+    assert "phonemiser workers: 2" in triton.log_path.read_text(errors="replace")
 
 
 def test_streams_phonemised_by_workers_match_the_model_process(

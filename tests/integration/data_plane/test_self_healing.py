@@ -19,9 +19,9 @@ from supervised import Served, running, serve_command, talk_in_background
 
 from engines import names
 from engines.client import StreamResult, SynthesisError, stream_tts, synthesize
+from engines.local_serving import plan_local_voices
 from engines.plan import ServingPlan
 from engines.repository import load_request
-from engines.serving import plan_local_voices
 from engines.triton_server import free_port
 
 pytestmark = pytest.mark.triton
@@ -83,7 +83,8 @@ def test_serve_heals_one_killed_instance_of_two(engine_cache: Path) -> None:
 
         # (The supervisor looks every 0.1 s; on a busy machine its questions to Triton take
         # seconds.)
-        assert served.wait_for(lambda: said("of voice 'joe' died; restarting"), 15) is not None
+        died = served.wait_for(lambda: said("of voice 'joe' died; restarting"), 30)
+        assert died is not None, "".join(served.output[-30:])
         assert served.wait_for(lambda: said("voxfleet: healed in"), 30) is not None
         assert served.wait_for(lambda: served.ready() == 200, 5) is not None
         assert len(served.stubs()) == 2, "".join(served.output[-30:])

@@ -11,7 +11,7 @@ import pytest
 
 from engines.bench.systems import TritonSystem
 from engines.client import stream_tts, synthesize
-from engines.serving import local_server, plan_local_voices
+from engines.local_serving import local_server, plan_local_voices
 
 pytestmark = pytest.mark.triton
 

@@ -50,7 +50,8 @@ def test_say_writes_a_wav_and_reports_json(server: TritonServer, tmp_path: Path)
     completed = say("Hello from voxfleet.", "-o", str(out), "--url", server.grpc_url, "--json")
     assert completed.returncode == 0, completed.stderr
     report = json.loads(completed.stdout)
-    assert set(report) == {"first_audio_ms", "chunks", "audio_seconds", "rtf"}
+    assert set(report) == {"first_audio_ms", "chunks", "audio_seconds", "rtf", "refusals"}
+    assert report["refusals"] == 0
     assert report["chunks"] >= 1 and 0 < report["first_audio_ms"] < 10_000
     with wave.open(str(out)) as wav:
         assert wav.getframerate() == 22050 and wav.getsampwidth() == 2
@@ -275,3 +276,26 @@ def test_the_call_log_says_where_the_scheduler_threads_time_went(engine_cache: P
         found = paths()
         assert [path["n"] for path in found] == [1], found
         assert found[0]["frontend"][0] > 0 and found[0]["total"][0] >= found[0]["frontend"][0]
+
+
+def test_say_asks_again_when_a_full_server_refuses_and_counts_it(server, monkeypatch) -> None:
+    """A full server refuses a new stream at once (RESOURCE_EXHAUSTED): the client asks again
+    over a new connection until it is taken, and says how many times it was refused."""
+    from engines import client
+
+    calls = {"n": 0}
+    real = client._stream_into
+
+    def refused_twice(result, url, text, voice, **kwargs):
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            raise client.SynthesisError("this server is full: ...", "RESOURCE_EXHAUSTED")
+        real(result, url, text, voice, **kwargs)
+
+    monkeypatch.setattr(client, "_stream_into", refused_twice)
+    result = client.synthesize(server.grpc_url, "Third time lucky.", refused_retry_s=5)
+    assert result.refusals == 2 and result.audio_seconds > 0.3
+    calls["n"] = 0
+    with pytest.raises(client.SynthesisError) as refused:
+        client.synthesize(server.grpc_url, "Never.", refused_retry_s=0)
+    assert refused.value.code == "RESOURCE_EXHAUSTED" and calls["n"] == 1

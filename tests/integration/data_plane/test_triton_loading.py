@@ -20,7 +20,7 @@ import pytest
 from voxfleet_operator import loading
 from voxfleet_operator.pools import Pool, PoolsConfig
 from voxfleet_operator.render.pool import KEY_ENV, triton_args
-from voxfleet_operator.serving import serving_plan, voice_engine_key
+from voxfleet_operator.voice_plan import serving_plan, voice_engine_key
 from voxfleet_operator.voices import parse_voice
 
 from engines.client import SynthesisError, synthesize
@@ -136,7 +136,10 @@ async def test_spec_values_reach_the_stream_model_unchanged_through_a_real_load(
                 first = pool.submit(synthesize, server.grpc_url, TEXT * 12, voice="joe-fast")
                 time.sleep(0.3)
                 with pytest.raises(SynthesisError) as busy:
-                    synthesize(server.grpc_url, "A second listener.", voice="joe-fast")
+                    # (Asked once: the client would otherwise ask again until the first ends.)
+                    synthesize(
+                        server.grpc_url, "A second listener.", voice="joe-fast", refused_retry_s=0
+                    )
                 assert first.result().audio_seconds > 20
             assert busy.value.code == "RESOURCE_EXHAUSTED"
             assert "limit of 1 streams" in str(busy.value)

@@ -412,8 +412,7 @@ async def operator(
     api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[None]:
     """The operator with a short drift-correction interval (0.5 s)."""
-    for name in ("VOXFLEET_POOLS_FILE", "VOXFLEET_REPOSITORY_KEY_FILE"):
-        monkeypatch.delenv(name, raising=False)  # restored after the test
+    monkeypatch.delenv("VOXFLEET_POOLS_FILE", raising=False)  # restored after the test
     if await api.get("v1", "persistentvolumeclaims", ENGINE_CACHE_CLAIM) is None:
         await api.create("v1", "persistentvolumeclaims", engine_cache_claim())
     async with running_operator(tmp_path, resync_seconds=0.5):

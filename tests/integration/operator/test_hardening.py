@@ -169,8 +169,8 @@ async def _outage_then_recovery(api: Api, resync_seconds: float, failing: frozen
 
 
 async def test_client_retries_throttling_and_outages_and_sees_recovery(api: Api) -> None:
+    from voxfleet_operator.context import TTSVOICES
     from voxfleet_operator.kube import ApiError, KubeClient
-    from voxfleet_operator.runtime import TTSVOICES
 
     assert api.faults is not None
     client = await KubeClient.connect()
@@ -258,7 +258,7 @@ async def _serving_pod(api: Api, name: str, engine_key: str) -> None:
     from voxfleet_operator import loading
     from voxfleet_operator.pods import LOADED_PREFIX, pod_load_marker
     from voxfleet_operator.pools import parse_pools
-    from voxfleet_operator.serving import serving_plan
+    from voxfleet_operator.voice_plan import serving_plan
     from voxfleet_operator.voices import voice_from_object
 
     pools = parse_pools(POOLS)

@@ -341,9 +341,9 @@ async def _gone(api: Api, group: str, plural: str, name: str) -> bool:
 @pytest.mark.skipif(REAL_CLUSTER, reason="counts the operator's requests (fault proxy)")
 async def test_no_writes_once_converged(api: Api, operator: None, tmp_path: Path) -> None:
     from voxfleet_operator.config import load_config
+    from voxfleet_operator.context import Runtime, peer_entry
     from voxfleet_operator.kube import KubeClient
     from voxfleet_operator.reconcile import reconcile_voice
-    from voxfleet_operator.runtime import Runtime, peer_entry
 
     await api.create(*VOICES, voice("joe"))
     await api.create(*VOICES, voice("amy", pool="l4"))

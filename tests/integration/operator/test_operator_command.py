@@ -74,8 +74,8 @@ async def test_voxfleet_operator_process_reconciles_and_stops_cleanly(
 
 @pytest.mark.skipif(REAL_CLUSTER, reason="needs the fault proxy")
 async def test_client_reads_a_rotated_token_after_401(api: Api) -> None:
+    from voxfleet_operator.context import TTSVOICES
     from voxfleet_operator.kube import KubeClient
-    from voxfleet_operator.runtime import TTSVOICES
 
     assert api.faults is not None
     client = await KubeClient.connect()

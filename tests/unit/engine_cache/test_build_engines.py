@@ -16,7 +16,7 @@ from engines.engine_build import (
     check_entry_target,
     resolve_voice_model,
 )
-from engines.runtime import load_stages
+from engines.stage_runtimes import load_stages
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict, str]:

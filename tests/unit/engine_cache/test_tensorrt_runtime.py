@@ -17,7 +17,7 @@ import pytest
 
 from engines.engine_cache import EngineKey
 from engines.frontend import Sentence
-from engines.runtime import load_stages
+from engines.stage_runtimes import load_stages
 from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, WindowConfig
 from engines.tensorrt.profiles import (
     MAX_PHONEMES,
@@ -27,7 +27,7 @@ from engines.tensorrt.profiles import (
     stage_profiles,
     vocoder_call_frames,
 )
-from engines.tensorrt.runtime import (
+from engines.tensorrt.stages import (
     InputRange,
     StageProfile,
     TensorRTRuntimeError,
@@ -102,8 +102,8 @@ def test_load_stages_finds_the_runtime_through_the_registry_in_a_fresh_process(
     script = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from engines.runtime import load_stages\n"
-        "assert 'engines.tensorrt.runtime' not in sys.modules\n"
+        "from engines.stage_runtimes import load_stages\n"
+        "assert 'engines.tensorrt.stages' not in sys.modules\n"
         "try:\n"
         "    load_stages('tensorrt', Path(sys.argv[1]))\n"
         "except Exception as error:\n"

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from engines.engine_build import build_engines
-from engines.runtime import OnnxStages
+from engines.stage_runtimes import OnnxStages
 from engines.voice import Voice, load_voice
 
 

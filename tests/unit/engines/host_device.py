@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from engines.frames import HostBackend
-from engines.runtime import OnnxStages
+from engines.stage_runtimes import OnnxStages
 from engines.streaming import StreamSink, SynthesisParams
 
 TEXT = "Streaming speech arrives chunk by chunk. A second sentence follows the first."

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engines.frontend import Sentence, text_to_sentences
-from engines.runtime import OnnxStages
+from engines.stage_runtimes import OnnxStages
 from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
 from engines.voice import Voice
 

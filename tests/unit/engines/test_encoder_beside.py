@@ -16,7 +16,7 @@ from host_device import QUIET, TEXT, HostStages, Sink, Timing
 
 from engines.frames import HostBackend
 from engines.frontend import Sentence, text_to_sentences
-from engines.runtime import OnnxStages
+from engines.stage_runtimes import OnnxStages
 from engines.streaming import StreamScheduler, planner
 from engines.voice import Voice
 

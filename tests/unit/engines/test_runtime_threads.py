@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from engines.runtime import cpu_threads
+from engines.stage_runtimes import cpu_threads
 from engines.voice_host.host import VoiceHost
 
 

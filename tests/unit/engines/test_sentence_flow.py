@@ -11,7 +11,7 @@ import pytest
 
 from engines.frames import SENTENCE_FLOW_FRAMES, FramePool, sentence_flow_groups
 from engines.frontend import text_to_sentences
-from engines.runtime import OnnxStages
+from engines.stage_runtimes import OnnxStages
 from engines.voice import Voice
 
 TEXTS = [

@@ -7,8 +7,8 @@ import onnxruntime as ort
 import pytest
 
 from engines.frontend import text_to_sentences
-from engines.runtime import OnnxStages
 from engines.split import SplitError, split_voice
+from engines.stage_runtimes import OnnxStages
 from engines.voice import Voice
 
 

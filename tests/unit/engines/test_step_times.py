@@ -14,7 +14,7 @@ from host_device import QUIET, TEXT, HostStages, Sink, Timing
 
 from engines.frames import HostBackend
 from engines.frontend import Sentence, text_to_sentences
-from engines.runtime import OnnxStages
+from engines.stage_runtimes import OnnxStages
 from engines.streaming import StreamScheduler
 from engines.streaming.types import FIRST_AUDIO_PARTS, STEP_PARTS, FirstAudioPaths, StepTimes
 from engines.voice import Voice

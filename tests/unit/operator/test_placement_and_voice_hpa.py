@@ -6,7 +6,7 @@ from typing import Any
 
 import kubernetes_validate
 from voxfleet_operator.placement import place_voice, scale_status, voice_selector
-from voxfleet_operator.plan import Voice, plan_pool
+from voxfleet_operator.pool_plan import Voice, plan_pool
 from voxfleet_operator.pools import Pool, PoolsConfig
 from voxfleet_operator.render import build_pool_deployment, build_pool_hpa, render_voice
 from voxfleet_operator.render.voice_scaling import build_voice_hpa

@@ -6,7 +6,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from voxfleet_operator.plan import Voice, place_voices, plan_pool
+from voxfleet_operator.pool_plan import Voice, place_voices, plan_pool
 from voxfleet_operator.pools import Pool, PoolsConfig
 from voxfleet_operator.render import (
     build_engine_job,
@@ -18,8 +18,8 @@ from voxfleet_operator.render import (
     render_voices,
 )
 from voxfleet_operator.render.pool import TRITON_EXIT_TIMEOUT_SECONDS
-from voxfleet_operator.serving import voice_engine_key as engine_key
 from voxfleet_operator.spec import TTSVoiceSpec
+from voxfleet_operator.voice_plan import voice_engine_key as engine_key
 
 from engines.plan import ServingPlan
 

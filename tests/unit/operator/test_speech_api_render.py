@@ -11,7 +11,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 from voxfleet_operator.config import load_config
-from voxfleet_operator.plan import Voice
+from voxfleet_operator.pool_plan import Voice
 from voxfleet_operator.pools import Pool, PoolsConfig
 from voxfleet_operator.render import build_voice_pods_service, build_voice_service, render_voices
 from voxfleet_operator.spec import TTSVoiceSpec

@@ -22,7 +22,7 @@ from voxfleet_operator.names import (
     REPOSITORY_KEY_SECRET,
     REPOSITORY_KEY_SECRET_KEY,
 )
-from voxfleet_operator.plan import Voice
+from voxfleet_operator.pool_plan import Voice
 from voxfleet_operator.pools import Pool, PoolsConfig
 from voxfleet_operator.voices import InvalidVoice, parse_voice
 

@@ -22,10 +22,10 @@ __all__ = ["OnnxStages", "StageRuntime", "load_onnx", "load_stages"]
 
 def cpu_threads() -> int:
     """Threads for each onnxruntime call where none are given (a pool pod's voice host is
-    given its CPU request: `voxfleet triton --cpu-threads`): as many as the CPUs this process
-    may run on. Never onnxruntime's own default (0): that is one thread per physical core of
-    the machine, each pinned to its core, which escapes a CPU set (taskset, a cpuset
-    container) and oversubscribes a pod limited by CPU quota."""
+    given its CPU request: `voxfleet triton --voice-host-cpu-threads`): as many as the CPUs
+    this process may run on. Never onnxruntime's own default (0): that is one thread per
+    physical core of the machine, each pinned to its core, which escapes a CPU set (taskset,
+    a cpuset container) and oversubscribes a pod limited by CPU quota."""
     return len(os.sched_getaffinity(0))
 
 
