@@ -194,14 +194,14 @@ async def test_spec_change_updates_children_and_observed_generation(
 
     await eventually(lambda: hpa_max(3))
     await api.patch(
-        *VOICES, "joe", {"spec": {"autoscaling": {"maxReplicas": 9, "targetQueueMs": 20}}}
+        *VOICES, "joe", {"spec": {"autoscaling": {"maxReplicas": 9, "targetLoadPercent": 50}}}
     )
     # The pool's maxPods (4) caps the voice's wish (9).
     await eventually(lambda: hpa_max(4))
     hpa = await api.get("autoscaling/v2", "horizontalpodautoscalers", "voxfleet-triton-t4")
     assert hpa is not None
     targets = {m["pods"]["metric"]["name"]: m["pods"]["target"] for m in hpa["spec"]["metrics"]}
-    assert targets["voxfleet_queue_seconds"]["averageValue"] == "20m"
+    assert targets["voxfleet_load_ratio"]["averageValue"] == "500m"
 
     async def observed(generation: int) -> bool:
         return (await status_of(api, "joe")).get("observedGeneration") == generation
