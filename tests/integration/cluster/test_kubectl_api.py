@@ -127,6 +127,10 @@ def test_get_ttsv_shows_the_crd_printer_columns(kubectl: Kubectl) -> None:
                     "phase": "Ready",
                     "pool": "cpu",
                     "endpoint": "joe.default.svc:8001",
+                    "readyPods": 2,
+                    "liveStreams": 7,
+                    "firstAudioP95Ms": 180,
+                    "refusedStreams": 3,
                     "conditions": [
                         {
                             "type": "Available",
@@ -142,8 +146,30 @@ def test_get_ttsv_shows_the_crd_printer_columns(kubectl: Kubectl) -> None:
     )
     out, _ = kubectl.run("get", "ttsv")
     header, row = out.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "POOL", "ENDPOINT", "READY", "AGE"]
-    assert row.split()[:5] == ["joe", "Ready", "cpu", "joe.default.svc:8001", "True"]
+    assert header.split() == [
+        "NAME",
+        "PHASE",
+        "POOL",
+        "ENDPOINT",
+        "READY",
+        "PODS",
+        "STREAMS",
+        "P95-MS",
+        "REFUSED-5M",
+        "AGE",
+    ]
+    # The load columns show what the operator read from Prometheus.
+    assert row.split()[:9] == [
+        "joe",
+        "Ready",
+        "cpu",
+        "joe.default.svc:8001",
+        "True",
+        "2",
+        "7",
+        "180",
+        "3",
+    ]
     voice = kubectl.get_json("ttsv", "joe")
     assert voice["metadata"]["generation"] == 1  # a status write is no spec change
 

@@ -284,15 +284,15 @@ def test_say_asks_again_when_a_full_server_refuses_and_counts_it(server, monkeyp
     from engines import client
 
     calls = {"n": 0}
-    real = client._stream_into
+    real = client.stream_tts
 
-    def refused_twice(result, url, text, voice, **kwargs):
+    def refused_twice(url, text, voice, **kwargs):
         calls["n"] += 1
         if calls["n"] <= 2:
             raise client.SynthesisError("this server is full: ...", "RESOURCE_EXHAUSTED")
-        real(result, url, text, voice, **kwargs)
+        yield from real(url, text, voice, **kwargs)
 
-    monkeypatch.setattr(client, "_stream_into", refused_twice)
+    monkeypatch.setattr(client, "stream_tts", refused_twice)
     result = client.synthesize(server.grpc_url, "Third time lucky.", refused_retry_s=5)
     assert result.refusals == 2 and result.audio_seconds > 0.3
     calls["n"] = 0
