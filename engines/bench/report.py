@@ -21,6 +21,9 @@ ANALYSIS_END = "<!-- analysis:end -->"
 # The speech API gateway's figures, from fresh-server runs of scripts/gateway-overhead.sh.
 SPEECH_API_BEGIN = "<!-- speech-api:begin -->"
 SPEECH_API_END = "<!-- speech-api:end -->"
+# The refusal benchmark's section (engines/bench/refusals.py), kept as written.
+REFUSALS_BEGIN = "<!-- refusals:begin -->"
+REFUSALS_END = "<!-- refusals:end -->"
 
 METHOD = """\
 ## How it is measured
@@ -59,6 +62,16 @@ METHOD = """\
   generator CPU counts them all. piper always runs in the benchmark process.
   `server.triton_queue_ms` is the mean time a request waited in Triton's queue before a
   model instance took it, per model (Triton's statistics).
+- **Pods of a voice** (`voxfleet-pods`, not in the default systems): `--systems voxfleet-pods
+  --pods joe-tts-pods.<ns>.svc:8001` (a voice's headless Service, looked up again every 2 s)
+  or `--pods HOST:PORT,HOST:PORT`. The stream model on every pod, over a connection per pod,
+  each stream sent to the pod with the fewest of the client's streams in flight
+  (`engines/balancing.py`), and a stream a pod refuses before its first audio
+  (`RESOURCE_EXHAUSTED` or `UNAVAILABLE`) sent to another, each pod at most once, 3 tries in
+  all. With `--client-processes N` each process balances on its own over its own
+  connections. A stream every tried pod refused is counted as `refused`, apart from
+  `errors`, in the JSON, the progress line and the runs table. A level with a refusal does
+  not hold real time. No server resources are read for this system (several servers).
 - **Batching**: Triton's per-model statistics (executions per batch size) read before and
   after each run. voxfleet's stream model is decoupled and batches inside itself (one vocoder
   call for the windows of many streams), so Triton sees batch 1 there; its batches come from
@@ -270,6 +283,9 @@ def build_page(
         METHOD,
         "## Speech API gateway\n",
         kept_block(previous, SPEECH_API_BEGIN, SPEECH_API_END),
+        "",
+        "## Refusals under a hammering client\n",
+        kept_block(previous, REFUSALS_BEGIN, REFUSALS_END),
         "",
         "## GPU\n",
         gpu_section(previous),
