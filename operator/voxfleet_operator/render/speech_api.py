@@ -33,13 +33,12 @@ from voxfleet_operator.names import (
     SPEECH_API_PORT,
     SPEECH_API_VOICE_TABLE_KEY,
     VOICE_LABEL,
-    pool_selector,
-    serving_label,
     voice_pods_service_name,
 )
 from voxfleet_operator.pool_plan import Voice
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.render.common import container_security_context, metadata
+from voxfleet_operator.render.voice import build_voice_service
 from voxfleet_operator.speech_api import SpeechApiConfig
 
 GATEWAY_USER = 65532
@@ -58,30 +57,18 @@ def gateway_selector() -> dict[str, str]:
 
 
 def build_voice_pods_service(voice: str, namespace: str, pool: Pool) -> dict[str, Any]:
-    """Headless: the name resolves to the ready pods that serve the voice."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata(
-            voice_pods_service_name(voice),
-            namespace,
-            "endpoint-pods",
-            {VOICE_LABEL: voice, POOL_LABEL: pool.name},
-        ),
-        "spec": {
-            "clusterIP": "None",
-            "selector": {**pool_selector(pool.name), serving_label(voice): "true"},
-            "ports": [
-                {
-                    "name": "grpc",
-                    "port": GRPC_PORT,
-                    "targetPort": "grpc",
-                    "protocol": "TCP",
-                    "appProtocol": "grpc",
-                }
-            ],
-        },
-    }
+    """Headless: the name resolves to the ready pods that serve the voice (the voice's
+    Service otherwise, same selector and port)."""
+    service = build_voice_service(voice, namespace, pool)
+    service["metadata"] = metadata(
+        voice_pods_service_name(voice),
+        namespace,
+        "endpoint-pods",
+        {VOICE_LABEL: voice, POOL_LABEL: pool.name},
+    )
+    del service["spec"]["type"]
+    service["spec"] = {"clusterIP": "None", **service["spec"]}
+    return service
 
 
 def voice_table(namespace: str, voices: Iterable[Voice], config: SpeechApiConfig) -> dict[str, Any]:
