@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from engines import names
 from engines.balancing import (
     Balancer,
     NoEndpoints,
@@ -86,12 +87,7 @@ RESOLVE_TTL_S = 2.0
 # How often the channels of pods that left the answer are closed (once idle).
 PRUNE_INTERVAL_S = 10.0
 GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    # Notice a pod that went away without closing its connections within seconds.
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.http2.max_pings_without_data", 0),
+    *names.GRPC_CHANNEL_OPTIONS,
     # Connections of this client alone: gRPC otherwise shares one connection per address
     # among every channel of the process, so that clients meant to be separate listeners
     # would all ride the connection the first one opened.

@@ -93,3 +93,14 @@ GATEWAY_STREAMS_TOTAL = "voxfleet_gateway_streams_total"
 GATEWAY_STREAMS_IN_FLIGHT = "voxfleet_gateway_streams_in_flight"
 GATEWAY_REFUSALS_TOTAL = "voxfleet_gateway_refusals_total"
 GATEWAY_FAILURES_TOTAL = "voxfleet_gateway_failures_total"
+
+# gRPC channel options of the clients that stream from pods (engines.client, the speech
+# API gateway): large messages, and keepalives that notice a pod gone without a goodbye.
+GRPC_CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # Notice a pod that went away without closing its connections within seconds.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]

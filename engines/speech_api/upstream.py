@@ -22,14 +22,7 @@ import numpy as np
 from engines import names
 from engines.speech_api.errors import UpstreamError
 
-GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    # Notice a pod that went away without closing its connections within seconds.
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.http2.max_pings_without_data", 0),
-]
+GRPC_OPTIONS = names.GRPC_CHANNEL_OPTIONS
 # How long a finished stream's close may wait for the server to end it (then it is
 # cancelled): cancelling a stream Triton (2.51) has not finished writing keeps its model
 # referenced (engines.client explains).
