@@ -57,7 +57,7 @@ import psutil
 from e2e_support import NAMESPACE, POOL, ROOT, Kubectl, eventually
 
 from autoscale.adapter import MetricsAdapter, adapter_config_from_chart
-from autoscale.controllers import AutoscalingWatch, ScaleEvent
+from autoscale.controllers import AutoscalingWatch, ScaleEvent, current_metrics_milli
 from autoscale.load import Clients, Phase, Pods, TimedRecord, run_phases
 from autoscale.prometheus import PrometheusServer
 from autoscale.report import SAMPLE_SECONDS, write
@@ -252,6 +252,7 @@ class Sampler:
     def sample(self, counted: set[int]) -> dict[str, Any]:
         now = time.monotonic()
         deployment = self.kubectl.get("deployment", POOL_DEPLOYMENT) or {}
+        hpa = self.kubectl.get("hpa", POOL_DEPLOYMENT) or {}
         ready = [p for p in self.kubectl.items("pods", POOL_PODS) if pod_ready(p)]
         serving = {
             v: sum(
@@ -282,6 +283,11 @@ class Sampler:
             "t": round(now - self.started, 1),
             "concurrency": self.concurrency(),
             "replicas": (deployment.get("spec") or {}).get("replicas") or 1,
+            # What the pool HPA last read and wanted: why it did (not) scale.
+            "pool_hpa": {
+                "desired_replicas": (hpa.get("status") or {}).get("desiredReplicas"),
+                "metrics_milli": current_metrics_milli(hpa),
+            },
             "ready_pods": len(ready),
             "serving_pods": serving,
             "voice_replicas": {v: specs.get(v, {}).get("replicas") for v in self.voices},
