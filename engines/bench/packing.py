@@ -53,6 +53,34 @@ from engines.triton_server import free_port
 READY_TIMEOUT_S = 600.0
 
 
+def memory_costs(first: dict[str, Any], last: dict[str, Any], first_voice: str) -> dict[str, Any]:
+    """The pod's fixed cost and each further voice's, from its memory reports with the first
+    voice only (`first`) and with every voice loaded (`last`).
+
+    A further voice costs what the pod's used memory grew by per voice loaded
+    (`per_voice_mib`): its weights as the pod attributes them, and whatever else loading it
+    took that the pod does not attribute to a voice. The fixed cost (`fixed_mib`) is what
+    the pod took with its first voice, less that voice's cost: the cost at zero voices of a
+    straight line through the two reports. The attributed figures are kept beside."""
+    voices = last.get("voices", {})
+    count = len(voices)
+    used_first, used_last = first.get("used_mib"), last.get("used_mib")
+    attributed = [v["mib"] for n, v in voices.items() if n != first_voice]
+    costs: dict[str, Any] = {
+        "fixed_mib_after_first_voice": used_first,
+        "per_voice_attributed_mib": round(statistics.median(attributed), 1) if attributed else None,
+        "unattributed_mib": round((used_last or 0) - sum(v["mib"] for v in voices.values()), 1),
+    }
+    if used_first is None or used_last is None or count < 2:
+        return {**costs, "fixed_mib": None, "per_voice_mib": None}
+    per_voice = (used_last - used_first) / (count - 1)
+    return {
+        **costs,
+        "fixed_mib": round(used_first - per_voice, 1),
+        "per_voice_mib": round(per_voice, 1),
+    }
+
+
 def _http(url: str, body: bytes | None = None, timeout: float = 600.0) -> tuple[int, bytes]:
     request = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
     try:
@@ -296,16 +324,11 @@ def main(argv: list[str] | None = None) -> int:
         result["refused"] = refused[:5]
         memory = pod.memory()
         voices = memory.get("voices", {})
-        others = [v["mib"] for n, v in voices.items() if n != template.name]
         result.update(
             {
                 "budget_mib": memory.get("total_mib"),
                 "used_mib": memory.get("used_mib"),
-                "fixed_mib": round(
-                    memory.get("used_mib", 0) - sum(v["mib"] for v in voices.values()), 1
-                ),
-                "fixed_mib_after_first_voice": first.get("used_mib"),
-                "per_voice_mib": round(statistics.median(others), 1) if others else None,
+                **memory_costs(first, memory, template.name),
                 "voices_loaded": len(voices),
                 "memory": memory,
             }
