@@ -24,7 +24,6 @@ import json
 import logging
 import math
 import os
-import statistics
 import sys
 import threading
 import time
@@ -80,13 +79,6 @@ LOAD_WINDOW_S = 2.0
 # dominate and a few streams would make the pod look smaller than it is). A capacity measured
 # too small corrects itself: at that many streams the pod is still busy enough to measure.
 MEASURE_BUSY = 0.3
-# The capacity is the median of the measures of the last this many seconds: one 2 s window
-# reads a stream or two high or low (a step's timing, the other pod on the same cores), and a
-# pool HPA that averages the pods' load ratios would see that noise at every split of the
-# streams (make autoscale: scale-in needs the average below the target's half at 2 pods, and
-# one noisy reading within the 5 minutes of scale-down stabilization holds both pods). A real
-# change (another process took the CPU) moves the median within half the window.
-CAPACITY_WINDOW_S = 30.0
 # Until it has measured what it holds, a pod with this many live streams takes at most this
 # many more per LOAD_WINDOW_S: a pod that a balancer sees empty (new after a scale-out) would
 # otherwise get every new stream at once, before its first measurement. A lightly loaded pod
@@ -219,15 +211,14 @@ def _cgroup_memory_limit() -> int:
 class LoadMeter:
     """An architecture's load, from its scheduler: the share of the last LOAD_WINDOW_S its
     thread was busy (`busy`), the audio it made per second then (`rate`), and the real-time
-    streams it holds (`capacity`: the median over CAPACITY_WINDOW_S of FULL_BUSY x rate / busy,
-    measured at a busy share of at least MEASURE_BUSY; an idle pod keeps its last). Derived
-    from the pod's own history on its own hardware, never set by hand."""
+    streams it holds (`capacity`: FULL_BUSY x rate / busy, last measured at a busy share of at
+    least MEASURE_BUSY). Derived from the pod's own history on its own hardware, never set by
+    hand."""
 
     def __init__(self, scheduler: StreamScheduler) -> None:
         self._scheduler = scheduler
         self._samples: deque[tuple[float, float, float]] = deque()
         self._admitted: deque[float] = deque()  # while unmeasured: when streams were taken
-        self._measures: deque[tuple[float, int]] = deque()
         self.busy = 0.0
         self.rate = 0.0
         self.capacity = 0
@@ -243,11 +234,7 @@ class LoadMeter:
         self.busy = min(1.0, max(0.0, (b1 - b0) / (t1 - t0)))
         self.rate = max(0.0, (a1 - a0) / (t1 - t0))
         if self.busy >= MEASURE_BUSY and self.rate > 0:
-            measure = max(1, math.floor(FULL_BUSY * self.rate / self.busy))
-            self._measures.append((now, measure))
-            while now - self._measures[0][0] > CAPACITY_WINDOW_S:
-                self._measures.popleft()
-            self.capacity = int(statistics.median_low(m for _, m in self._measures))
+            self.capacity = max(1, math.floor(FULL_BUSY * self.rate / self.busy))
 
     def ratio(self, live: int) -> float:
         """Live streams against the measured capacity (0 until it is measured)."""
