@@ -7,8 +7,12 @@ all put their streams through the same choice:
 
 - `Balancer.choose` picks, among a voice's ready endpoints, the one with the fewest streams
   this process has in flight to it; ties go round-robin, so that one stream at a time still
-  visits every pod. A count of our own streams needs no metrics scrape and reacts at once;
-  it does not see other processes' streams, which the pods' own refusals cover.
+  visits every pod. Each balancer starts its round at a random pod: clients started together
+  (a fleet of workers, or make autoscale's one client per listener) would otherwise all send
+  their first stream to the same pod, and keep stepping through the pods in step, stacking
+  their streams on one pod while the others idle. A count of our own streams needs no
+  metrics scrape and reacts at once; it does not see other processes' streams, which the
+  pods' own refusals cover.
 - A stream refused before its first item (RESOURCE_EXHAUSTED, or UNAVAILABLE: a pod that is
   stopping or not reachable) is tried on another endpoint, each endpoint at most once, within
   `max_attempts`. Refusals are counted per endpoint. An error after the first item is never
@@ -30,6 +34,7 @@ all put their streams through the same choice:
 from __future__ import annotations
 
 import itertools
+import random
 import socket
 import threading
 import time
@@ -176,7 +181,7 @@ class Balancer:
         self.retry_codes = frozenset(retry_codes)
         self._counts: dict[str, EndpointCounts] = {}
         self._lock = threading.Lock()
-        self._turn = itertools.count()
+        self._turn = itertools.count(random.randrange(1 << 30))
         # Streams every tried endpoint refused (the listener got no audio), and streams that
         # found no endpoint at all.
         self.refused_streams = 0

@@ -58,6 +58,13 @@ def test_one_stream_at_a_time_still_visits_every_pod() -> None:
     assert all(chosen.count(pod) == 2 for pod in PODS)
 
 
+def test_clients_started_together_do_not_all_pick_the_same_pod() -> None:
+    """Fifty fresh clients, one stream each, two pods: a round that started at the same pod
+    in every process would send all fifty there."""
+    first = [Balancer().choose(PODS[:2]) for _ in range(50)]
+    assert 10 <= first.count(PODS[0]) <= 40
+
+
 def test_a_pod_added_by_a_scale_out_takes_the_next_streams() -> None:
     balancer = Balancer()
     for _ in range(4):
@@ -176,8 +183,11 @@ def test_forget_drops_idle_pods_that_are_gone() -> None:
 def test_streams_no_pod_took_are_counted_apart_from_refusals_a_retry_absorbed() -> None:
     balancer = Balancer(max_attempts=3)
 
+    tried: list[str] = []
+
     def refuse_first(endpoint: str) -> Iterator[str]:
-        if endpoint == PODS[0]:
+        tried.append(endpoint)
+        if len(tried) == 1:  # the first pod asked is full
             raise Refused("RESOURCE_EXHAUSTED")
         yield endpoint
 
