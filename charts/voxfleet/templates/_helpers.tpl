@@ -113,9 +113,16 @@ shape voxfleet_operator.pools.PoolsConfig reads.
 {{/*
 Rules for prometheus-adapter, each per pod (the pool HPAs) and per TTSVoice (keyed by the
 stream model's `model` label; the per-voice HPAs):
-- voxfleet_load_ratio (per pod): the pod's live streams over the real-time streams it holds by
-  its own measurement, averaged over the window (the largest of its architectures'). It rises
-  with overload (a busy pod at 1 refuses new streams) and falls with idleness.
+- voxfleet_load_ratio (per pod): the load of the pods the HPA asks about, taken together:
+  their live streams over their count times the mean of the real-time streams each holds by
+  its own measurement (the largest of its architectures'; pods that have not measured yet
+  count at that mean), averaged over the window, the same for each pod. It rises with overload
+  (a pod at 1 refuses new streams) and falls with idleness. Averaging each pod's own ratio
+  instead made the HPA see load that was not there: with streams split unevenly (one client
+  per listener), a pod holding three streams that just read its capacity low counted for
+  more than the idle pod beside it, and one such moment in the five minutes of scale-down
+  stabilization held a pod that was not needed. A pool with no measured pod reports each
+  pod's own ratio (0).
 - voxfleet_voice_load_pods (per TTSVoice): the voice's live streams on each pod over that pod's
   capacity, summed over its pods: how many pods' worth of streams the voice has. Pods that have
   not measured their capacity yet (never busy) count nothing.
@@ -135,7 +142,12 @@ can scale it down instead of treating silence as missing data.
     matches: ^voxfleet_load_ratio$
     as: voxfleet_load_ratio
   metricsQuery: >-
-    max by (<<.GroupBy>>) (avg_over_time(<<.Series>>{<<.LabelMatchers>>}[{{ $window }}]))
+    (0 * max by (<<.GroupBy>>) (avg_over_time(<<.Series>>{<<.LabelMatchers>>}[{{ $window }}]))
+    + scalar(sum(avg_over_time(voxfleet_live_streams{<<.LabelMatchers>>}[{{ $window }}]))
+    / (avg(max by (<<.GroupBy>>) (avg_over_time(voxfleet_capacity_streams{<<.LabelMatchers>>}[{{ $window }}])) > 0)
+    * count(max by (<<.GroupBy>>) (avg_over_time(<<.Series>>{<<.LabelMatchers>>}[{{ $window }}]))))))
+    >= 0
+    or max by (<<.GroupBy>>) (avg_over_time(<<.Series>>{<<.LabelMatchers>>}[{{ $window }}]))
 - seriesQuery: 'voxfleet_live_streams{namespace!="",model!=""}'
   resources:
     overrides:
