@@ -219,10 +219,11 @@ def build_pool_hpa(plan: PoolPlan) -> dict[str, Any]:
     """The pool's HPA: its pods' load and first-audio p95, and never fewer pods than its
     most-replicated voice is scaled to (`kubectl scale ttsv` or a per-voice HPA).
 
-    The load (`voxfleet_load_ratio`) rises with overload and falls with idleness: a pod's live
-    streams over the real-time streams it measured it holds, capped near 1 because a full pod
-    refuses new streams. Its mean over the pods against `targetLoadPercent` proposes
-    ceil(sum of the pods' loads / target) pods, so an idle pool scales in and a full one out.
+    The load (`voxfleet_load_ratio`) rises with overload and falls with idleness: the pods'
+    live streams over their count times the real-time streams each measured it holds (the
+    adapter gives each pod this pool-wide value), capped near 1 because a full pod refuses
+    new streams. Against `targetLoadPercent` it proposes ceil(live streams / (mean capacity x
+    target)) pods, so an idle pool scales in and a full one out.
     The p95 guards the first-audio SLO should a pod's measure be too hopeful."""
     name = pool_deployment_name(plan.pool.name)
     voice_pods = max((v.spec.replicas or 0 for v in plan.voices), default=0)
