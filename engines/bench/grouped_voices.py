@@ -226,6 +226,18 @@ def main(argv: list[str] | None = None) -> int:
             # convolutions in all three modes, where the pod runs FP16 ones channels-last.
             module.channels_last = False
         stage = Stage(module, makers[name])
+        if name != "encoder" and module.float_dtype == torch.float16 and device.type == "cuda":
+            # The pod's own kernels for one voice's call (channels-last FP16): the baseline the
+            # plain-convolution figures stand beside.
+            pod = OnnxModule(path, device, dtype)
+            pod_rows = {}
+            with torch.no_grad():
+                for windows in (int(w) for w in args.windows.split(",")):
+                    feeds = makers[name](windows)
+                    replay = graphed(lambda pod=pod, feeds=feeds: pod(**feeds)[0], device)
+                    pod_rows[str(windows)] = round(timed(replay, device, args.repeat) * 1000, 3)
+            result.setdefault("one_voice_pod_kernels_graph_ms", {})[name] = pod_rows
+            print(name, "pod kernels, one voice (graph ms by windows):", pod_rows, flush=True)
         rows = []
         for windows in (int(w) for w in args.windows.split(",")):
             for voices in (int(v) for v in args.voices.split(",")):
