@@ -75,6 +75,8 @@ class AutoscalingWatch:
     observe_s: float = 1.0
     events: list[ScaleEvent] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # Each HPA as last read (by name), for samplers that report what it read and wanted.
+    hpas: dict[str, dict[str, Any]] = field(default_factory=dict)
     _scales: dict[str, int] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -134,7 +136,9 @@ class AutoscalingWatch:
     # --- the real HPA controller, observed ---
 
     def observe(self) -> None:
-        for hpa in self.kubectl.items("horizontalpodautoscalers"):
+        hpas = self.kubectl.items("horizontalpodautoscalers")
+        self.hpas = {hpa["metadata"]["name"]: hpa for hpa in hpas}
+        for hpa in hpas:
             name = hpa["metadata"]["name"]
             target = hpa["spec"]["scaleTargetRef"]
             kind = "deployment" if target["kind"] == "Deployment" else "ttsv"

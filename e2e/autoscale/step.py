@@ -219,6 +219,8 @@ class Sampler:
     concurrency: Callable[[], int]
     started: float
     cpu: CpuMeter | None = None
+    # The pool HPA as the autoscaling watch last read it (no read of its own).
+    pool_hpa: Callable[[], dict[str, Any]] = dict
     timeline: list[dict[str, Any]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -252,7 +254,7 @@ class Sampler:
     def sample(self, counted: set[int]) -> dict[str, Any]:
         now = time.monotonic()
         deployment = self.kubectl.get("deployment", POOL_DEPLOYMENT) or {}
-        hpa = self.kubectl.get("hpa", POOL_DEPLOYMENT) or {}
+        hpa = self.pool_hpa()
         ready = [p for p in self.kubectl.items("pods", POOL_PODS) if pod_ready(p)]
         serving = {
             v: sum(
@@ -499,6 +501,7 @@ class Run:
             lambda: self.current["concurrency"],
             self.started,
             CpuMeter(installation),
+            lambda: controllers.hpas.get(POOL_DEPLOYMENT, {}),
         )
         self.capacity = 0
 

@@ -44,7 +44,7 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _median_seconds(call: Callable[[], object], repeats: int, warmup: int = 3) -> float:
+def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 3) -> float:
     for _ in range(warmup):
         call()
     _sync()
@@ -88,7 +88,7 @@ def bench_stages(
     for frames in vocoder_frames:
         for batch in batches:
             latent = torch.randn(batch, 192, frames, device=device, generator=generator)
-            seconds = _median_seconds(partial(stages.vocode_tensor, latent), repeats)
+            seconds = median_seconds(partial(stages.vocode_tensor, latent), repeats)
             audio = batch * frames * HOP / SAMPLE_RATE
             rows.append(
                 {
@@ -103,7 +103,7 @@ def bench_stages(
         for batch in batches:
             prior = torch.randn(batch, 192, frames, device=device, generator=generator)
             mask = torch.ones(batch, 1, frames, device=device)
-            seconds = _median_seconds(partial(stages.flow_tensor, prior, mask), repeats)
+            seconds = median_seconds(partial(stages.flow_tensor, prior, mask), repeats)
             audio = batch * frames * HOP / SAMPLE_RATE
             rows.append(
                 {
@@ -126,7 +126,7 @@ def bench_stages(
             _, mask = stages.encode_tensor(ids, lengths, scales)
             out.append(int(mask.sum()))
 
-        seconds = _median_seconds(encode, max(5, repeats // 4))
+        seconds = median_seconds(encode, max(5, repeats // 4))
         audio = statistics.median(frames_out) * HOP / SAMPLE_RATE
         rows.append(
             {
@@ -352,13 +352,13 @@ def profile_encoder(
             for _ in range(5):
                 core(ids, lengths, noise)
             _sync()
-        eager_ms = _median_seconds(lambda: core(ids, lengths, noise), 10) * 1e3
-        expand_ms = 1e3 * _median_seconds(
+        eager_ms = median_seconds(lambda: core(ids, lengths, noise), 10) * 1e3
+        expand_ms = 1e3 * median_seconds(
             lambda: acoustic.expand(m_p, logs_p, x_mask, logw, 1.0, 0.667), 10
         )
     scales = torch.tensor([0.667, 1.0, 0.8])
     graphed_ms = (
-        _median_seconds(lambda: stages.encode_tensor(ids.cpu(), lengths.cpu(), scales), 10) * 1e3
+        median_seconds(lambda: stages.encode_tensor(ids.cpu(), lengths.cpu(), scales), 10) * 1e3
     )
     rows = []
     for event in prof.key_averages():

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -33,29 +32,10 @@ from typing import Any
 
 import torch
 
+from engines.bench.gpu_bench import median_seconds
+from engines.frames import LATENT_CHANNELS
 from engines.torch_cuda import acoustic
 from engines.torch_cuda.convert import OnnxModule
-
-CHANNELS = 192  # the VITS latent's channels (joe)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(call: Callable[[], Any], device: torch.device, repeat: int) -> float:
-    """The median of `repeat` calls' seconds, after two unmeasured ones."""
-    for _ in range(2):
-        call()
-    _sync(device)
-    seconds = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        call()
-        _sync(device)
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
 
 
 def graphed(call: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
@@ -137,15 +117,15 @@ def measure(stage: Stage, voices: int, windows: int, device: torch.device, repea
         distinct = (
             float((separate[0].float() - separate[-1].float()).abs().max()) if voices > 1 else 0.0
         )
-        one_s = timed(one, device, repeat)
-        split_s = timed(split, device, repeat)
-        grouped_s = timed(grouped, device, repeat)
+        one_s = median_seconds(one, repeat, warmup=2)
+        split_s = median_seconds(split, repeat, warmup=2)
+        grouped_s = median_seconds(grouped, repeat, warmup=2)
         graphs: dict[str, Any] = {}
         if device.type == "cuda":
             for label, call in (("one", one), ("split", split), ("grouped", grouped)):
                 try:
                     graphs[f"{label}_graph_ms"] = round(
-                        timed(graphed(call, device), device, repeat) * 1000, 3
+                        median_seconds(graphed(call, device), repeat, warmup=2) * 1000, 3
                     )
                 except Exception as error:  # report it; the eager figures still stand
                     graphs[f"{label}_graph_error"] = f"{type(error).__name__}: {error}"[:300]
@@ -189,11 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     generator = torch.Generator().manual_seed(3)
 
     def latent(batch: int) -> dict[str, torch.Tensor]:
-        shape = (batch, CHANNELS, args.frames)
+        shape = (batch, LATENT_CHANNELS, args.frames)
         return {"latent": torch.randn(shape, generator=generator).to(device, dtype)}
 
     def prior(batch: int) -> dict[str, torch.Tensor]:
-        shape = (batch, CHANNELS, args.frames)
+        shape = (batch, LATENT_CHANNELS, args.frames)
         return {
             "prior": torch.randn(shape, generator=generator).to(device, dtype),
             "mask": torch.ones(batch, 1, args.frames, device=device, dtype=dtype),
@@ -239,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                         return pod(**feeds)[0]
 
                     replay = graphed(one_call, device)
-                    pod_rows[str(windows)] = round(timed(replay, device, args.repeat) * 1000, 3)
+                    seconds = median_seconds(replay, args.repeat, warmup=2)
+                    pod_rows[str(windows)] = round(seconds * 1000, 3)
             result.setdefault("one_voice_pod_kernels_graph_ms", {})[name] = pod_rows
             print(name, "pod kernels, one voice (graph ms by windows):", pod_rows, flush=True)
         rows = []

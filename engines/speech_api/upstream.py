@@ -22,7 +22,6 @@ import numpy as np
 from engines import names
 from engines.speech_api.errors import UpstreamError
 
-GRPC_OPTIONS = names.GRPC_CHANNEL_OPTIONS
 # How long a finished stream's close may wait for the server to end it (then it is
 # cancelled): cancelling a stream Triton (2.51) has not finished writing keeps its model
 # referenced (engines.client explains).
@@ -110,7 +109,7 @@ class Upstreams:
             import grpc
             from tritonclient.grpc import service_pb2_grpc
 
-            channel = grpc.aio.insecure_channel(endpoint, options=GRPC_OPTIONS)
+            channel = grpc.aio.insecure_channel(endpoint, options=names.GRPC_CHANNEL_OPTIONS)
             found = (channel, service_pb2_grpc.GRPCInferenceServiceStub(channel))
             self._channels[endpoint] = found
         return found[1]

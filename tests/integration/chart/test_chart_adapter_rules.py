@@ -100,56 +100,41 @@ def load_query() -> str:
     return expand(rule["metricsQuery"]).replace("<<.Series>>", "voxfleet_load_ratio")
 
 
+def pod_gauges(pod: str, ratio: float, live: int, capacity: int) -> list[dict[str, str]]:
+    """A pod serving joe, as its stream model reports it."""
+    return [
+        gauge("voxfleet_load_ratio", pod, "joe", ratio),
+        gauge("voxfleet_live_streams", pod, "joe", live),
+        gauge("voxfleet_capacity_streams", pod, "joe", capacity),
+    ]
+
+
+def assert_loads(tmp_path: Path, inputs: list[dict[str, str]], milli: dict[str, int]) -> None:
+    """The load rule gives each pod `milli[pod]` thousandths."""
+    promtool_test(
+        tmp_path,
+        inputs,
+        f"round(1000 * ({load_query()}))",
+        [{"labels": f'{{pod="{pod}"}}', "value": value} for pod, value in milli.items()],
+    )
+
+
 def test_load_rule_gives_each_pod_the_load_of_the_pods_together(tmp_path: Path) -> None:
     # 10 live streams (4 on triton-a, 3 + 3 on triton-b) over 3 pods that hold 7 on average
     # (8 and 6; triton-idle has not measured, and counts at the mean): 10 / 21.
-    promtool_test(
-        tmp_path,
-        LOAD_INPUTS,
-        f"round(1000 * ({load_query()}))",
-        [
-            {"labels": '{pod="triton-a"}', "value": 476},
-            {"labels": '{pod="triton-b"}', "value": 476},
-            {"labels": '{pod="triton-idle"}', "value": 476},
-        ],
-    )
+    assert_loads(tmp_path, LOAD_INPUTS, {"triton-a": 476, "triton-b": 476, "triton-idle": 476})
 
 
 def test_streams_split_unevenly_do_not_raise_the_load(tmp_path: Path) -> None:
     """Three streams on a pod that just read its capacity as 4, none on one that read 8: the
     mean of the pods' own ratios would be 0.375, over the 0.35 under which a 70 % target
     scales two pods in; the pods together carry 3 streams of 12."""
-    inputs = [
-        gauge("voxfleet_load_ratio", "triton-a", "joe", 0.75),
-        gauge("voxfleet_live_streams", "triton-a", "joe", 3),
-        gauge("voxfleet_capacity_streams", "triton-a", "joe", 4),
-        gauge("voxfleet_load_ratio", "triton-b", "joe", 0),
-        gauge("voxfleet_live_streams", "triton-b", "joe", 0),
-        gauge("voxfleet_capacity_streams", "triton-b", "joe", 8),
-    ]
-    promtool_test(
-        tmp_path,
-        inputs,
-        f"round(1000 * ({load_query()}))",
-        [
-            {"labels": '{pod="triton-a"}', "value": 250},
-            {"labels": '{pod="triton-b"}', "value": 250},
-        ],
-    )
+    inputs = pod_gauges("triton-a", 0.75, 3, 4) + pod_gauges("triton-b", 0, 0, 8)
+    assert_loads(tmp_path, inputs, {"triton-a": 250, "triton-b": 250})
 
 
 def test_a_pool_that_has_measured_nothing_reports_0(tmp_path: Path) -> None:
-    inputs = [
-        gauge("voxfleet_load_ratio", "triton-a", "joe", 0),
-        gauge("voxfleet_live_streams", "triton-a", "joe", 2),
-        gauge("voxfleet_capacity_streams", "triton-a", "joe", 0),
-    ]
-    promtool_test(
-        tmp_path,
-        inputs,
-        f"round(1000 * ({load_query()}))",
-        [{"labels": '{pod="triton-a"}', "value": 0}],
-    )
+    assert_loads(tmp_path, pod_gauges("triton-a", 0, 2, 0), {"triton-a": 0})
 
 
 def test_voice_load_rule_gives_each_voices_streams_in_pods(tmp_path: Path) -> None:
