@@ -57,6 +57,7 @@ class Runtime:
     client: KubeClient
     http: aiohttp.ClientSession
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    voice_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     cache: ObjectCache = field(default_factory=ObjectCache)
     # Uids of voices whose delete handler has run: a pass that began before the deletion
     # must not own shared children with them again.
@@ -95,6 +96,11 @@ class Runtime:
 
     def lock(self, namespace: str) -> asyncio.Lock:
         return self.locks.setdefault(namespace, asyncio.Lock())
+
+    def voice_lock(self, namespace: str, name: str) -> asyncio.Lock:
+        """One pass at a time per voice: its own events, the drift timer, a finished Job and
+        a ready pod all start passes, and two at once would load it onto a pod twice."""
+        return self.voice_locks.setdefault((namespace, name), asyncio.Lock())
 
     async def key_secret(self, namespace: str) -> dict[str, Any] | None:
         """The namespace's repository-key Secret (cached, read again every few minutes)."""

@@ -92,7 +92,16 @@ async def remember_valid_spec(rt: Runtime, body: Mapping[str, Any]) -> None:
 
 
 async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) -> dict[str, Any]:
-    """Bring one voice's world in line with its spec; returns the status it now has."""
+    """Bring one voice's world in line with its spec; returns the status it now has.
+
+    Passes of one voice run one at a time (a second waits for the first), so a pod the
+    first one loaded the voice onto is seen as serving it by the next, not loaded again."""
+    meta = body["metadata"]
+    async with rt.voice_lock(meta["namespace"], meta["name"]):
+        return await _reconcile_voice(rt, body, peers)
+
+
+async def _reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) -> dict[str, Any]:
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     generation = meta.get("generation")
