@@ -136,6 +136,14 @@ def stub_of(process: psutil.Process) -> _Stub | None:
     return _Stub(model=parts[0] if len(parts) == 3 else instance, shm_region=cmdline[2])
 
 
+def _still_running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie or a vanished one is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
 class Supervisor:
     def __init__(
         self,
@@ -276,6 +284,9 @@ class Supervisor:
         undecided: dict[int, _Stub] = {}
         for pid, stub in self._stubs.items():
             if pid in current:
+                continue
+            if _still_running(pid):
+                undecided[pid] = stub  # missed by this listing (a busy read): not a death
                 continue
             if stub.model in alive:
                 # A reload starts the new stubs before the old ones end; with several

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+import pytest
 
 from engines import names
 from engines.supervisor import Supervisor, TritonEndpoints
@@ -45,3 +48,28 @@ def test_ready_fails_the_moment_tritonserver_has_exited(tmp_path: Path) -> None:
             supervisor.process.kill()
         if supervisor._health is not None:
             supervisor._health.shutdown()
+
+
+def test_a_stub_missed_by_one_listing_is_not_a_death(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stub still running but absent from one listing (its /proc entry unreadable for a
+    moment, as under a burst of loads) must not restart tritonserver and every voice with
+    it; the same stub gone for good, its voice still ready, is a death."""
+    from engines import supervisor as module
+
+    supervisor = Supervisor(["sleep", "30"], {}, TritonEndpoints(), tmp_path, health_port=None)
+    supervisor.process = subprocess.Popen(["sleep", "30"])
+    stub = subprocess.Popen(["sleep", "30"])  # not a child of the server: never listed
+    monkeypatch.setattr(supervisor, "_http", lambda method, path, *a, **k: 200)
+    try:
+        supervisor._stubs = {stub.pid: module._Stub(model="joe", shm_region="joe-shm")}
+        assert supervisor._dead_model() is None
+        assert stub.pid in supervisor._stubs  # still watched
+        stub.kill()
+        stub.wait()
+        assert supervisor._dead_model() == "joe"
+    finally:
+        for process in (stub, supervisor.process):
+            process.kill()
+            process.wait()
