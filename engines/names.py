@@ -34,6 +34,7 @@ MODEL_LABEL = "model"
 # Only where a voice runs more than one stream-model instance: which one (queries sum by model).
 MODEL_INSTANCE_LABEL = "model_instance"
 LIVE_STREAMS = "voxfleet_live_streams"
+STREAM_SECONDS_TOTAL = "voxfleet_stream_seconds_total"
 UNDERRUN_RISK_STREAMS = "voxfleet_underrun_risk_streams"
 STREAMS_TOTAL = "voxfleet_streams_total"
 # A histogram: _bucket{le}, _sum and _count series.

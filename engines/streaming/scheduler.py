@@ -224,7 +224,8 @@ class StreamScheduler:
         )  # stage, DeviceTiming, rows, width
         self._in_flight: deque[Any] = deque()
         self._last_launched: Any = None
-        self._risk_counted_at = 0.0
+        self._risk_counted_at = time.monotonic()
+        self._live_counted_at = self._risk_counted_at
         # The voices whose per-voice live and at-risk counts the last count set.
         self._voices_seen: set[VoiceSlot] = set()
         self._planned_at = time.monotonic()  # when the last step was planned
@@ -769,8 +770,17 @@ class StreamScheduler:
     def _publish_stats(self) -> None:
         now = time.monotonic()
         window_seconds = self.windows.window_frames * self.hop / self.sample_rate
-        self.stats.live_streams = len(self._streams) + len(self._incoming)
-        if not self._async or now - self._risk_counted_at >= RISK_COUNT_INTERVAL_S:
+        live = len(self._streams) + len(self._incoming)
+        # Each count held since the last step (the voices' since they were last counted).
+        self.stats.stream_seconds += self.stats.live_streams * (now - self._live_counted_at)
+        self._live_counted_at = now
+        self.stats.live_streams = live
+        # Counted every step while nothing is live, so that an idle loop leaves no stale count.
+        if not self._async or not live or now - self._risk_counted_at >= RISK_COUNT_INTERVAL_S:
+            for voice in self._voices_seen:
+                voice.stats.stream_seconds += voice.stats.live_streams * (
+                    now - self._risk_counted_at
+                )
             self._risk_counted_at = now
             self.stats.underrun_risk_streams = 0
             voices: dict[VoiceSlot, list[int]] = {}

@@ -188,6 +188,9 @@ class FirstAudioPaths:
 @dataclass
 class SchedulerStats:
     live_streams: int = 0
+    # Live streams integrated over time (stream-seconds): its rate over a window is the mean
+    # number of live streams in it, every moment counted, not the few a scrape samples.
+    stream_seconds: float = 0.0
     streams_total: int = 0
     first_audio_seconds_sum: float = 0.0
     first_audio_count: int = 0

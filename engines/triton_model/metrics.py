@@ -39,6 +39,11 @@ class ModelMetrics:
             "Live streams with less than one window of audio buffered ahead of playback",
             gauge,
         )
+        self.stream_seconds = family(
+            names.STREAM_SECONDS_TOTAL,
+            "Live streams integrated over time: its rate is the mean number of live streams",
+            counter,
+        )
         self.streams = family(names.STREAMS_TOTAL, "Streams accepted", counter)
         self.restarts = family(
             names.MODEL_RESTARTS_TOTAL,
@@ -125,6 +130,7 @@ class ModelMetrics:
             for metric, new, old in (
                 (self.refused, stats.refused_streams, last.refused_streams),
                 (self.streams, stats.streams_total, last.streams_total),
+                (self.stream_seconds, stats.stream_seconds, last.stream_seconds),
                 (self.queue_sum, stats.queue_seconds_sum, last.queue_seconds_sum),
                 (self.queue_count, stats.queue_count, last.queue_count),
             ):
@@ -147,6 +153,7 @@ class ModelMetrics:
             self._last = SchedulerStats(
                 refused_streams=stats.refused_streams,
                 streams_total=stats.streams_total,
+                stream_seconds=stats.stream_seconds,
                 queue_seconds_sum=stats.queue_seconds_sum,
                 queue_count=stats.queue_count,
             )

@@ -15,6 +15,7 @@ from engines.streaming import (
     WindowConfig,
 )
 from engines.streaming.costs import CostModel
+from engines.streaming.types import VoiceSlot
 from engines.voice import Voice
 
 TEXT = (
@@ -180,6 +181,36 @@ def test_a_stream_no_longer_counts_as_live_when_its_last_audio_goes_out(stages, 
     run_streams(scheduler, [sink], sentences)
     assert sink.error is None and len(sink.chunks) > 2
     assert live_at_last == [0]
+
+
+def test_stream_seconds_count_each_stream_for_as_long_as_it_is_live(stages, sentences) -> None:
+    # Their rate is the pool HPA's live streams (the adapter's load rule): every moment a
+    # stream is live counts, for the scheduler and for the stream's voice, and an idle
+    # scheduler between listeners counts nothing.
+    class TimedSink(CollectingSink):
+        def finish(self, error: Exception | None = None) -> None:
+            self.finished_at = time.monotonic()
+            super().finish(error)
+
+    voice = VoiceSlot("joe")
+    scheduler = StreamScheduler(stages, 22050)
+    scheduler.start()
+    lived = 0.0
+    try:
+        for _ in range(2):
+            sinks = [TimedSink() for _ in range(2)]
+            started = time.monotonic()
+            for sink in sinks:
+                scheduler.submit(list(sentences), QUIET, sink, voice=voice)
+            for sink in sinks:
+                assert sink.done.wait(120) and sink.error is None
+                lived += sink.finished_at - started
+            time.sleep(0.5)
+    finally:
+        scheduler.stop()
+    assert lived > 0.5
+    assert scheduler.stats.stream_seconds == pytest.approx(lived, rel=0.15)
+    assert voice.stats.stream_seconds == pytest.approx(lived, rel=0.15)
 
 
 def test_a_failing_stats_publisher_ends_no_stream(stages, sentences, caplog) -> None:
