@@ -114,9 +114,13 @@ shape voxfleet_operator.pools.PoolsConfig reads.
 Rules for prometheus-adapter, each per pod (the pool HPAs) and per TTSVoice (keyed by the
 stream model's `model` label; the per-voice HPAs):
 - voxfleet_load_ratio (per pod): the load of the pods the HPA asks about, taken together:
-  their live streams over their count times the mean of the real-time streams each holds by
-  its own measurement (the largest of its architectures'; pods that have not measured yet
-  count at that mean), averaged over the window, the same for each pod. It rises with overload
+  their mean live streams over the window (the rate of voxfleet_stream_seconds_total, which
+  counts every moment a stream is live, where scrapes of the live-streams gauge sample a few)
+  over their count times the mean of the real-time streams each holds by its own measurement
+  (the largest of its architectures', averaged over capacityWindow, the measures it has made;
+  pods that have not measured yet count at that mean), the same for each pod. The capacity's
+  longer window keeps its measuring noise out of the load; the streams follow a step at once.
+  Both were the load's swings that held an unneeded pod. It rises with overload
   (a pod at 1 refuses new streams) and falls with idleness. Averaging each pod's own ratio
   instead made the HPA see load that was not there: with streams split unevenly (one client
   per listener), a pod holding three streams that just read its capacity low counted for
@@ -133,6 +137,7 @@ can scale it down instead of treating silence as missing data.
 */}}
 {{- define "voxfleet.adapterRules" -}}
 {{- $window := .Values.prometheusAdapter.rules.rateWindow }}
+{{- $capacityWindow := .Values.prometheusAdapter.rules.capacityWindow }}
 {{- $keys := list (dict "key" "pod" "prefix" "voxfleet_") (dict "key" "model" "prefix" "voxfleet_voice_") }}
 - seriesQuery: 'voxfleet_load_ratio{namespace!="",pod!=""}'
   resources:
@@ -143,8 +148,8 @@ can scale it down instead of treating silence as missing data.
     as: voxfleet_load_ratio
   metricsQuery: >-
     (0 * max by (<<.GroupBy>>) (avg_over_time(<<.Series>>{<<.LabelMatchers>>}[{{ $window }}]))
-    + scalar(sum(avg_over_time(voxfleet_live_streams{<<.LabelMatchers>>}[{{ $window }}]))
-    / (avg(max by (<<.GroupBy>>) (avg_over_time(voxfleet_capacity_streams{<<.LabelMatchers>>}[{{ $window }}])) > 0)
+    + scalar(sum(rate(voxfleet_stream_seconds_total{<<.LabelMatchers>>}[{{ $window }}]))
+    / (avg(max by (<<.GroupBy>>) (avg_over_time((voxfleet_capacity_streams{<<.LabelMatchers>>} > 0)[{{ $capacityWindow }}:15s])))
     * count(max by (<<.GroupBy>>) (avg_over_time(<<.Series>>{<<.LabelMatchers>>}[{{ $window }}]))))))
     >= 0
     or max by (<<.GroupBy>>) (avg_over_time(<<.Series>>{<<.LabelMatchers>>}[{{ $window }}]))

@@ -61,6 +61,11 @@ def gauge(metric: str, pod: str, model: str, value: float, namespace: str = "spe
     return {"series": f"{metric}{{{labels}}}", "values": f"{value}+0x40"}
 
 
+def stream_seconds(pod: str, model: str, live: float, namespace: str = "speech") -> dict:
+    """The stream-seconds counter of `live` streams held all along (15 s steps)."""
+    return series("voxfleet_stream_seconds_total", pod, model, live * 15, namespace)
+
+
 def rule_named(name: str) -> dict[str, Any]:
     (rule,) = [r for r in adapter_rules() if r["name"]["as"] == name]
     return rule
@@ -70,22 +75,27 @@ LOAD_INPUTS = [
     # triton-a serves joe: 4 live streams of the 8 it holds.
     gauge("voxfleet_load_ratio", "triton-a", "joe", 0.5),
     gauge("voxfleet_live_streams", "triton-a", "joe", 4),
+    stream_seconds("triton-a", "joe", 4),
     gauge("voxfleet_capacity_streams", "triton-a", "joe", 8),
     # triton-b serves joe and amy, 3 streams each, and holds 6: full. Each voice's series
     # carries the pod's load, which must not be added up.
     gauge("voxfleet_load_ratio", "triton-b", "joe", 1.0),
     gauge("voxfleet_load_ratio", "triton-b", "amy", 1.0),
     gauge("voxfleet_live_streams", "triton-b", "joe", 3),
+    stream_seconds("triton-b", "joe", 3),
     gauge("voxfleet_capacity_streams", "triton-b", "joe", 6),
     gauge("voxfleet_live_streams", "triton-b", "amy", 3),
+    stream_seconds("triton-b", "amy", 3),
     gauge("voxfleet_capacity_streams", "triton-b", "amy", 6),
     # triton-idle has never been busy: no capacity measured, no load.
     gauge("voxfleet_load_ratio", "triton-idle", "silent", 0),
     gauge("voxfleet_live_streams", "triton-idle", "silent", 0),
+    stream_seconds("triton-idle", "silent", 0),
     gauge("voxfleet_capacity_streams", "triton-idle", "silent", 0),
     # Another namespace's pod with the same name is not mixed in.
     gauge("voxfleet_load_ratio", "triton-a", "joe", 9, namespace="other"),
     gauge("voxfleet_live_streams", "triton-a", "joe", 90, namespace="other"),
+    stream_seconds("triton-a", "joe", 90, namespace="other"),
     gauge("voxfleet_capacity_streams", "triton-a", "joe", 1, namespace="other"),
 ]
 
@@ -105,6 +115,7 @@ def pod_gauges(pod: str, ratio: float, live: int, capacity: int) -> list[dict[st
     return [
         gauge("voxfleet_load_ratio", pod, "joe", ratio),
         gauge("voxfleet_live_streams", pod, "joe", live),
+        stream_seconds(pod, "joe", live),
         gauge("voxfleet_capacity_streams", pod, "joe", capacity),
     ]
 
@@ -131,6 +142,26 @@ def test_streams_split_unevenly_do_not_raise_the_load(tmp_path: Path) -> None:
     scales two pods in; the pods together carry 3 streams of 12."""
     inputs = pod_gauges("triton-a", 0.75, 3, 4) + pod_gauges("triton-b", 0, 0, 8)
     assert_loads(tmp_path, inputs, {"triton-a": 250, "triton-b": 250})
+
+
+def test_the_load_counts_streams_between_scrapes_and_capacity_over_its_own_window(
+    tmp_path: Path,
+) -> None:
+    """The live-streams gauge reads 6 at every scrape of the last minute, but the pod's
+    stream-seconds grew by 3 a second: 3 streams on average, which is what counts. Its
+    capacity read 0 (not measured) for 3 of the 5 minutes, then 12, then 8 in the last
+    minute: the measures it made count (10), not the zeros before them, and not only
+    the last minute's 8. 3 / 10."""
+    inputs = [
+        gauge("voxfleet_load_ratio", "triton-a", "joe", 0.5),
+        gauge("voxfleet_live_streams", "triton-a", "joe", 6),
+        stream_seconds("triton-a", "joe", 3),
+        {
+            "series": 'voxfleet_capacity_streams{namespace="speech",pod="triton-a",model="joe"}',
+            "values": "0+0x12 12+0x3 8+0x3",
+        },
+    ]
+    assert_loads(tmp_path, inputs, {"triton-a": 300})
 
 
 def test_a_pool_that_has_measured_nothing_reports_0(tmp_path: Path) -> None:
@@ -245,6 +276,12 @@ def test_rate_window_is_configurable() -> None:
     for rule in adapter_rules("--set", "prometheusAdapter.rules.rateWindow=3m"):
         assert "[3m]" in rule["metricsQuery"]
         assert "[1m]" not in rule["metricsQuery"]
+    (load,) = [
+        rule["metricsQuery"]
+        for rule in adapter_rules("--set", "prometheusAdapter.rules.capacityWindow=7m")
+        if rule["name"]["as"] == "voxfleet_load_ratio"
+    ]
+    assert "[7m:15s]" in load and "[5m:15s]" not in load
 
 
 def test_rules_read_the_counters_the_stream_model_exports() -> None:
@@ -253,6 +290,7 @@ def test_rules_read_the_counters_the_stream_model_exports() -> None:
 
     exported = {
         names.LIVE_STREAMS,
+        names.STREAM_SECONDS_TOTAL,
         names.LOAD_RATIO,
         names.CAPACITY_STREAMS,
         names.UNDERRUN_RISK_STREAMS,
