@@ -85,7 +85,15 @@ class ModelMetrics:
         )
         self._batches: dict[int, Any] = {}
         self._batches_seen: dict[int, int] = {}
-        self._last = SchedulerStats()
+        # Each counter, by the SchedulerStats field it follows, and that field's last value.
+        self._counters = {
+            "refused_streams": self.refused,
+            "streams_total": self.streams,
+            "stream_seconds": self.stream_seconds,
+            "queue_seconds_sum": self.queue_sum,
+            "queue_count": self.queue_count,
+        }
+        self._last: dict[str, float] = dict.fromkeys(self._counters, 0)
         self._published_at = 0.0
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -122,20 +130,15 @@ class ModelMetrics:
             return
         with self._lock:
             self._published_at = now
-            last = self._last
             self.live.set(stats.live_streams)
             self.risk.set(stats.underrun_risk_streams)
             self.load.set(stats.load_ratio)
             self.capacity.set(stats.capacity_streams)
-            for metric, new, old in (
-                (self.refused, stats.refused_streams, last.refused_streams),
-                (self.streams, stats.streams_total, last.streams_total),
-                (self.stream_seconds, stats.stream_seconds, last.stream_seconds),
-                (self.queue_sum, stats.queue_seconds_sum, last.queue_seconds_sum),
-                (self.queue_count, stats.queue_count, last.queue_count),
-            ):
-                if new > old:
-                    metric.increment(new - old)
+            for field_name, metric in self._counters.items():
+                new = getattr(stats, field_name)
+                if new > self._last[field_name]:
+                    metric.increment(new - self._last[field_name])
+                self._last[field_name] = new
             # Taken in place: the scheduler thread may append while another thread publishes.
             samples = stats.first_audio_samples[:]
             del stats.first_audio_samples[: len(samples)]
@@ -150,10 +153,3 @@ class ModelMetrics:
                         )
                     self._batches[size].increment(calls - seen)
                     self._batches_seen[size] = calls
-            self._last = SchedulerStats(
-                refused_streams=stats.refused_streams,
-                streams_total=stats.streams_total,
-                stream_seconds=stats.stream_seconds,
-                queue_seconds_sum=stats.queue_seconds_sum,
-                queue_count=stats.queue_count,
-            )
