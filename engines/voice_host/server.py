@@ -35,6 +35,8 @@ from engines.voice_host.protocol import ProtocolError, encode_frame, read_frame,
 LOGGER = logging.getLogger("voxfleet.host")
 # Frames written in one go by a connection's writer, at most.
 WRITE_BATCH = 64
+# Seconds a stopped host (SIGTERM, SIGINT) gives its streams to end before it exits.
+STOP_GRACE_S = 3.0
 
 
 def error_code(error: BaseException) -> str:
@@ -266,7 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     def stop(signum: int, _frame: object) -> None:
-        host.close()
+        # End the streams in flight with an error their clients can read, but exit within
+        # STOP_GRACE_S whatever the close waits on (a scheduler mid-call, a peer that reads
+        # nothing): the host is stopped when its server is gone, and until it exits it holds
+        # the device's memory.
+        closing = threading.Thread(target=host.close, name="voxfleet-host-close", daemon=True)
+        closing.start()
+        closing.join(timeout=STOP_GRACE_S)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop)
