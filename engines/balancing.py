@@ -13,10 +13,11 @@ all put their streams through the same choice:
   their streams on one pod while the others idle. A count of our own streams needs no
   metrics scrape and reacts at once; it does not see other processes' streams, which the
   pods' own refusals cover.
-- A stream refused before its first item (RESOURCE_EXHAUSTED, or UNAVAILABLE: a pod that is
-  stopping or not reachable) is tried on another endpoint, each endpoint at most once, within
-  `max_attempts`. Refusals are counted per endpoint. An error after the first item is never
-  retried: the listener has heard audio, and speaking it again would repeat it.
+- A stream refused before its first item (RESOURCE_EXHAUSTED; UNAVAILABLE: a pod that is
+  stopping or not reachable; NOT_FOUND: a pod that no longer has the voice) is tried on
+  another endpoint, each endpoint at most once, within `max_attempts`. Refusals are counted
+  per endpoint. An error after the first item is never retried: the listener has heard
+  audio, and speaking it again would repeat it.
 - `stream_balanced` (asyncio) and `stream_balanced_sync` (threads) are the same loop around
   one `StreamAttempts` each. Callers map `NoEndpoints` and `StreamRefused` to their own
   errors (the gateway to OpenAI's envelope) at their edge.
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 import socket
 import threading
 import time
@@ -54,8 +56,12 @@ T = TypeVar("T")
 
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
 UNAVAILABLE = "UNAVAILABLE"
-# What a pod answers before any audio when another pod may still take the stream.
-DEFAULT_RETRY_CODES = frozenset({RESOURCE_EXHAUSTED, UNAVAILABLE})
+NOT_FOUND = "NOT_FOUND"
+# What a pod answers before any audio when another pod may still take the stream. NOT_FOUND
+# is a pod that no longer has the voice: one that is stopping (Triton unloads every model on
+# its way out) or had the voice unloaded, while the client's list of pods is seconds old.
+DEFAULT_RETRY_CODES = frozenset({RESOURCE_EXHAUSTED, UNAVAILABLE, NOT_FOUND})
+_STATUS_PREFIX = re.compile(r"^\[([A-Z_]+)\] ")
 DEFAULT_MAX_ATTEMPTS = 3
 
 
@@ -139,6 +145,19 @@ class Refusal:
     endpoint: str
     code: str | None
     message: str
+
+
+def status_of(message: str) -> tuple[str | None, str]:
+    """A stream's error message as (gRPC status name, text): the stream model's own errors
+    lead with their status (`[RESOURCE_EXHAUSTED] this server is full: ...`); Triton's own
+    "Request for unknown model: ..." (a voice the pod does not have, or no longer has) is
+    NOT_FOUND; anything else has no status of its own (None)."""
+    prefixed = _STATUS_PREFIX.match(message)
+    if prefixed:
+        return prefixed.group(1), message[prefixed.end() :]
+    if "unknown model" in message or "is not found" in message:
+        return NOT_FOUND, message
+    return None, message
 
 
 class StreamRefused(RuntimeError):

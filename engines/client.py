@@ -8,9 +8,10 @@ next lookup lists it. Give it the voice's headless Service (`<voice>-tts-pods.<n
 which resolves to each ready pod that serves the voice; the client looks it up again every
 `resolve_ttl_s`) or any `host:port` (one server, or a ClusterIP Service whose proxy picks a
 pod per connection). A stream that a pod refuses before its first audio (RESOURCE_EXHAUSTED:
-the pod is full; UNAVAILABLE: it is stopping or unreachable) is sent to another pod, each pod
-at most once, within `max_attempts`; the client counts those refusals, and the streams no pod
-took, apart from failures (`TtsClient.balancer`).
+the pod is full; UNAVAILABLE: it is stopping or unreachable; NOT_FOUND: it no longer has the
+voice) is sent to another pod, each pod at most once, within `max_attempts`; the client
+counts those refusals, and the streams no pod took, apart from failures
+(`TtsClient.balancer`).
 
 `stream_tts` and `synthesize` are the one-stream forms (`voxfleet say`): a client for the
 call, closed after it.
@@ -26,7 +27,6 @@ close the server does not answer within STREAM_CLOSE_TIMEOUT_S is cancelled afte
 from __future__ import annotations
 
 import ipaddress
-import re
 import struct
 import threading
 import time
@@ -45,6 +45,7 @@ from engines.balancing import (
     ResolvedEndpoints,
     StreamRefused,
     resolve_endpoints,
+    status_of,
     stream_balanced_sync,
 )
 
@@ -94,27 +95,19 @@ GRPC_OPTIONS = [
     ("grpc.use_local_subchannel_pool", 1),
 ]
 
-_STATUS_PREFIX = re.compile(r"^\[([A-Z_]+)\] ")
-
 
 def _message_error(message: str) -> SynthesisError:
     """A per-request error of the stream (`[STATUS] text`, or Triton's own words)."""
-    prefixed = _STATUS_PREFIX.match(message)
-    if prefixed:
-        return SynthesisError(message[prefixed.end() :], prefixed.group(1))
-    if "unknown model" in message or "is not found" in message:
-        return SynthesisError(message, "NOT_FOUND")
-    return SynthesisError(message)
+    code, text = status_of(message)
+    return SynthesisError(text, code)
 
 
 def _call_error(error: Any) -> SynthesisError:
     """A failed gRPC call (its status), as a SynthesisError."""
     code = error.code() if callable(getattr(error, "code", None)) else None
     details = (error.details() if callable(getattr(error, "details", None)) else None) or str(error)
-    prefixed = _STATUS_PREFIX.match(details)
-    if prefixed:
-        return SynthesisError(details[prefixed.end() :], prefixed.group(1))
-    return SynthesisError(details, code.name if code is not None else None)
+    stated, text = status_of(details)
+    return SynthesisError(text, stated or (code.name if code is not None else None))
 
 
 def _code_of(error: BaseException) -> str | None:

@@ -35,6 +35,7 @@ from engines.balancing import (
     NoEndpoints,
     ResolvedEndpoints,
     StreamRefused,
+    status_of,
     stream_balanced,
 )
 from engines.bench.resources import ProcessTree, find_listening_process, own_process
@@ -55,13 +56,6 @@ class BenchSystemError(RuntimeError):
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.code = code
-
-
-def _status_code(message: str) -> str | None:
-    """The status a stream model's error message leads with (`[RESOURCE_EXHAUSTED] ...`)."""
-    if message.startswith("[") and "] " in message:
-        return message[1 : message.index("] ")]
-    return None
 
 
 class PiperSystem:
@@ -234,7 +228,7 @@ class TritonSystem:
             async for response in call:
                 if response.error_message:
                     message = response.error_message
-                    raise BenchSystemError(message, _status_code(message))
+                    raise BenchSystemError(message, status_of(message)[0])
                 infer = response.infer_response
                 samples, rate = _audio_of(infer)
                 if samples:

@@ -11,7 +11,7 @@ from engines.plan import DEFAULT_MAX_TEXT_BYTES
 from engines.speech_api.app import build_app
 from engines.speech_api.auth import ApiKeys
 from engines.speech_api.directory import Directory, DnsDirectory, StaticDirectory
-from engines.speech_api.synthesis import RETRY_CODES, Synthesizer
+from engines.speech_api.synthesis import Synthesizer
 from engines.speech_api.upstream import Upstreams
 from engines.speech_api.voices import VoiceTable, load_table, with_flags
 
@@ -48,7 +48,7 @@ def build_synthesizer(settings: GatewaySettings) -> Synthesizer:
     return Synthesizer(
         directory,
         upstreams,
-        Balancer(max_attempts=settings.max_attempts, retry_codes=RETRY_CODES),
+        Balancer(max_attempts=settings.max_attempts),
         settings.max_text_bytes or DEFAULT_MAX_TEXT_BYTES,
     )
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engines.balancing import DEFAULT_RETRY_CODES, Balancer, stream_balanced
+from engines.balancing import Balancer, stream_balanced
 from engines.plan import DEFAULT_MAX_TEXT_BYTES
 from engines.speech_api.audio import StreamResampler
 from engines.speech_api.directory import Directory
@@ -22,9 +22,6 @@ from engines.speech_api.errors import ApiError, UpstreamError
 from engines.speech_api.sentences import pack
 from engines.speech_api.upstream import Audio, Upstreams
 
-# A pod that answers NOT_FOUND before any audio has just unloaded the voice (its DNS entry
-# lags): another pod may still have it.
-RETRY_CODES = DEFAULT_RETRY_CODES | {"NOT_FOUND"}
 RATE_TTL_S = 60.0
 # How often the channels and counts of pods that are gone are let go.
 PRUNE_INTERVAL_S = 30.0
@@ -122,4 +119,4 @@ class Synthesizer:
 
 
 def new_balancer() -> Balancer:
-    return Balancer(retry_codes=RETRY_CODES)
+    return Balancer()

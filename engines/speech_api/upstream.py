@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from engines import names
+from engines.balancing import status_of
 from engines.speech_api.errors import UpstreamError
 
 # How long a finished stream's close may wait for the server to end it (then it is
@@ -28,8 +28,6 @@ from engines.speech_api.errors import UpstreamError
 STREAM_CLOSE_TIMEOUT_S = 5.0
 # How long a metadata call (index, config) may take.
 METADATA_TIMEOUT_S = 2.0
-
-_STATUS_PREFIX = re.compile(r"^\[([A-Z_]+)\] ")
 
 
 @dataclass(frozen=True)
@@ -42,21 +40,14 @@ class Audio:
 
 def error_of(message: str) -> UpstreamError:
     """An error message of the stream model (`[STATUS] text`), or Triton's own."""
-    prefixed = _STATUS_PREFIX.match(message)
-    if prefixed:
-        return UpstreamError(message[prefixed.end() :], prefixed.group(1))
-    if "unknown model" in message or "is not found" in message:
-        return UpstreamError(message, "NOT_FOUND")
-    return UpstreamError(message, "INTERNAL")
+    code, text = status_of(message)
+    return UpstreamError(text, code or "INTERNAL")
 
 
 def _call_error(error: Any) -> UpstreamError:
     code = error.code()
-    details = error.details() or str(code)
-    prefixed = _STATUS_PREFIX.match(details)
-    if prefixed:
-        return UpstreamError(details[prefixed.end() :], prefixed.group(1))
-    return UpstreamError(details, code.name if code is not None else None)
+    stated, text = status_of(error.details() or str(code))
+    return UpstreamError(text, stated or (code.name if code is not None else None))
 
 
 def speech_request(voice: str, text: str, length_scale: float | None) -> Any:

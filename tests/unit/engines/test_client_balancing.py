@@ -21,10 +21,15 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from engines.client import SynthesisError, TtsClient, stream_tts
 
+FULL = "[RESOURCE_EXHAUSTED] this server is full: 8 live streams"
+# What Triton itself answers for a model it is unloading (a pod on its way out).
+GONE = "Request for unknown model: 'joe' has no available versions"
+
 
 class FakePod(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    def __init__(self, refuse: bool = False) -> None:
+    def __init__(self, refuse: bool = False, error: str = FULL) -> None:
         self.refuse = refuse
+        self.error = error
         self.streams = 0
         self.lock = threading.Lock()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
@@ -41,9 +46,7 @@ class FakePod(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         with self.lock:
             self.streams += 1
         if self.refuse:
-            yield service_pb2.ModelStreamInferResponse(
-                error_message="[RESOURCE_EXHAUSTED] this server is full: 8 live streams"
-            )
+            yield service_pb2.ModelStreamInferResponse(error_message=self.error)
             return
         for index in range(3):
             response = service_pb2.ModelInferResponse(model_name=request.model_name)
@@ -120,6 +123,43 @@ def test_when_every_pod_refuses_the_stream_is_refused_and_counted(pods: list[Fak
             client.synthesize("Hello.")
         assert refused.value.code == "RESOURCE_EXHAUSTED"
         assert client.balancer.refused_streams == 1
+
+
+def test_a_pod_that_no_longer_has_the_voice_is_passed_over_by_client_and_bench(
+    pods: list[FakePod],
+) -> None:
+    """A client's list of pods is seconds old: a pod that is stopping (its Triton unloading
+    every model) is still in it, and its answer before any audio is Triton's own "unknown
+    model". The stream goes to another pod rather than failing."""
+    from engines.bench.systems import BalancedTritonSystem
+
+    gone, free = FakePod(refuse=True, error=GONE), pods[0]
+    try:
+        listed = [gone.endpoint, free.endpoint]
+        with TtsClient("x:1", pods=lambda: listed) as client:
+            results = [client.synthesize("Hello.") for _ in range(4)]
+        assert all(r.audio.size == 12 for r in results)
+
+        async def bench() -> int:
+            system = BalancedTritonSystem("voxfleet-pods", ",".join(listed), "joe")
+            await system.connect()
+            try:
+                for _ in range(4):
+                    assert [chunk async for chunk in system.open_stream("Hello.")]
+                return system.balancer.counts()[gone.endpoint].refusals
+            finally:
+                await system.close()
+
+        assert asyncio.run(bench()) >= 1
+        assert gone.streams >= 2 and free.streams == 8
+        # A voice no pod has is still an error that names it, with NOT_FOUND.
+        with TtsClient("x:1", pods=lambda: [gone.endpoint]) as client:
+            with pytest.raises(SynthesisError) as missing:
+                client.synthesize("Hello.")
+        assert missing.value.code == "NOT_FOUND"
+        assert "unknown model: 'joe'" in str(missing.value)
+    finally:
+        gone.stop()
 
 
 def test_stream_tts_names_a_server_that_cannot_be_reached() -> None:
