@@ -147,17 +147,17 @@ class Refusal:
     message: str
 
 
-def status_of(message: str) -> tuple[str | None, str]:
-    """A stream's error message as (gRPC status name, text): the stream model's own errors
-    lead with their status (`[RESOURCE_EXHAUSTED] this server is full: ...`); Triton's own
-    "Request for unknown model: ..." (a voice the pod does not have, or no longer has) is
-    NOT_FOUND; anything else has no status of its own (None)."""
+def status_of(message: str, default: str | None = None) -> tuple[str | None, str]:
+    """An error message as (gRPC status name, text): the stream model's own errors lead with
+    their status (`[RESOURCE_EXHAUSTED] this server is full: ...`); Triton's own "Request for
+    unknown model: ..." (a voice the pod does not have, or no longer has) is NOT_FOUND;
+    anything else has `default` (the call's own status, where there is one)."""
     prefixed = _STATUS_PREFIX.match(message)
     if prefixed:
         return prefixed.group(1), message[prefixed.end() :]
     if "unknown model" in message or "is not found" in message:
         return NOT_FOUND, message
-    return None, message
+    return default, message
 
 
 class StreamRefused(RuntimeError):

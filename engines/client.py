@@ -106,8 +106,8 @@ def _call_error(error: Any) -> SynthesisError:
     """A failed gRPC call (its status), as a SynthesisError."""
     code = error.code() if callable(getattr(error, "code", None)) else None
     details = (error.details() if callable(getattr(error, "details", None)) else None) or str(error)
-    stated, text = status_of(details)
-    return SynthesisError(text, stated or (code.name if code is not None else None))
+    status, text = status_of(details, code.name if code is not None else None)
+    return SynthesisError(text, status)
 
 
 def _code_of(error: BaseException) -> str | None:

@@ -40,14 +40,14 @@ class Audio:
 
 def error_of(message: str) -> UpstreamError:
     """An error message of the stream model (`[STATUS] text`), or Triton's own."""
-    code, text = status_of(message)
-    return UpstreamError(text, code or "INTERNAL")
+    status, text = status_of(message, "INTERNAL")
+    return UpstreamError(text, status)
 
 
 def _call_error(error: Any) -> UpstreamError:
     code = error.code()
-    stated, text = status_of(error.details() or str(code))
-    return UpstreamError(text, stated or (code.name if code is not None else None))
+    status, text = status_of(error.details() or str(code), code.name if code is not None else None)
+    return UpstreamError(text, status)
 
 
 def speech_request(voice: str, text: str, length_scale: float | None) -> Any:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from engines.voice_host.server import STOP_GRACE_S
 
+ROOT = Path(__file__).resolve().parents[3]
+
 # The host's own main, with a close that never returns (a scheduler stuck in a call, a
 # delivery thread blocked on a peer that reads nothing).
 _HOST_WITH_A_STUCK_CLOSE = """
@@ -26,8 +28,8 @@ def test_a_host_whose_close_hangs_still_exits_soon_after_sigterm(tmp_path: Path)
     socket_path = tmp_path / "host.sock"
     process = subprocess.Popen(
         [sys.executable, "-c", _HOST_WITH_A_STUCK_CLOSE, "--socket", str(socket_path)],
-        cwd=Path(__file__).resolve().parents[3],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
         deadline = time.monotonic() + 60
