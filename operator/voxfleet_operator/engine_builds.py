@@ -32,26 +32,29 @@ def _job_condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | Non
 CLAIM_RECHECK_SECONDS = 5.0
 
 
-async def _claim_exists(rt: Runtime, namespace: str) -> bool:
-    """Whether the engine-cache claim exists (asked only while a build has no pod running).
+async def _claim_problem(rt: Runtime, namespace: str) -> str | None:
+    """What keeps the engine-cache claim from a build pod, or None when it is usable.
 
-    A claim found is remembered for the cache's lifetime; a missing one is asked for again
-    after `CLAIM_RECHECK_SECONDS`, so that its creation shows soon without every voice of
-    the namespace asking on every pass.
+    Asked only while a build has no pod running. A usable claim is remembered for the
+    cache's lifetime; a missing one is asked for again after `CLAIM_RECHECK_SECONDS`, so
+    that its creation shows soon without every voice of the namespace asking on every pass.
+    A claim being deleted (a `deletionTimestamp`, held by the pvc-protection finalizer) is
+    as good as missing: no new pod can mount it, and it is gone once its last user is.
     """
     claim = rt.config.engine_cache_pvc
     if rt.cache.lookup(PVCS.plural, namespace, claim) is not None:
-        return True
+        return None
     checked = rt.missing_claims.get(namespace)
-    if checked is not None and time.monotonic() - checked < CLAIM_RECHECK_SECONDS:
-        return False
+    if checked is not None and time.monotonic() - checked[0] < CLAIM_RECHECK_SECONDS:
+        return checked[1]
     live = await rt.client.get(PVCS, namespace, claim)
-    if live is None:
-        rt.missing_claims[namespace] = time.monotonic()
-        return False
+    if live is None or (live.get("metadata") or {}).get("deletionTimestamp"):
+        problem = "does not exist" if live is None else "is being deleted"
+        rt.missing_claims[namespace] = (time.monotonic(), problem)
+        return problem
     rt.missing_claims.pop(namespace, None)
     rt.cache.seen(PVCS.plural, live)
-    return True
+    return None
 
 
 async def sync_engine(
@@ -97,13 +100,14 @@ async def sync_engine(
             f"Job {job_name} failed: {failed.get('reason', '')}: {failed.get('message', '')}",
         )
     active = (job.get("status") or {}).get("active") or 0
-    if not active and not await _claim_exists(rt, voice.namespace):
+    problem = None if active else await _claim_problem(rt, voice.namespace)
+    if problem:
         return Cond(
             ENGINE_READY,
             False,
             ENGINE_CACHE_MISSING,
-            f"PersistentVolumeClaim {rt.config.engine_cache_pvc} does not exist in namespace "
-            f"{voice.namespace}: Job {job_name} cannot start until it does (create it, "
+            f"PersistentVolumeClaim {rt.config.engine_cache_pvc} {problem} in namespace "
+            f"{voice.namespace}: Job {job_name} cannot start until it exists (create it, "
             "ReadWriteMany, or set the chart's engineCache.claimName)",
         )
     return Cond(
