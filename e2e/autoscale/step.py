@@ -82,10 +82,12 @@ LAYOUT = {"pool": "per-listener", "pool_shared": "shared", "per_voice": "per-lis
 
 @dataclass(frozen=True)
 class Targets:
-    """The scenarios' voices' targets (--slo-ms, --load-target-percent)."""
+    """The scenarios' voices' targets (--slo-ms, --load-target-percent) and lead limit
+    (--max-lead-ms)."""
 
     first_audio_p95_ms: int
     load_percent: int
+    max_lead_ms: int = 0
 
 
 def voice_manifest(
@@ -98,6 +100,7 @@ def voice_manifest(
         "spec": {
             "pool": POOL,
             "source": {"pvc": {"claimName": "voices", "path": JOE_PATH}},
+            **({"streaming": {"maxLeadMs": targets.max_lead_ms}} if targets.max_lead_ms else {}),
             **spec,
             "autoscaling": {
                 "minReplicas": 1,
@@ -792,6 +795,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--load-target-percent", type=int, default=70, help="targetLoadPercent (the chart's 70)"
     )
     parser.add_argument(
+        "--max-lead-ms",
+        type=int,
+        default=1000,
+        help="the voices' streaming.maxLeadMs: the listeners play in real time; without a "
+        "limit every pod makes audio as fast as it can, busy at any load (0: none)",
+    )
+    parser.add_argument(
         "--measure-streams",
         type=int,
         default=4,
@@ -826,7 +836,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out is None:
         args.out = ROOT / "results" / "autoscaling.json"
         doc, plot_path = ROOT / "docs" / "autoscaling.md", ROOT / "docs" / "img" / "autoscaling.png"
-    targets = Targets(args.slo_ms, args.load_target_percent)
+    targets = Targets(args.slo_ms, args.load_target_percent, args.max_lead_ms)
     if args.report_only:
         write(json.loads(args.out.read_text()), args.out, doc, plot_path)
         return 0
