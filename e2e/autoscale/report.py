@@ -173,7 +173,8 @@ def markdown(
         f"{results['sync_period_s']:g} s, Prometheus scrape interval "
         f"{results['scrape_interval']}, adapter window {results.get('rate_window', '1m')}, "
         f"targetFirstAudioP95Ms {slo} ms, targetLoadPercent "
-        f"{results.get('load_target_percent')}. Raw data: [{json_link}]({json_link}).",
+        f"{results.get('load_target_percent')}, streaming.maxLeadMs {_max_lead_ms(results)} ms. "
+        f"Raw data: [{json_link}]({json_link}).",
         "",
         "| measure | " + " | ".join(TITLES[k] for k in pools) + " | goal |",
         "|---|" + "---|" * len(pools) + "---|",
@@ -285,6 +286,14 @@ def markdown(
             )
     lines += ["", f"![timeline]({plot_link})", END]
     return "\n".join(lines)
+
+
+def _max_lead_ms(results: dict[str, Any]) -> int:
+    """The voices' lead limit: in the JSON since run 18; before that, in a voice's spec."""
+    if "max_lead_ms" in results:
+        return int(results["max_lead_ms"])
+    spec = next((results[k].get("voice_spec") or {} for k in POOL_SCENARIOS if k in results), {})
+    return int((spec.get("streaming") or {}).get("maxLeadMs", 0))
 
 
 def write(

@@ -862,6 +862,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rate_window": args.rate_window,
         "slo_ms": args.slo_ms,
         "load_target_percent": args.load_target_percent,
+        "max_lead_ms": args.max_lead_ms,
     }
     # Each scenario on a fresh installation: a pool still scaled out, or a window still full
     # of the previous scenario's load, would say nothing about the next one.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autoscale.report import BEGIN, END, goals, write
+from autoscale.report import BEGIN, END, goals, markdown, write
 
 
 def pool(
@@ -117,6 +117,19 @@ def test_write_replaces_only_the_measured_block(tmp_path: Path) -> None:
     assert "| 45 s (yes) | 50 s (yes) | ≤ 60 s |" in text
     assert "| 0 of 400 (yes) | 0 of 400 (yes) | ≤ 1 % |" in text
     assert (tmp_path / "autoscaling.png").stat().st_size > 10_000
+
+
+def test_the_block_names_the_voices_lead_limit() -> None:
+    recorded = results(pool=pool(45.0, 1500.0, 0))
+    recorded["goals"] = goals(recorded)
+    assert "streaming.maxLeadMs 0 ms." in markdown(recorded)
+    recorded["max_lead_ms"] = 1000
+    assert "streaming.maxLeadMs 1000 ms." in markdown(recorded)
+    # A run from before the field: the lead limit is read from its voice's spec.
+    older = results(pool=pool(45.0, 1500.0, 0))
+    older["pool"]["voice_spec"] = {"pool": "cpu", "streaming": {"maxLeadMs": 500}}
+    older["goals"] = goals(older)
+    assert "streaming.maxLeadMs 500 ms." in markdown(older)
 
 
 def test_write_links_raw_data_and_plot_kept_outside_the_docs(tmp_path: Path) -> None:
