@@ -289,7 +289,8 @@ def markdown(
 
 
 def _max_lead_ms(results: dict[str, Any]) -> int:
-    """The voices' lead limit: in the JSON since run 18; before that, in a voice's spec."""
+    """The voices' lead limit: the JSON's own field, or in results from before it, the
+    streaming settings of a pool scenario's voice."""
     if "max_lead_ms" in results:
         return int(results["max_lead_ms"])
     spec = next((results[k].get("voice_spec") or {} for k in POOL_SCENARIOS if k in results), {})
