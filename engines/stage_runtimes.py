@@ -77,8 +77,8 @@ class OnnxStages:
         return None  # its sessions go with the last reference to them
 
     def weights_bytes(self) -> int:
-        """An estimate of a voice's footprint: its ONNX files (the host measures later
-        voices' resident memory instead)."""
+        """An estimate of a voice's footprint: its ONNX files (the host measures what later
+        voices' loads allocate instead)."""
         return sum(f.stat().st_size for f in self.engine_dir.glob("*.onnx"))
 
     def _run(self, stage: str, feeds: dict[str, np.ndarray], speaker_ids: np.ndarray | None):

@@ -11,7 +11,8 @@ Every load is checked against the pod's memory first, and refused with the numbe
 would not fit with `margin_bytes` to spare: on a GPU against the device's free memory (under
 MPS, the client's limit) and the pool's declared memory, whichever is less; on the CPU
 against the process's memory limit. A voice's footprint is what its load took: its weight
-buffers on a GPU, the growth of this process's resident memory on the CPU.
+buffers on a GPU, the growth of what this process's allocator has handed out on the CPU
+(`MemoryMeter.allocated`).
 
 No I/O here: engines/voice_host/server.py puts it on a socket, and the tests drive it
 directly.
@@ -19,6 +20,7 @@ directly.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
 import logging
@@ -154,6 +156,34 @@ class MemoryMeter:
     def used(self) -> int:
         return int(psutil.Process().memory_info().rss)
 
+    def allocated(self) -> int:
+        """What this process's C allocator has handed out and not taken back (glibc's
+        `mallinfo2`), to measure what a load took; resident memory where that is not known.
+        Resident memory alone misses a load that reuses pages an earlier one freed: a voice
+        loaded after another was unloaded (a rolling update, a heal) grew it by under 1 MiB."""
+        info = _mallinfo2()
+        return info if info is not None else self.used()
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+        ).split()
+    ]
+
+
+def _mallinfo2() -> int | None:
+    """Bytes in use from glibc's heap and its mmapped blocks; None without glibc 2.33+."""
+    try:
+        function = ctypes.CDLL(None).mallinfo2
+    except (AttributeError, OSError):
+        return None
+    function.restype = _MallInfo2
+    info = function()
+    return int(info.uordblks + info.hblkhd)
+
 
 class GpuMemoryMeter(MemoryMeter):
     """The CUDA device's memory as this process sees it. Under an MPS per-client limit
@@ -174,6 +204,9 @@ class GpuMemoryMeter(MemoryMeter):
     def used(self) -> int:
         free, _ = self._torch.cuda.mem_get_info()
         return max(0, self.total() - int(free))
+
+    def allocated(self) -> int:
+        return self.used()
 
 
 MPS_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
@@ -409,7 +442,7 @@ class VoiceHost:
             ) from None
         need = ARCHITECTURE_ESTIMATE_BYTES.get(plan.runtime, CPU_ARCHITECTURE_ESTIMATE_BYTES)
         self._check_fits(meter, need, f"voice {plan.name} (the first of its architecture)")
-        before = meter.used()
+        before = meter.allocated()
         try:
             runtime = load_stages(
                 plan.runtime, Path(plan.engine_dir), plan.windows, cpu_threads=self.cpu_threads
@@ -429,7 +462,7 @@ class VoiceHost:
             raise LoadRefused(f"voice {plan.name}: its stages cannot run: {error}") from None
         architecture = _Architecture(key, runtime, scheduler, meter, plan.name)
         architecture.load = LoadMeter(scheduler)
-        architecture.fixed_bytes = max(0, meter.used() - before)
+        architecture.fixed_bytes = max(0, meter.allocated() - before)
         LOGGER.info(
             "architecture of %s ready: %s, %d shapes prepared in %.1f s, %.0f MiB",
             plan.name,
@@ -464,7 +497,7 @@ class VoiceHost:
                 * CPU_VOICE_BYTES_PER_FILE_BYTE
             )
         self._check_fits(meter, need, f"voice {plan.name}")
-        before = meter.used()
+        before = meter.allocated()
         try:
             weights = runtime.load_voice(Path(plan.engine_dir), plan.name)
         except ValueError as error:  # ArchitectureMismatch and unreadable graphs
@@ -478,7 +511,7 @@ class VoiceHost:
             raise LoadRefused(f"voice {plan.name}: its weights cannot be loaded: {error}") from None
         nbytes = getattr(weights, "nbytes", None)
         if nbytes is None:
-            nbytes = max(0, meter.used() - before)
+            nbytes = max(0, meter.allocated() - before)
         return weights, int(nbytes)
 
     def unload(self, handle: int) -> None:
