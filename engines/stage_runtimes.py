@@ -17,7 +17,7 @@ import numpy as np
 from engines.plan import WindowConfig, runtime_info
 from engines.stages import StageRuntime
 
-__all__ = ["OnnxStages", "StageRuntime", "load_onnx", "load_stages"]
+__all__ = ["OnnxStages", "StageRuntime", "load_onnx", "load_stages", "onnx_bytes"]
 
 
 def cpu_threads() -> int:
@@ -27,6 +27,11 @@ def cpu_threads() -> int:
     physical core of the machine, each pinned to its core, which escapes a CPU set (taskset,
     a cpuset container) and oversubscribes a pod limited by CPU quota."""
     return len(os.sched_getaffinity(0))
+
+
+def onnx_bytes(engine_dir: Path) -> int:
+    """The size of a voice's ONNX stage files."""
+    return sum(f.stat().st_size for f in Path(engine_dir).glob("*.onnx"))
 
 
 class OnnxStages:
@@ -79,7 +84,7 @@ class OnnxStages:
     def weights_bytes(self) -> int:
         """An estimate of a voice's footprint: its ONNX files (the host measures what later
         voices' loads allocate instead)."""
-        return sum(f.stat().st_size for f in self.engine_dir.glob("*.onnx"))
+        return onnx_bytes(self.engine_dir)
 
     def _run(self, stage: str, feeds: dict[str, np.ndarray], speaker_ids: np.ndarray | None):
         if "sid" in self._inputs[stage]:

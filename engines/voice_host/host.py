@@ -21,6 +21,7 @@ directly.
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import json
 import logging
@@ -40,7 +41,7 @@ import psutil
 from engines.frontend import Sentence
 from engines.frontend_pool import FrontendPool
 from engines.plan import ServingPlan, WindowConfig
-from engines.stage_runtimes import load_stages
+from engines.stage_runtimes import load_stages, onnx_bytes
 from engines.streaming import (
     FirstAudioPaths,
     SchedulerStats,
@@ -174,13 +175,21 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
-def _mallinfo2() -> int | None:
-    """Bytes in use from glibc's heap and its mmapped blocks; None without glibc 2.33+."""
+@functools.cache
+def _mallinfo2_function() -> Any:
     try:
         function = ctypes.CDLL(None).mallinfo2
     except (AttributeError, OSError):
         return None
     function.restype = _MallInfo2
+    return function
+
+
+def _mallinfo2() -> int | None:
+    """Bytes in use from glibc's heap and its mmapped blocks; None without glibc 2.33+."""
+    function = _mallinfo2_function()
+    if function is None:
+        return None
     info = function()
     return int(info.uordblks + info.hblkhd)
 
@@ -492,10 +501,7 @@ class VoiceHost:
         if meter.device == "gpu":
             need = int(runtime.weights_bytes())
         else:
-            need = int(
-                sum(f.stat().st_size for f in Path(plan.engine_dir).glob("*.onnx"))
-                * CPU_VOICE_BYTES_PER_FILE_BYTE
-            )
+            need = int(onnx_bytes(Path(plan.engine_dir)) * CPU_VOICE_BYTES_PER_FILE_BYTE)
         self._check_fits(meter, need, f"voice {plan.name}")
         before = meter.allocated()
         try:

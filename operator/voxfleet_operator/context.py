@@ -63,7 +63,7 @@ class Runtime:
     # must not own shared children with them again.
     deleted: set[str] = field(default_factory=set)
     # namespace -> when its engine-cache claim was last found unusable, and why.
-    missing_claims: dict[str, tuple[float, str]] = field(default_factory=dict)
+    unusable_claims: dict[str, tuple[float, str]] = field(default_factory=dict)
     # (namespace, voice or pool) with an event-driven repair in flight -> one more wanted.
     repairs: dict[tuple[str, str], bool] = field(default_factory=dict)
     closed: bool = False

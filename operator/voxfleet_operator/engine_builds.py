@@ -44,15 +44,15 @@ async def _claim_problem(rt: Runtime, namespace: str) -> str | None:
     claim = rt.config.engine_cache_pvc
     if rt.cache.lookup(PVCS.plural, namespace, claim) is not None:
         return None
-    checked = rt.missing_claims.get(namespace)
+    checked = rt.unusable_claims.get(namespace)
     if checked is not None and time.monotonic() - checked[0] < CLAIM_RECHECK_SECONDS:
         return checked[1]
     live = await rt.client.get(PVCS, namespace, claim)
     if live is None or (live.get("metadata") or {}).get("deletionTimestamp"):
         problem = "does not exist" if live is None else "is being deleted"
-        rt.missing_claims[namespace] = (time.monotonic(), problem)
+        rt.unusable_claims[namespace] = (time.monotonic(), problem)
         return problem
-    rt.missing_claims.pop(namespace, None)
+    rt.unusable_claims.pop(namespace, None)
     rt.cache.seen(PVCS.plural, live)
     return None
 

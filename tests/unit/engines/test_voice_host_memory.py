@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from engines.stage_runtimes import onnx_bytes
 from engines.voice_host.host import MIB, VoiceHost
 
 
@@ -14,7 +15,7 @@ def test_a_voice_loaded_where_another_was_unloaded_reports_its_whole_footprint(
 ) -> None:
     """A rolling update or a heal unloads a voice and loads one in the memory it freed: that
     voice holds as much as the first one did, not the pages it did not have to add."""
-    files = sum(f.stat().st_size for f in Path(joe_plan.engine_dir).glob("*.onnx"))
+    files = onnx_bytes(Path(joe_plan.engine_dir))
     host = VoiceHost()
     try:
         host.load(joe_plan)  # the architecture
