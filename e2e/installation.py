@@ -69,7 +69,7 @@ def _fill_voices_manifests() -> list[dict[str, Any]]:
     """A claim holding the joe voice, filled by a Job that copies the package's files."""
     script = (
         "import shutil, pathlib\n"
-        "from engines.voice import load_voice\n"
+        "from engines.text.voice import load_voice\n"
         "voice = load_voice('joe')\n"
         "target = pathlib.Path('/voices/joe')\n"
         "target.mkdir(parents=True, exist_ok=True)\n"

@@ -109,7 +109,7 @@ def piper_seconds(text: str = TEXT, speaking_rate: float = 1.0) -> float:
     same speaking rate (piper's length scale is 1 / speakingRate)."""
     from piper import PiperVoice, SynthesisConfig
 
-    from engines.voice import load_voice
+    from engines.text.voice import load_voice
 
     voice = PiperVoice.load(str(load_voice("joe").model_path))
     config = SynthesisConfig(length_scale=voice.config.length_scale / speaking_rate)

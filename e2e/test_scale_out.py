@@ -1,6 +1,6 @@
 """A pool that scales out relieves its load (issue 44), on the local cluster:
 
-1. one client (`engines.client.TtsClient`: a connection per pod, a pod per stream) keeps
+1. one client (`engines.client.tts.TtsClient`: a connection per pod, a pod per stream) keeps
    streaming while a scale-out adds a pod to the voice: its new streams land on both pods;
 2. a pod at capacity refuses a new stream at once with RESOURCE_EXHAUSTED, and the client's
    retry is spoken by the other pod;
@@ -29,8 +29,8 @@ from installation import Installation
 from speech import LONG_TEXT
 from voices import POOL_DEPLOYMENT, POOL_PODS, pool_pods, ready_voice, voice
 
-from engines.balancing import ResolvedEndpoints
-from engines.client import RESOLVE_TTL_S, SynthesisError, TtsClient
+from engines.client.balancing import ResolvedEndpoints
+from engines.client.tts import RESOLVE_TTL_S, SynthesisError, TtsClient
 
 pytestmark = pytest.mark.skipif(
     REAL_CLUSTER, reason="reaches pods by their addresses: the local cluster only"

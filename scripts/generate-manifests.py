@@ -129,7 +129,7 @@ def adapter_values_text(configmap_yaml: str) -> str:
 
 def values_schema_text() -> str:
     """The chart's values schema with the pools' runtimes taken from the runtime registry."""
-    from engines.plan import RUNTIMES
+    from engines.contract.plan import RUNTIMES
 
     schema = json.loads((CHART / "values.schema.json").read_text())
     pool = schema["properties"]["pools"]["items"]["properties"]

@@ -61,11 +61,11 @@ from autoscale.controllers import AutoscalingWatch, ScaleEvent, current_metrics_
 from autoscale.load import Clients, Phase, Pods, TimedRecord, run_phases
 from autoscale.prometheus import PrometheusServer
 from autoscale.report import SAMPLE_SECONDS, write
-from engines import names
-from engines.balancing import ResolvedEndpoints
 from engines.bench.systems import BalancedTritonSystem
 from engines.bench.timeline import analyse_stream
-from engines.corpus import cycle_sentences, load_corpus, sentence_order
+from engines.client.balancing import ResolvedEndpoints
+from engines.contract import names
+from engines.text.corpus import cycle_sentences, load_corpus, sentence_order
 
 # e2e/installation.py reaches the local cluster as `e2e.cluster`, which mypy (checking it as
 # `cluster`) would see twice; it is loaded by name and typed loosely here.
@@ -74,7 +74,7 @@ POOL_DEPLOYMENT = f"voxfleet-triton-{POOL}"
 POOL_PODS = f"app.kubernetes.io/name=voxfleet-triton,voxfleet.io/pool={POOL}"
 JOE_PATH = "joe/en_US-joe-medium.onnx"
 GRPC_PORT, METRICS_PORT = 8001, 8002
-# How often a client looks the voice's headless Service up again (engines.client's default).
+# How often a client looks the voice's headless Service up again (engines.client.tts's default).
 RESOLVE_TTL_S = 2.0
 SCENARIOS = ("pool", "pool_shared", "per_voice")
 LAYOUT = {"pool": "per-listener", "pool_shared": "shared", "per_voice": "per-listener"}

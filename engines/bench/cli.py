@@ -220,7 +220,7 @@ def run_bench(args: argparse.Namespace) -> int:
     import asyncio
 
     from engines.bench.systems import BenchSystemError
-    from engines.corpus import CorpusError
+    from engines.text.corpus import CorpusError
 
     if args.from_json:
         try:
@@ -272,7 +272,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         PiperSystem,
         TritonSystem,
     )
-    from engines.corpus import load_corpus, sentence_order
+    from engines.text.corpus import load_corpus, sentence_order
 
     sentences = sentence_order(load_corpus(args.corpus))
     voice_model = args.voice_model or _default_voice_model()

@@ -34,7 +34,7 @@ from typing import Any
 
 from engines.bench.loadgen import LoadResult, ramp_seconds, run_closed_loop_watched
 from engines.bench.timeline import StreamRecord
-from engines.corpus import cycle_sentences
+from engines.text.corpus import cycle_sentences
 
 # A client process must be connected and ready this soon after it was started.
 READY_TIMEOUT_S = 120.0

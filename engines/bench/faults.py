@@ -36,14 +36,14 @@ from typing import Any
 
 import psutil
 
-from engines import names
 from engines.bench.loadgen import run_closed_loop
 from engines.bench.stats import percentile
 from engines.bench.systems import BenchSystemError, TritonSystem
 from engines.bench.timeline import analyse_stream
-from engines.client import SynthesisError, synthesize
-from engines.corpus import load_corpus, sentence_order
-from engines.triton_server import free_port
+from engines.client.tts import SynthesisError, synthesize
+from engines.contract import names
+from engines.pod.triton_server import free_port
+from engines.text.corpus import load_corpus, sentence_order
 
 REFUSED = "RESOURCE_EXHAUSTED"
 LONG = "This is a sentence that takes a few seconds to say out loud. " * 3

@@ -160,7 +160,7 @@ async def measure_paired(
     from engines.bench.stats import summarise_run
     from engines.bench.systems import TritonSystem
     from engines.bench.timeline import Chunk, StreamRecord
-    from engines.corpus import cycle_sentences, load_corpus, sentence_order
+    from engines.text.corpus import cycle_sentences, load_corpus, sentence_order
 
     direct = TritonSystem("voxfleet", grpc_url, voice, streaming=True)
     api = SpeechApiSystem(api_url, voice)

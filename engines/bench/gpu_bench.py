@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engines.torch_cuda.stages import TorchCudaStages, padded_phonemes
+from engines.runtimes.torch_cuda.stages import TorchCudaStages, padded_phonemes
 
 SAMPLE_RATE = 22050
 HOP = 256
@@ -221,14 +221,14 @@ def simulate_streams(
     host_frames: bool = False,
 ) -> dict[str, Any]:
     """Keep `streams` listeners connected for `seconds`; each asks for one corpus sentence."""
-    from engines.frontend import Sentence
     from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
+    from engines.text.frontend import Sentence
 
     scheduler = StreamScheduler(
         stages, SAMPLE_RATE, HOP, windows=windows, cross_stream_batching=batching
     )
     if host_frames:  # the frame stores in host memory, as for a CPU runtime (A/B)
-        from engines.frames import HostBackend
+        from engines.streaming.frames import HostBackend
 
         scheduler.backend = HostBackend(stages)
     warm_started = time.monotonic()
@@ -331,7 +331,7 @@ def profile_encoder(
     the captured core and the eager expansion timed apart."""
     from torch.profiler import ProfilerActivity, profile
 
-    from engines.torch_cuda import acoustic
+    from engines.runtimes.torch_cuda import acoustic
 
     core = stages.encoder_core
     if core is None:

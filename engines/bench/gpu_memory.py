@@ -9,7 +9,7 @@ transient peak, and, with `--voices N`, N more voices loaded as weight sets (per
 copies, engines/bench/voices.py). Last it frees the graphs, and what the device gets back
 beyond the allocator's blocks is the graph executables.
 
-It imports only what every version of the data plane has (engines.stage_runtimes, .streaming,
+It imports only what every version of the data plane has (engines.runtimes.onnx, .streaming,
 .plan), so running it as a script with an older `engines` on PYTHONPATH breaks that one down
 too. Prints one JSON object; docs/gpu.md gives the figures.
 
@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from engines.plan import WindowConfig
-    from engines.stage_runtimes import load_stages
+    from engines.contract.plan import WindowConfig
+    from engines.runtimes import load_stages
     from engines.streaming import StreamScheduler
 
     windows = replace(
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     engine_dir = args.engine_dir
     if engine_dir is None:
-        from engines.engine_build import build_engines, resolve_voice_model
+        from engines.build.engine_build import build_engines, resolve_voice_model
 
         cache = Path(os.environ.get("VOXFLEET_CACHE", "/tmp/voxfleet-cache"))
         engine_dir = build_engines(resolve_voice_model("joe"), "torch-cuda", "fp16", cache).path

@@ -4,10 +4,10 @@ A pool pod's scheduler runs one call per voice and stage in a step (docs/gpu.md,
 on one GPU"): ten voices with 12 windows each make ten vocoder calls of 12 windows where one
 voice makes one call of 120, and a call's cost is mostly fixed. This bench measures what one
 call over several voices' weights would buy, before the scheduler is changed to make such
-calls: the torch-cuda runtime's encoder core (engines/torch_cuda/acoustic.py), flow and vocoder
-(the ONNX interpreter the pod runs, engines/torch_cuda/convert.py), run under `torch.func.vmap`
-over stacked weights, so that each voice's rows meet only its own weights (the convolutions
-become grouped ones, the matrix products batched ones).
+calls: the torch-cuda runtime's encoder core (engines/runtimes/torch_cuda/acoustic.py), flow
+and vocoder (the ONNX interpreter the pod runs, engines/runtimes/torch_cuda/convert.py), run
+under `torch.func.vmap` over stacked weights, so that each voice's rows meet only its own
+weights (the convolutions become grouped ones, the matrix products batched ones).
 
 For each voice count L it times, at the same total of windows:
 - `one`: one voice, one call of every window (what one voice gets today);
@@ -33,9 +33,9 @@ from typing import Any
 import torch
 
 from engines.bench.gpu_bench import median_seconds
-from engines.frames import LATENT_CHANNELS
-from engines.torch_cuda import acoustic
-from engines.torch_cuda.convert import OnnxModule
+from engines.runtimes.torch_cuda import acoustic
+from engines.runtimes.torch_cuda.convert import OnnxModule
+from engines.streaming.frames import LATENT_CHANNELS
 
 
 def graphed(call: Callable[[], Any], device: torch.device) -> Callable[[], Any]:

@@ -24,7 +24,7 @@ from engines.bench import faults
 from engines.bench.loadgen import run_closed_loop
 from engines.bench.systems import TritonSystem
 from engines.bench.timeline import StreamRecord, analyse_stream, late_chunks
-from engines.corpus import load_corpus, sentence_order
+from engines.text.corpus import load_corpus, sentence_order
 
 # The level's start: the listeners arrive within 1 s (the load generator's ramp) and their
 # first sentences run their window ramps over the second after.

@@ -40,15 +40,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from engines import names
 from engines.bench.loadgen import run_closed_loop
 from engines.bench.runner import SweepSettings, run_sweep
 from engines.bench.stats import percentile, real_time_capacity, summarise_run
 from engines.bench.systems import SpreadTritonSystem
-from engines.corpus import cycle_sentences, load_corpus
-from engines.plan import ServingPlan, WindowConfig
-from engines.repository import build_model_repository, load_request, write_model_repository
-from engines.triton_server import free_port
+from engines.contract import names
+from engines.contract.plan import ServingPlan, WindowConfig
+from engines.contract.repository import build_model_repository, load_request, write_model_repository
+from engines.pod.triton_server import free_port
+from engines.text.corpus import cycle_sentences, load_corpus
 
 READY_TIMEOUT_S = 600.0
 
@@ -167,7 +167,7 @@ class Pod:
 
 
 def _first_audio_ms(url: str, voice: str, text: str) -> float | None:
-    from engines.client import synthesize
+    from engines.client.tts import synthesize
 
     result = synthesize(url, text, voice=voice)
     return None if result.first_audio_s is None else result.first_audio_s * 1000.0

@@ -96,7 +96,7 @@ CALL_LOG_MARK = "voxfleet-costs "
 
 def call_log_records(text: str) -> list[tuple[str, dict[str, Any]]]:
     """(model, record) of each line a server's call log (VOXFLEET_COSTS_LOG_S,
-    engines/triton_model/model.py) wrote among its other output, in order; a line may carry
+    engines/pod/triton_model/model.py) wrote among its other output, in order; a line may carry
     a prefix of the process that relayed it. Where a voice runs as several instances
     (`voxfleet serve --instances`), the model is the instance's name (``joe_0_1``)."""
     records = []

@@ -27,14 +27,14 @@ from pathlib import Path
 import numpy as np
 
 from engines.bench.window_frames import cut_sentence
-from engines.corpus import load_corpus, sentence_order
-from engines.engine_build import build_engines
-from engines.frontend import text_to_sentences
-from engines.plan import WindowConfig
-from engines.stage_runtimes import OnnxStages
+from engines.build.engine_build import build_engines
+from engines.contract.plan import WindowConfig
+from engines.runtimes.onnx import OnnxStages
 from engines.streaming.planner import cpu_rules, window_calls
 from engines.streaming.types import Stream, StreamSink, SynthesisParams
-from engines.voice import load_voice
+from engines.text.corpus import load_corpus, sentence_order
+from engines.text.frontend import text_to_sentences
+from engines.text.voice import load_voice
 
 LATENT_CHANNELS = 192
 

@@ -4,7 +4,7 @@ streams it admitted notice the hammering.
     python -m engines.bench.refusals --runs 3 --out results/refusals.json
 
 Each run on a freshly started `voxfleet serve` (CPU, the joe voice, no `--max-streams`: the
-server refuses by its own measured capacity, engines/voice_host/host.py):
+server refuses by its own measured capacity, engines/pod/voice_host/host.py):
 
 1. warm-up: `--warmup-listeners` closed-loop listeners until the server reports the real-time
    streams it holds (`voxfleet_capacity_streams`, C);
@@ -39,13 +39,13 @@ from typing import Any
 
 import psutil
 
-from engines import names
 from engines.bench.faults import start, stop
 from engines.bench.loadgen import run_closed_loop
 from engines.bench.stats import is_refusal, percentile
 from engines.bench.systems import BenchSystemError, TritonSystem
 from engines.bench.timeline import Chunk, StreamRecord, analyse_stream
-from engines.corpus import load_corpus, sentence_order
+from engines.contract import names
+from engines.text.corpus import load_corpus, sentence_order
 
 RETRY_AFTER_S = 0.2
 HAMMER_TEXT = "Hi."

@@ -66,7 +66,7 @@ METHOD = """\
   --pods joe-tts-pods.<ns>.svc:8001` (a voice's headless Service, looked up again every 2 s)
   or `--pods HOST:PORT,HOST:PORT`. The stream model on every pod, over a connection per pod,
   each stream sent to the pod with the fewest of the client's streams in flight
-  (`engines/balancing.py`), and a stream a pod refuses before its first audio
+  (`engines/client/balancing.py`), and a stream a pod refuses before its first audio
   (`RESOURCE_EXHAUSTED` or `UNAVAILABLE`) sent to another, each pod at most once, 3 tries in
   all. With `--client-processes N` each process balances on its own over its own
   connections. A stream every tried pod refused is counted as `refused`, apart from
@@ -238,7 +238,7 @@ def build_page(
         "`make bench` (which starts the servers, runs the sweep and rewrites this part of the\n"
         "page; the analysis and the GPU section are written by hand and kept). All systems\n"
         "ran in the same run, on the same machine, with the same corpus\n"
-        "(`engines/corpus.txt`, public-domain sentences of 3 to 60 words).\n",
+        "(`engines/text/corpus.txt`, public-domain sentences of 3 to 60 words).\n",
         f"## CPU: {machine.get('cores', '?')} cores, {machine.get('date_utc', '')}\n",
         f"- machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} usable cores, "
         f"{machine.get('memory_gib', '?')} GiB memory, {machine.get('os', '?')}, "

@@ -24,7 +24,7 @@ from engines.bench.resources import (
     own_process,
 )
 from engines.bench.stats import RunSummary, summarise_run
-from engines.corpus import cycle_sentences
+from engines.text.corpus import cycle_sentences
 
 # A listener whose request failed (a service down or refusing) waits this long before its next
 # one, doubling with each failure in a row, instead of asking again in a tight loop.

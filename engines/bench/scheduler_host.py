@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engines.frontend import Sentence
-from engines.plan import WindowConfig
+from engines.contract.plan import WindowConfig
 from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
 from engines.streaming.costs import CostModel
+from engines.text.frontend import Sentence
 
 if TYPE_CHECKING:
-    from engines.torch_cuda.backend import DeviceBackend
+    from engines.runtimes.device_frames import DeviceBackend
 
 HOP = 256
 SAMPLE_RATE = 22050
@@ -75,15 +75,15 @@ class HeldCosts(CostModel):
 
 
 class NoArithmetic:
-    """The device tensor API of `TorchCudaStages` (engines/torch_cuda/stages.py) on the CPU,
-    computing nothing: zeros of each stage's output shape."""
+    """The device tensor API of `TorchCudaStages` (engines/runtimes/torch_cuda/stages.py) on the
+    CPU, computing nothing: zeros of each stage's output shape."""
 
     name = "torch-cuda"
 
     def __init__(self, pages: int) -> None:
         import torch
 
-        from engines.torch_cuda.stages import DEFAULT_BATCH_BUCKETS
+        from engines.runtimes.torch_cuda.stages import DEFAULT_BATCH_BUCKETS
 
         self.padded_batch_buckets = DEFAULT_BATCH_BUCKETS
         self.torch = torch
@@ -107,7 +107,7 @@ class NoArithmetic:
         return self.torch.zeros(latent.shape[0], latent.shape[-1] * HOP)
 
     def stream_backend(self) -> DeviceBackend:
-        from engines.torch_cuda.backend import DeviceBackend
+        from engines.runtimes.device_frames import DeviceBackend
 
         return DeviceBackend(self, initial_pages=self.pages, async_calls=True)
 

@@ -45,9 +45,9 @@ from typing import Any
 
 import psutil
 
-from engines import names
 from engines.bench.faults import Server, start, stop
-from engines.corpus import load_corpus
+from engines.contract import names
+from engines.text.corpus import load_corpus
 
 HANG_UP_SHARE = 0.20
 BAD_INPUT_SHARE = 0.05

@@ -75,8 +75,8 @@ def measure_stage_costs(
 
 def measure_voice_stage_costs(voice: str = "joe") -> list[dict[str, Any]]:
     """Stage costs of a voice's onnxruntime engines (built into the engine cache if needed)."""
-    from engines.local_serving import plan_local_voices
-    from engines.stage_runtimes import load_stages
+    from engines.pod.local_serving import plan_local_voices
+    from engines.runtimes import load_stages
 
     plan = plan_local_voices([voice])[0]
     runtime = load_stages(plan.runtime, Path(plan.engine_dir))

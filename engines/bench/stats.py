@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engines.bench.timeline import StreamRecord, StreamStats, analyse_stream
-from engines.errors import RESOURCE_EXHAUSTED
+from engines.contract.errors import RESOURCE_EXHAUSTED
 
 SYSTEMS = (
     "piper",

@@ -6,7 +6,7 @@
 - `voxfleet`, `voxfleet-nobatch`: the decoupled stream model over gRPC ModelStreamInfer, one
   stream per request, every response a chunk, ended by the empty final-flagged response.
 - `voxfleet-pods`: the same stream model on every pod of a voice (its headless Service, or a
-  list of servers), a pod picked per stream by `engines.balancing` over a connection per pod,
+  list of servers), a pod picked per stream by `engines.client.balancing` over a connection per pod,
   and a stream a full pod refuses sent to another (`BalancedTritonSystem`). With
   `--client-processes N` each client process balances on its own over its own connections,
   as separate listener processes with long-lived connections would; with one process, one
@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from engines.balancing import (
+from engines.bench.resources import ProcessTree, find_listening_process, own_process
+from engines.client.balancing import (
     Balancer,
     NoEndpoints,
     ResolvedEndpoints,
@@ -38,8 +39,7 @@ from engines.balancing import (
     status_of,
     stream_balanced,
 )
-from engines.bench.resources import ProcessTree, find_listening_process, own_process
-from engines.client import PRUNE_INTERVAL_S, STREAM_CLOSE_TIMEOUT_S, client_endpoints
+from engines.client.tts import PRUNE_INTERVAL_S, STREAM_CLOSE_TIMEOUT_S, client_endpoints
 
 # Audio responses of long sentences exceed gRPC's 4 MiB default only for unusually long text,
 # but a benchmark should never fail on a limit the server does not have.

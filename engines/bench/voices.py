@@ -99,7 +99,7 @@ def perturbed_voices(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engines.voice import load_voice
+    from engines.text.voice import load_voice
 
     parser = argparse.ArgumentParser(prog="python -m engines.bench.voices", description=__doc__)
     parser.add_argument("--count", type=int, default=100)

@@ -23,14 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.corpus import load_corpus
-from engines.engine_build import build_engines
-from engines.frontend import text_to_sentences
-from engines.plan import WindowConfig
-from engines.stage_runtimes import OnnxStages
+from engines.build.engine_build import build_engines
+from engines.contract.plan import WindowConfig
+from engines.runtimes.onnx import OnnxStages
 from engines.streaming.planner import WindowRules, cpu_rules, next_window, window_calls
 from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams, Window
-from engines.voice import VoiceConfig, load_voice
+from engines.text.corpus import load_corpus
+from engines.text.frontend import text_to_sentences
+from engines.text.voice import VoiceConfig, load_voice
 
 QUIET = np.array([0.0, 1.0, 0.0], dtype=np.float32)
 NO_LEAD = 10**9

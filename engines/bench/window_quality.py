@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
+from engines.build.engine_build import build_engines
 from engines.commands.demo import REFERENCE_SENTENCE
-from engines.engine_build import build_engines
-from engines.frames import to_pcm16
-from engines.frontend import text_to_sentences
-from engines.stage_runtimes import OnnxStages
+from engines.runtimes.onnx import OnnxStages
 from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, WindowConfig
-from engines.voice import load_voice
+from engines.streaming.frames import to_pcm16
+from engines.text.frontend import text_to_sentences
+from engines.text.voice import load_voice
 
 QUIET = SynthesisParams(noise_scale=0.0, noise_w=0.0)
 # The default, then one setting changed at a time.

@@ -1,7 +1,7 @@
 """`voxfleet api`: the speech API (OpenAI's `/v1/audio/speech` and a WebSocket for text as
 it is written) in front of the voices' Triton endpoints.
 
-Two ways to find the voices (engines/speech_api/directory.py):
+Two ways to find the voices (engines/gateway/directory.py):
 - `--upstream HOST:PORT` (repeatable): Triton servers that hold the voices, such as
   `voxfleet serve`'s; the voices are what their repository index lists.
 - `--voice-table FILE`: the voice table the operator renders in the cluster (each voice
@@ -31,7 +31,7 @@ def _port(value: str) -> int:
 
 
 def _alias(value: str) -> tuple[str, str]:
-    from engines.speech_api.voices import VoiceTableError, parse_alias
+    from engines.gateway.voices import VoiceTableError, parse_alias
 
     try:
         return parse_alias(value)
@@ -106,8 +106,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from engines.speech_api.server import GatewaySettings, run_gateway
-    from engines.speech_api.voices import VoiceTableError
+    from engines.gateway.server import GatewaySettings, run_gateway
+    from engines.gateway.voices import VoiceTableError
 
     try:
         settings = GatewaySettings(
@@ -152,7 +152,7 @@ def start_gateway_process(command: list[str]):  # -> subprocess.Popen[bytes]
     """Run a gateway beside this process; it is stopped (SIGTERM) if this process dies."""
     import subprocess
 
-    from engines.processes import ended_with_this_process
+    from engines.pod.processes import ended_with_this_process
 
     return subprocess.Popen(ended_with_this_process(command))
 

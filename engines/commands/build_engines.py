@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from engines.plan import PRECISIONS, RUNTIME_NAMES, RUNTIMES
+from engines.contract.plan import PRECISIONS, RUNTIME_NAMES, RUNTIMES
 
 RUNTIME_CHOICES = RUNTIME_NAMES
 PRECISION_CHOICES = PRECISIONS
@@ -80,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from engines.engine_build import (
+    from engines.build.engine_build import (
         EngineBuildError,
         Target,
         build_engines,
@@ -89,7 +89,7 @@ def handle(args: argparse.Namespace) -> int:
         publish_entry,
         resolve_voice_model,
     )
-    from engines.plan import ServingPlan, WindowConfig
+    from engines.contract.plan import ServingPlan, WindowConfig
 
     try:
         windows: WindowConfig | None = None
@@ -118,7 +118,7 @@ def handle(args: argparse.Namespace) -> int:
             )
         profiles = None
         if args.max_batch is not None:
-            from engines.tensorrt.profiles import ServingShapes, stage_profiles
+            from engines.runtimes.tensorrt.profiles import ServingShapes, stage_profiles
 
             profiles = stage_profiles(
                 ServingShapes(max_batch=args.max_batch, opt_batch=min(64, args.max_batch))

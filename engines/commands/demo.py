@@ -12,8 +12,8 @@ REFERENCE_SENTENCE = (
 
 
 def handle(args: argparse.Namespace) -> int:
-    from engines.client import SynthesisError, synthesize, write_wav
-    from engines.local_serving import local_server, plan_local_voices
+    from engines.client.tts import SynthesisError, synthesize, write_wav
+    from engines.pod.local_serving import local_server, plan_local_voices
 
     print("voxfleet demo: building engines (cached after the first run)…", file=sys.stderr)
     plan = plan_local_voices([args.voice])

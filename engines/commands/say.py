@@ -1,6 +1,6 @@
 """`voxfleet say`: stream one text from a server into a WAV file (or raw PCM on stdout).
 
-`--url` is looked up as `engines.client.TtsClient` does: a name that resolves to several pods
+`--url` is looked up as `engines.client.tts.TtsClient` does: a name that resolves to several pods
 (a voice's headless Service) sends the stream to one of them, and to another where one
 refuses it before any audio (full, or stopping)."""
 
@@ -13,7 +13,7 @@ import sys
 from engines.commands.arguments import seconds
 
 
-def report(result, out: str, as_json: bool) -> None:  # result: engines.client.StreamResult
+def report(result, out: str, as_json: bool) -> None:  # result: engines.client.tts.StreamResult
     first_ms = (result.first_audio_s or 0.0) * 1000
     if as_json:
         print(
@@ -37,7 +37,7 @@ def report(result, out: str, as_json: bool) -> None:  # result: engines.client.S
 
 
 def handle(args: argparse.Namespace) -> int:
-    from engines.client import SynthesisError, synthesize, write_wav
+    from engines.client.tts import SynthesisError, synthesize, write_wav
 
     try:
         result = synthesize(

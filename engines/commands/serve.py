@@ -1,6 +1,6 @@
 """`voxfleet serve`: build engines, write the model repository, run Triton in the foreground.
 
-Triton runs under the supervisor of engines/supervisor.py, as in a pool pod: a voice whose
+Triton runs under the supervisor of engines/pod/supervisor.py, as in a pool pod: a voice whose
 backend process dies is healed by a server restart, GET /ready and /live answer on the
 health port, and SIGINT or SIGTERM (whatever this process inherited) drain the streams in
 flight, refuse new ones with UNAVAILABLE, and stop as soon as none is left.
@@ -12,10 +12,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from engines import names
 from engines.commands.api import DEFAULT_API_PORT, add_gateway_arguments
 from engines.commands.build_engines import PRECISION_CHOICES, RUNTIME_CHOICES, runtime_help
-from engines.plan import ENCODER_LAUNCHES
+from engines.contract import names
+from engines.contract.plan import ENCODER_LAUNCHES
 
 GPU_SERVER_ARGS = ["--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0"]
 
@@ -77,8 +77,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 def plan_from_args(args: argparse.Namespace):  # -> list[ServingPlan], imported lazily
     from dataclasses import replace
 
-    from engines.local_serving import plan_local_voices
-    from engines.plan import ServingPlan, WindowConfig
+    from engines.contract.plan import ServingPlan, WindowConfig
+    from engines.pod.local_serving import plan_local_voices
 
     # Each of these options sets the WindowConfig field of its name where it is given.
     given = {
@@ -101,13 +101,13 @@ def plan_from_args(args: argparse.Namespace):  # -> list[ServingPlan], imported 
 
 
 def handle(args: argparse.Namespace) -> int:
-    from engines.engine_build import EngineBuildError
-    from engines.local_serving import local_server
-    from engines.mps import MpsDaemon
-    from engines.plan import check_mps
-    from engines.supervisor import Supervisor, TritonEndpoints
-    from engines.triton_server import EXIT_TIMEOUT_SECONDS, TritonError, server_env
-    from engines.voice import VoiceError
+    from engines.build.engine_build import EngineBuildError
+    from engines.contract.plan import check_mps
+    from engines.pod.local_serving import local_server
+    from engines.pod.mps import MpsDaemon
+    from engines.pod.supervisor import Supervisor, TritonEndpoints
+    from engines.pod.triton_server import EXIT_TIMEOUT_SECONDS, TritonError, server_env
+    from engines.text.voice import VoiceError
 
     try:
         if args.mps:

@@ -4,13 +4,13 @@ This is the Triton container's command in a pool pod. With a `tritonserver` on P
 Triton image) it runs that one with the arguments as given; otherwise the one bundled in the
 nvidia-pytriton wheel, with the Python backend's stub for the running Python (as
 `voxfleet serve` does) and its libraries on the library path. It stays as tritonserver's
-supervisor (engines/supervisor.py): it restarts the server when a voice's backend process
+supervisor (engines/pod/supervisor.py): it restarts the server when a voice's backend process
 dies and loads the voices again, answers the pod's probes on its health port (8003, or
 $VOXFLEET_HEALTH_PORT: GET /ready, /live), and on SIGTERM drains streams before stopping it.
 With VOXFLEET_MPS=1 (a pool with `mps: true`) the voice host runs on the GPU through a CUDA
-MPS daemon of the container's own (engines/mps.py).
+MPS daemon of the container's own (engines/pod/mps.py).
 
-Before tritonserver it starts the pod's voice host (engines/voice_host), which runs every
+Before tritonserver it starts the pod's voice host (engines/pod/voice_host), which runs every
 voice of the pod in one process. Its options lead the arguments and are not tritonserver's:
 `--voice-host-memory-mib=N` (the pool's memory to place voices in; 0: the device's own) and
 `--voice-host-cpu-threads=N` (threads per onnxruntime call: the pod's CPU request).
@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from engines.voice_host.process import HostOptions
+from engines.pod.voice_host.process import HostOptions
 
 BACKEND_DIRECTORY_ARG = "--backend-directory"
 HOST_MEMORY_ARG = "--voice-host-memory-mib"
@@ -55,7 +55,7 @@ def triton_command(args: list[str], work_dir: Path) -> tuple[list[str], dict[str
     installed = shutil.which("tritonserver")
     if installed:
         return [installed, *args], dict(os.environ)
-    from engines.triton_server import prepare_backends, server_env, tritonserver_dist
+    from engines.pod.triton_server import prepare_backends, server_env, tritonserver_dist
 
     binary = str(tritonserver_dist() / "bin" / "tritonserver")
     extra = []
@@ -66,10 +66,10 @@ def triton_command(args: list[str], work_dir: Path) -> tuple[list[str], dict[str
 
 def run(triton_args: list[str]) -> int:
     """Run and supervise tritonserver until SIGTERM or SIGINT; returns the exit status."""
-    from engines import names
-    from engines.mps import MpsDaemon, mps_from_env
-    from engines.supervisor import Supervisor, TritonEndpoints
-    from engines.triton_server import TritonError
+    from engines.contract import names
+    from engines.pod.mps import MpsDaemon, mps_from_env
+    from engines.pod.supervisor import Supervisor, TritonEndpoints
+    from engines.pod.triton_server import TritonError
 
     work_dir = Path(tempfile.mkdtemp(prefix="voxfleet-triton-"))
     try:

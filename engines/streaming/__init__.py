@@ -8,7 +8,7 @@
   launched call's audio once it is on the host.
 """
 
-from engines.plan import WindowConfig
+from engines.contract.plan import WindowConfig
 from engines.streaming.costs import CostModel
 from engines.streaming.scheduler import StreamScheduler
 from engines.streaming.types import (

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engines.plan import WindowConfig
+from engines.contract.plan import WindowConfig
 from engines.streaming.costs import CostModel
 from engines.streaming.types import Stream, Window
 

@@ -1,6 +1,6 @@
 """The stream model's executor: one thread that steps all live streams of its voices.
 
-Nothing here knows about Triton: the pod's voice host (engines/voice_host) feeds
+Nothing here knows about Triton: the pod's voice host (engines/pod/voice_host) feeds
 `StreamScheduler.submit` with each stream's voice, and its sinks carry the audio back to the
 stream models, which send it as decoupled responses; the tests drive the same scheduler
 in-process.
@@ -17,7 +17,7 @@ Each step, the planner picks windows earliest-deadline-first by the cost model
 (engines/streaming/costs.py); then one batched flow call and one batched vocoder call run per
 window size and voice, and every decoded window is sent at once (by the delivery thread,
 engines/streaming/delivery.py, where the backend's calls are asynchronous). The frames
-themselves live in the backend's paged stores (engines/frames.py): host memory for CPU
+themselves live in the backend's paged stores (engines/streaming/frames.py): host memory for CPU
 runtimes, GPU memory for GPU runtimes. Nothing here imports a runtime library (an import
 contract in pyproject.toml).
 """
@@ -35,12 +35,10 @@ from typing import Any, cast
 
 import numpy as np
 
-from engines.frames import DeviceCalls, StreamBackend, stream_backend
-from engines.frontend import Sentence
-from engines.plan import WindowConfig
-from engines.stages import StageRuntime
+from engines.contract.plan import WindowConfig
 from engines.streaming.costs import CostModel
 from engines.streaming.delivery import AudioDelivery, LaunchedCall
+from engines.streaming.frames import DeviceCalls, StreamBackend, stream_backend
 from engines.streaming.planner import (
     StepPlan,
     WindowRules,
@@ -51,6 +49,7 @@ from engines.streaming.planner import (
     next_window,
     plan_step,
 )
+from engines.streaming.stages import StageRuntime
 from engines.streaming.types import (
     FirstAudioPaths,
     SchedulerStats,
@@ -63,6 +62,7 @@ from engines.streaming.types import (
     VoiceSlot,
     Window,
 )
+from engines.text.frontend import Sentence
 
 LOGGER = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.002
@@ -157,7 +157,7 @@ class StreamScheduler:
     """Owns all live streams of its voices and one thread that steps them.
 
     A scheduler made for one voice serves the runtime's own voice; one that serves several
-    (a pod's voice host, engines/voice_host) is given each stream's `VoiceSlot` at `submit`.
+    (a pod's voice host, engines/pod/voice_host) is given each stream's `VoiceSlot` at `submit`.
     Every step is planned over the streams of all voices, earliest deadline first, so a voice
     with one listener waits behind no voice with a thousand; the calls split by voice, since
     each voice's run with its own weights, and each voice keeps stats of its own."""
@@ -197,7 +197,7 @@ class StreamScheduler:
         self.stats = SchedulerStats()
         # Audio made so far, every voice's (seconds): the voice host's load measure.
         self.audio_seconds = 0.0
-        # Read by profiling runs' call log (engines/voice_host/host.py, VOXFLEET_COSTS_LOG_S).
+        # Read by profiling runs' call log (engines/pod/voice_host/host.py, VOXFLEET_COSTS_LOG_S).
         self.step_times = StepTimes()
         # Where new streams' first audio spends its time, when a profiling run asks for it
         # (the voice host's call log sets it; None: not recorded).
@@ -250,8 +250,8 @@ class StreamScheduler:
 
     @property
     def _encoder_calls_in_flight(self) -> int:
-        # A backend may allow more than one (engines/torch_cuda/stages.py: an encoder queued
-        # on the windows' own stream, whose calls do not slow each other down).
+        # A backend may allow more than one (engines/runtimes/torch_cuda/stages.py: an encoder
+        # queued on the windows' own stream, whose calls do not slow each other down).
         return self.backend.features.encoder_calls_in_flight
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -592,7 +592,7 @@ class StreamScheduler:
         them the streams' current sentences; a stream closed meanwhile gets none."""
         tables = [self.backend.pool.allocate(int(count)) for count in frames]
         self.backend.store_prior(prior, tables, frames)
-        # GPU backends may run the flow over the whole sentences here (engines/torch_cuda/
+        # GPU backends may run the flow over the whole sentences here (engines/runtimes/torch_cuda/
         # backend.py); the windows then need the vocoder only.
         voice = _weights(streams[0].voice)
         flowed = self.backend.features.sentence_flow and self._device.flow_sentences(

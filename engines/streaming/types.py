@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from engines.frontend import Sentence
+from engines.text.frontend import Sentence
 
 
 class StreamCancelled(Exception):
@@ -35,7 +35,7 @@ class StreamSink:
 
     def last_audio(self, pcm: np.ndarray) -> None:
         """The stream's last chunk; `finish(None)` follows it. A sink whose protocol can carry
-        the end with the last chunk does so here (engines/triton_model/responses.py)."""
+        the end with the last chunk does so here (engines/pod/triton_model/responses.py)."""
         self.audio(pcm)
 
     def finish(self, error: Exception | None = None) -> None:
@@ -50,7 +50,7 @@ class VoiceSlot:
     """One of the voices a scheduler serves: its name, its weights as the stream backend
     knows them (`weights`, passed to every stage call of its streams; None: the runtime's own
     voice) and its own stats. Streams of different voices never share a stage call; each
-    voice's calls run with its own weights (engines/torch_cuda/weights.py)."""
+    voice's calls run with its own weights (engines/runtimes/torch_cuda/weights.py)."""
 
     name: str
     weights: Any = None
@@ -59,7 +59,7 @@ class VoiceSlot:
 
 @dataclass
 class SentenceState:
-    pages: np.ndarray  # page table of its prior and latent frames (engines.frames)
+    pages: np.ndarray  # page table of its prior and latent frames (engines.streaming.frames)
     frames: int
     flowed: int = 0
     vocoded: int = 0

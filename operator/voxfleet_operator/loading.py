@@ -15,8 +15,8 @@ from typing import Any
 
 import aiohttp
 
-from engines.plan import ServingPlan
-from engines.repository import load_request as repository_load_request
+from engines.contract.plan import ServingPlan
+from engines.contract.repository import load_request as repository_load_request
 from voxfleet_operator.names import REPOSITORY_HEADER_KEY
 
 LOAD_TIMEOUT_SECONDS = 120
@@ -27,7 +27,8 @@ class LoadError(RuntimeError):
 
 
 def load_request(plan: ServingPlan) -> dict[str, Any]:
-    """The body of `POST /v2/repository/models/<voice>/load` (engines.repository builds it)."""
+    """The body of `POST /v2/repository/models/<voice>/load` (engines.contract.repository builds
+    it)."""
     return repository_load_request(plan)
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engines import names
+from engines.contract import names
 
 logger = logging.getLogger(__name__)
 

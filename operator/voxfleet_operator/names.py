@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from engines import names as data_plane_names
+from engines.contract import names as data_plane_names
 
 PART_OF = "voxfleet"
 MANAGED_BY = "voxfleet-operator"

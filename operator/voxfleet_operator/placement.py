@@ -34,7 +34,7 @@ from voxfleet_operator.names import (
 # measured torch-cuda voice (43 MiB on the H200) and onnxruntime voice (about 80 MiB of RSS).
 DEFAULT_VOICE_MIB = {"gpu": 100.0, "cpu": 150.0}
 # Memory a pod keeps free on top of what placement puts there (MiB): its voice host keeps
-# the same (engines.names.MEMORY_MARGIN_MIB).
+# the same (engines.contract.names.MEMORY_MARGIN_MIB).
 MARGIN_MIB = 512.0
 
 
@@ -64,7 +64,7 @@ class PodRoom:
 
     @classmethod
     def from_report(cls, name: str, report: Mapping[str, Any]) -> PodRoom:
-        """From a pod's /memory report (engines.voice_host.host.MemoryReport.to_dict)."""
+        """From a pod's /memory report (engines.pod.voice_host.host.MemoryReport.to_dict)."""
         voices = {
             str(voice): float((entry or {}).get("mib", 0.0))
             for voice, entry in (report.get("voices") or {}).items()

@@ -36,7 +36,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from engines.plan import RUNTIME_NAMES, RuntimeInfo, check_mps, runtime_info
+from engines.contract.plan import RUNTIME_NAMES, RuntimeInfo, check_mps, runtime_info
 
 POOLS_FILE_ENV = "VOXFLEET_POOLS_FILE"
 DEFAULT_TRITON_IMAGE = "ghcr.io/voxfleet/triton:0.1.0"

@@ -19,7 +19,7 @@ from pydantic.alias_generators import to_camel
 
 # The stream model's largest vocoder call (batch x widest window with its context) must fit
 # the engines' profile: the same arithmetic as the data plane's (`WindowConfig`).
-from engines.plan import MAX_INSTANCES, MAX_VOCODER_BATCH_FRAMES, WindowConfig
+from engines.contract.plan import MAX_INSTANCES, MAX_VOCODER_BATCH_FRAMES, WindowConfig
 
 GROUP = "voxfleet.io"
 VERSION = "v1alpha1"
@@ -114,7 +114,7 @@ class Precision(str, Enum):
 
 
 class EncoderLaunch(str, Enum):
-    """`engines.plan.ENCODER_LAUNCHES`, as the CRD spells them."""
+    """`engines.contract.plan.ENCODER_LAUNCHES`, as the CRD spells them."""
 
     INLINE = "inline"
     BESIDE = "beside"
@@ -420,7 +420,7 @@ class TTSVoiceStatus(_Model):
     pods_endpoint: str | None = Field(
         default=None,
         description="The voice's headless Service (host:port): it resolves to each ready pod "
-        "serving the voice, for clients that pick a pod per stream (engines.client.TtsClient, "
+        "serving the voice, for clients that pick a pod per stream (engines.client.tts.TtsClient, "
         "gRPC's round_robin).",
     )
     live_streams: int | None = Field(

@@ -1,13 +1,13 @@
 """A TTSVoice on a pool → the data plane's serving plan: the one place the spec is translated.
 
 Everything the operator sends to a stream model (through Triton's load API) and to the
-engine-build Job is the `engines.plan.ServingPlan` built here, so a spec value reaches the
+engine-build Job is the `engines.contract.plan.ServingPlan` built here, so a spec value reaches the
 model under one name and one meaning.
 """
 
 from __future__ import annotations
 
-from engines.plan import ServingPlan, WindowConfig, engine_key
+from engines.contract.plan import ServingPlan, WindowConfig, engine_key
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.spec import TTSVoiceSpec
 
@@ -41,7 +41,7 @@ def precision(spec: TTSVoiceSpec, pool: Pool) -> str:
 
 
 def voice_engine_key(spec: TTSVoiceSpec, pool: Pool) -> str:
-    """The name the voice's engines for this pool are published under (engines.plan)."""
+    """The name the voice's engines for this pool are published under (engines.contract.plan)."""
     return engine_key(
         source=spec.source.identity(),
         runtime=pool.runtime,

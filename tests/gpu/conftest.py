@@ -12,8 +12,8 @@ CORPUS_IDS = Path(__file__).parent / "data" / "corpus_ids.json"
 
 @pytest.fixture(scope="session")
 def stage_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engines.split import split_voice
-    from engines.voice import load_voice
+    from engines.artifacts.split import split_voice
+    from engines.text.voice import load_voice
 
     out = tmp_path_factory.mktemp("joe-stages")
     split_voice(load_voice("joe").model_path, out)

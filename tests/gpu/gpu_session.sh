@@ -17,7 +17,7 @@ export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv | tee "$OUT/gpu.txt"
 python3 -c 'import torch, onnxruntime; print("torch", torch.__version__, "cuda", torch.version.cuda, "onnxruntime", onnxruntime.__version__)' | tee -a "$OUT/gpu.txt"
 ENTRY=$(python3 - <<'PY'
-from engines.engine_build import build_engines, resolve_voice_model
+from engines.build.engine_build import build_engines, resolve_voice_model
 entry = build_engines(resolve_voice_model("joe"), "torch-cuda", "fp16", "/tmp/voxfleet-cache")
 print(entry.path)
 PY

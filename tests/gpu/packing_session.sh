@@ -19,7 +19,7 @@ export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export VOXFLEET_CACHE=/tmp/voxfleet-cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 ENTRY=$(python3 -c '
-from engines.engine_build import build_engines, resolve_voice_model
+from engines.build.engine_build import build_engines, resolve_voice_model
 print(build_engines(resolve_voice_model("joe"), "torch-cuda", "fp16", "/tmp/voxfleet-cache").path)
 ') || exit 1
 python3 -m engines.bench.voices --entry "$ENTRY" --out /tmp/voices --count "${VOICES:-105}" >/dev/null || exit 1

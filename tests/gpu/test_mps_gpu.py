@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engines.mps import CONTROL, MpsDaemon
+from engines.pod.mps import CONTROL, MpsDaemon
 
 torch = pytest.importorskip("torch")
 
@@ -31,7 +31,7 @@ CLIENT = (
     "print('up', flush=True); time.sleep(60)"
 )
 OWNER = (
-    "import sys, time; from pathlib import Path; from engines.mps import MpsDaemon; "
+    "import sys, time; from pathlib import Path; from engines.pod.mps import MpsDaemon; "
     "d = MpsDaemon(Path(sys.argv[1])); d.start(); print(d.process.pid, flush=True); time.sleep(60)"
 )
 

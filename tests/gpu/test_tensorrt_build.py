@@ -17,8 +17,8 @@ pytestmark = pytest.mark.gpu
 
 
 def test_fp16_plans_deserialize_with_the_serving_profiles(tmp_path: Path) -> None:
-    from engines.engine_build import build_engines, resolve_voice_model
-    from engines.tensorrt.profiles import ServingShapes, stage_profiles
+    from engines.build.engine_build import build_engines, resolve_voice_model
+    from engines.runtimes.tensorrt.profiles import ServingShapes, stage_profiles
 
     profiles = stage_profiles(ServingShapes(max_batch=32, opt_batch=8))
     entry = build_engines(resolve_voice_model("joe"), "tensorrt", "fp16", tmp_path, profiles)

@@ -28,8 +28,8 @@ MAX_BATCH = 8
 
 @pytest.fixture(scope="module")
 def fp32_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engines.engine_build import build_engines, resolve_voice_model
-    from engines.tensorrt.profiles import ServingShapes, stage_profiles
+    from engines.build.engine_build import build_engines, resolve_voice_model
+    from engines.runtimes.tensorrt.profiles import ServingShapes, stage_profiles
 
     profiles = stage_profiles(ServingShapes(max_batch=MAX_BATCH, opt_batch=4))
     cache = tmp_path_factory.mktemp("tensorrt-cache")
@@ -38,14 +38,14 @@ def fp32_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def stages(fp32_entry: Path):
-    from engines.stage_runtimes import load_stages
+    from engines.runtimes import load_stages
 
     return load_stages("tensorrt", fp32_entry)
 
 
 @pytest.fixture(scope="module")
 def reference(stage_dir: Path):
-    from engines.stage_runtimes import OnnxStages
+    from engines.runtimes.onnx import OnnxStages
 
     return OnnxStages(stage_dir)
 
@@ -87,7 +87,7 @@ def test_a_batch_above_the_profile_is_split_and_rejoined(stages) -> None:
 
 
 def test_a_window_outside_the_profile_is_refused(stages) -> None:
-    from engines.tensorrt.stages import TensorRTRuntimeError
+    from engines.runtimes.tensorrt.stages import TensorRTRuntimeError
 
     with pytest.raises(TensorRTRuntimeError, match=r"\(1, 192, 48\) to \(8, 192, 48\)"):
         stages.vocode(np.zeros((2, 192, 32), dtype=np.float32))
@@ -110,7 +110,7 @@ def test_the_tensor_api_stays_on_the_device(stages) -> None:
 
 
 def test_a_damaged_plan_is_refused_with_what_to_rebuild(fp32_entry: Path, tmp_path: Path) -> None:
-    from engines.tensorrt.stages import TensorRTRuntimeError, TensorRTStages
+    from engines.runtimes.tensorrt.stages import TensorRTRuntimeError, TensorRTStages
 
     copy = tmp_path / "entry"
     shutil.copytree(fp32_entry, copy)

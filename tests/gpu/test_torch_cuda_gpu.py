@@ -20,7 +20,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def entry_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engines.engine_build import build_engines, resolve_voice_model
+    from engines.build.engine_build import build_engines, resolve_voice_model
 
     cache = tmp_path_factory.mktemp("engine-cache")
     return build_engines(resolve_voice_model("joe"), "torch-cuda", "fp16", cache).path
@@ -40,7 +40,7 @@ def test_fp16_audio_is_within_30_db_of_fp32_on_the_corpus(
 def test_fp32_on_the_gpu_matches_onnxruntime(entry_dir: Path) -> None:
     import onnxruntime as ort
 
-    from engines.torch_cuda.stages import TorchCudaStages
+    from engines.runtimes.torch_cuda.stages import TorchCudaStages
 
     latent = np.random.default_rng(4).standard_normal((2, 192, 48)).astype(np.float32)
     expected = (
@@ -54,7 +54,7 @@ def test_fp32_on_the_gpu_matches_onnxruntime(entry_dir: Path) -> None:
 
 
 def test_graph_replay_equals_eager_and_padding_rows_do_not_leak(entry_dir: Path) -> None:
-    from engines.torch_cuda.stages import TorchCudaStages
+    from engines.runtimes.torch_cuda.stages import TorchCudaStages
 
     graphed = TorchCudaStages(entry_dir, precision="fp16")
     eager = TorchCudaStages(entry_dir, precision="fp16", use_graphs=False)
@@ -69,7 +69,7 @@ def test_graph_replay_equals_eager_and_padding_rows_do_not_leak(entry_dir: Path)
 
 def test_stream_scheduler_runs_on_the_gpu_runtime(entry_dir: Path, corpus_ids) -> None:
     from engines.bench.gpu_bench import simulate_streams
-    from engines.torch_cuda.stages import TorchCudaStages
+    from engines.runtimes.torch_cuda.stages import TorchCudaStages
 
     stages = TorchCudaStages(entry_dir, precision="fp16")
     result = simulate_streams(stages, corpus_ids, streams=16, seconds=4.0, ramp_seconds=0.5)
@@ -86,9 +86,9 @@ def test_the_encoder_beside_the_windows_gives_the_audio_of_the_encoder_in_the_st
     the encoder in the step ("inline")."""
     import threading
 
-    from engines.frontend import Sentence
+    from engines.runtimes.torch_cuda.stages import TorchCudaStages
     from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
-    from engines.torch_cuda.stages import TorchCudaStages
+    from engines.text.frontend import Sentence
 
     class Sink(StreamSink):
         def __init__(self) -> None:

@@ -18,12 +18,12 @@ ort = pytest.importorskip("onnxruntime")
 import onnx  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
-from engines.torch_cuda.convert import (  # noqa: E402
+from engines.runtimes.torch_cuda.convert import (  # noqa: E402
     OnnxModule,
     UnsupportedGraphError,
     check_supported,
 )
-from engines.torch_cuda.stages import (  # noqa: E402
+from engines.runtimes.torch_cuda.stages import (  # noqa: E402
     TorchCudaStages,
     bucket_for,
 )
@@ -177,20 +177,20 @@ def test_batches_are_padded_to_the_next_bucket(batch: int, bucket: int) -> None:
 def test_runtime_refuses_to_start_without_cuda(stage_dir: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    from engines.stage_runtimes import load_stages
-    from engines.torch_cuda.stages import TorchCudaError
+    from engines.runtimes import load_stages
+    from engines.runtimes.torch_cuda.stages import TorchCudaError
 
     with pytest.raises(TorchCudaError, match="needs a CUDA GPU"):
         load_stages("torch-cuda", stage_dir)
 
 
 def test_torch_cuda_entry_records_its_precision(tmp_path: Path) -> None:
-    from engines.engine_build import Target, build_engines, resolve_voice_model
+    from engines.build.engine_build import Target, build_engines, resolve_voice_model
 
     target = Target(f"torch-{torch.__version__}", "NVIDIA-H100-80GB-HBM3", "9.0")
     entry = build_engines(resolve_voice_model("joe"), "torch-cuda", None, tmp_path, target=target)
     assert entry.key.precision == "fp16"
-    from engines.torch_cuda.stages import _read_precision
+    from engines.runtimes.torch_cuda.stages import _read_precision
 
     assert _read_precision(entry.path) == "fp16"
     assert {info["stage"] for info in entry.files.values()} == {"encoder", "flow", "vocoder", ""}
@@ -204,7 +204,7 @@ def _padded_batch(sentences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_encoder_modules_match_onnxruntime(stage_dir: Path, corpus_ids: list[list[int]]) -> None:
-    from engines.torch_cuda import acoustic
+    from engines.runtimes.torch_cuda import acoustic
 
     ids, lengths = _padded_batch([corpus_ids[0], corpus_ids[5], corpus_ids[9]])
     scales = np.array([0.0, 1.0, 0.0], dtype=np.float32)
@@ -224,7 +224,7 @@ def test_encoder_modules_match_the_graph_with_noise(
     stage_dir: Path, corpus_ids: list[list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Same noise into both: checks the spline away from 0, where noise 0 never goes."""
-    from engines.torch_cuda import acoustic, convert
+    from engines.runtimes.torch_cuda import acoustic, convert
 
     ids, lengths = _padded_batch([corpus_ids[1], corpus_ids[2]])
     z = torch.randn(2, 2, ids.shape[1], generator=torch.Generator().manual_seed(3))
@@ -274,10 +274,10 @@ def test_frames_kept_on_the_device_stream_the_same_audio(
     stores (onnxruntime): same windows, same audio; every page comes back."""
     import threading
 
-    from engines.frontend import Sentence
-    from engines.stage_runtimes import OnnxStages
+    from engines.runtimes.device_frames import DeviceBackend
+    from engines.runtimes.onnx import OnnxStages
     from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
-    from engines.torch_cuda.backend import DeviceBackend
+    from engines.text.frontend import Sentence
 
     class Sink(StreamSink):
         def __init__(self) -> None:

@@ -1,5 +1,5 @@
 """Voices as weight sets on one torch-cuda runtime (runs where torch imports: on the CPU here,
-on the GPU where there is one; engines/torch_cuda/weights.py).
+on the GPU where there is one; engines/runtimes/torch_cuda/weights.py).
 
 Each voice must run on its own weights: a perturbed copy of joe loaded into joe's runtime
 gives the audio its own runtime gives, and not joe's; streams of both voices interleaved on
@@ -17,13 +17,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from engines.artifacts.split import split_voice  # noqa: E402
 from engines.bench.voices import perturbed_voice  # noqa: E402
-from engines.frontend import Sentence  # noqa: E402
-from engines.split import split_voice  # noqa: E402
+from engines.runtimes.torch_cuda.stages import TorchCudaStages  # noqa: E402
+from engines.runtimes.torch_cuda.weights import ArchitectureMismatch  # noqa: E402
 from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, VoiceSlot  # noqa: E402
-from engines.torch_cuda.stages import TorchCudaStages  # noqa: E402
-from engines.torch_cuda.weights import ArchitectureMismatch  # noqa: E402
-from engines.voice import load_voice  # noqa: E402
+from engines.text.frontend import Sentence  # noqa: E402
+from engines.text.voice import load_voice  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PRECISION = "fp16" if DEVICE == "cuda" else "fp32"

@@ -19,7 +19,7 @@ for port in 18000 18001 18002; do
         exit 1
     fi
 done
-read -r MODEL CONFIG < <(python3 -c 'from engines.voice import load_voice; v = load_voice("joe"); print(v.model_path, v.config_path)')
+read -r MODEL CONFIG < <(python3 -c 'from engines.text.voice import load_voice; v = load_voice("joe"); print(v.model_path, v.config_path)')
 MODELS=(joe)
 VOICE_ARGS=(--voice joe)
 for n in $(seq 2 "${VOICES:-2}"); do

@@ -1,7 +1,7 @@
 """The `triton-naive` baseline: its model repository (pure) and a way to serve it.
 
 `build_naive_repository` returns the repository as files (relative path → bytes), like
-`engines.repository.build_model_repository` does for voxfleet's own models.
+`engines.contract.repository.build_model_repository` does for voxfleet's own models.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-port", type=int, default=8002)
     args = parser.parse_args(argv)
 
-    from engines.triton_server import TritonError, TritonServer
+    from engines.pod.triton_server import TritonError, TritonServer
 
     voice_model = args.voice_model
     if voice_model is None:

@@ -10,7 +10,7 @@ Service (`<voice>-tts-pods`, `clusterIP: None`) with the same selector as its Cl
 Service (the pool's pods labelled `serving.voxfleet.io/<voice>`), so its DNS name resolves to
 exactly the ready pods that serve the voice. A pod that is stopping drops out of the answer
 before it stops. The gateway resolves it every few seconds and picks a pod per stream
-(engines/balancing.py). No watch of Endpoints, so no Role, and the gateway's pods mount no
+(engines/client/balancing.py). No watch of Endpoints, so no Role, and the gateway's pods mount no
 service-account token.
 
 Which voices exist (for `GET /v1/audio/voices`, and to tell an unknown voice, 404, from one
@@ -72,7 +72,7 @@ def build_voice_pods_service(voice: str, namespace: str, pool: Pool) -> dict[str
 
 
 def voice_table(namespace: str, voices: Iterable[Voice], config: SpeechApiConfig) -> dict[str, Any]:
-    """The gateway's voice table (engines/speech_api/voices.py reads it): each voice's
+    """The gateway's voice table (engines/gateway/voices.py reads it): each voice's
     headless address, and the longest text its pods take (longer inputs go in pieces)."""
     table: dict[str, Any] = {
         "voices": {

@@ -286,7 +286,7 @@ def test_rate_window_is_configurable() -> None:
 
 def test_rules_read_the_counters_the_stream_model_exports() -> None:
     """The series names in the rules are series the Triton stream model exports."""
-    from engines import names
+    from engines.contract import names
 
     exported = {
         names.LIVE_STREAMS,
@@ -299,7 +299,9 @@ def test_rules_read_the_counters_the_stream_model_exports() -> None:
         *(f"{names.FIRST_AUDIO_SECONDS}{part}" for part in ("_bucket", "_sum", "_count")),
         *(f"{names.QUEUE_SECONDS}{part}" for part in ("_sum", "_count")),
     }
-    model = "".join(path.read_text() for path in (ROOT / "engines" / "triton_model").glob("*.py"))
+    model = "".join(
+        path.read_text() for path in (ROOT / "engines" / "pod" / "triton_model").glob("*.py")
+    )
     assert "names.FIRST_AUDIO_SECONDS" in model and "HISTOGRAM" in model
     for rule in adapter_rules():
         used = set(re.findall(r"voxfleet_[a-z_]+", rule["seriesQuery"] + rule["metricsQuery"]))

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from engines.local_serving import local_server, plan_local_voices
-from engines.triton_server import TritonServer
+from engines.pod.local_serving import local_server, plan_local_voices
+from engines.pod.triton_server import TritonServer
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,8 @@ import pytest
 from engines.bench.naive import build_naive_repository, write_files
 from engines.bench.systems import PiperSystem, TritonSystem
 from engines.cli import main
-from engines.local_serving import local_server, plan_local_voices
-from engines.triton_server import TritonServer
+from engines.pod.local_serving import local_server, plan_local_voices
+from engines.pod.triton_server import TritonServer
 
 pytestmark = pytest.mark.triton
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engines.client import StreamResult, SynthesisError, synthesize
-from engines.local_serving import local_server, plan_local_voices
-from engines.triton_server import TritonServer
-from engines.voice_host.process import HostOptions
+from engines.client.tts import StreamResult, SynthesisError, synthesize
+from engines.pod.local_serving import local_server, plan_local_voices
+from engines.pod.triton_server import TritonServer
+from engines.pod.voice_host.process import HostOptions
 
 pytestmark = pytest.mark.triton
 

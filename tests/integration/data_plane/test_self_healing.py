@@ -17,12 +17,12 @@ import psutil
 import pytest
 from supervised import Served, running, serve_command, talk_in_background
 
-from engines import names
-from engines.client import StreamResult, SynthesisError, stream_tts, synthesize
-from engines.local_serving import plan_local_voices
-from engines.plan import ServingPlan
-from engines.repository import load_request
-from engines.triton_server import free_port
+from engines.client.tts import StreamResult, SynthesisError, stream_tts, synthesize
+from engines.contract import names
+from engines.contract.plan import ServingPlan
+from engines.contract.repository import load_request
+from engines.pod.local_serving import plan_local_voices
+from engines.pod.triton_server import free_port
 
 pytestmark = pytest.mark.triton
 
@@ -97,7 +97,7 @@ def voice_host(served: Served) -> psutil.Process:
     (host,) = [
         child
         for child in psutil.Process(served.process.pid).children(recursive=True)
-        if "engines.voice_host" in " ".join(child.cmdline())
+        if "engines.pod.voice_host" in " ".join(child.cmdline())
     ]
     return host
 
@@ -283,7 +283,7 @@ def test_a_reload_with_fewer_or_more_instances_is_not_a_dead_voice(
             # Triton 2.51 ends the old configuration's stubs once the new ones are loaded,
             # within about 3 s. The stream below must not keep them: when the client cancelled
             # its finished stream, Triton kept the old model referenced in most runs here and
-            # its stub never ended (engines.client._close_stream). Every old stub must end,
+            # its stub never ended (engines.client.tts._close_stream). Every old stub must end,
             # and its end must not be taken for a death.
             settled = served.wait_for(lambda n=instances: len(served.stubs()) == n, 30)
             assert settled is not None, "".join(served.output[-30:])

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from engines.bench.systems import TritonSystem
-from engines.client import stream_tts, synthesize
-from engines.local_serving import local_server, plan_local_voices
+from engines.client.tts import stream_tts, synthesize
+from engines.pod.local_serving import local_server, plan_local_voices
 
 pytestmark = pytest.mark.triton
 
@@ -27,7 +27,7 @@ def test_the_server_stops_promptly_after_streams_end_and_hang_up(
         async def listeners() -> None:  # the benchmark's own gRPC client, as `voxfleet bench`
             system = TritonSystem("voxfleet", server.grpc_url, "joe", streaming=True)
             # Four at once: a server that has not measured what it holds yet takes four new
-            # streams every 2 s (engines/voice_host/host.py, SLOW_START_STREAMS).
+            # streams every 2 s (engines/pod/voice_host/host.py, SLOW_START_STREAMS).
             await system.prepare(4)
 
             async def listen(n: int) -> None:

@@ -20,8 +20,8 @@ import pytest
 from supervised import running, serve_command
 
 from engines.bench.profile import call_log_models, call_log_records
-from engines.client import StreamResult, SynthesisError, stream_tts, synthesize
-from engines.triton_server import TritonServer
+from engines.client.tts import StreamResult, SynthesisError, stream_tts, synthesize
+from engines.pod.triton_server import TritonServer
 
 pytestmark = pytest.mark.triton
 
@@ -281,7 +281,7 @@ def test_the_call_log_says_where_the_scheduler_threads_time_went(engine_cache: P
 def test_say_asks_again_when_a_full_server_refuses_and_counts_it(server, monkeypatch) -> None:
     """A full server refuses a new stream at once (RESOURCE_EXHAUSTED): the client asks again
     over a new connection until it is taken, and says how many times it was refused."""
-    from engines import client
+    from engines.client import tts as client
 
     calls = {"n": 0}
     real = client.stream_tts

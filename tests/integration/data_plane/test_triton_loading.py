@@ -23,13 +23,13 @@ from voxfleet_operator.render.pool import KEY_ENV, triton_args
 from voxfleet_operator.voice_plan import serving_plan, voice_engine_key
 from voxfleet_operator.voices import parse_voice
 
-from engines.client import SynthesisError, synthesize
-from engines.engine_build import build_engines, publish_entry
-from engines.names import PLAN_PARAMETER
-from engines.plan import ServingPlan
-from engines.supervisor import stub_of
-from engines.triton_server import TritonServer
-from engines.voice import load_voice
+from engines.build.engine_build import build_engines, publish_entry
+from engines.client.tts import SynthesisError, synthesize
+from engines.contract.names import PLAN_PARAMETER
+from engines.contract.plan import ServingPlan
+from engines.pod.supervisor import stub_of
+from engines.pod.triton_server import TritonServer
+from engines.text.voice import load_voice
 
 pytestmark = pytest.mark.triton
 

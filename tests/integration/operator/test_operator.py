@@ -448,7 +448,7 @@ async def test_voice_is_loaded_onto_ready_pool_pods_through_the_keyed_api(
     from operator_harness import REPOSITORY_KEY, running_operator
     from voxfleet_operator.render.pool import KEY_ENV, triton_args
 
-    from engines.triton_server import TritonServer
+    from engines.pod.triton_server import TritonServer
 
     own = ("--model-repository", "--grpc-port", "--http-port", "--metrics-port", "--exit-timeout")
     args = [

@@ -15,8 +15,8 @@ import openai
 import pytest
 from gateway import running_gateway
 
-from engines.client import synthesize
-from engines.triton_server import TritonServer
+from engines.client.tts import synthesize
+from engines.pod.triton_server import TritonServer
 
 pytestmark = pytest.mark.triton
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.corpus import CorpusError, load_corpus, parse_corpus, sentence_order
+from engines.text.corpus import CorpusError, load_corpus, parse_corpus, sentence_order
 
 
 def test_shipped_corpus_has_100_sentences_of_3_to_60_words_with_sources() -> None:
@@ -18,7 +18,7 @@ def test_shipped_corpus_has_100_sentences_of_3_to_60_words_with_sources() -> Non
     # Varied: short prompts, mid-length and long sentences all present.
     assert min(lengths) <= 5 and max(lengths) >= 50
     assert len(set(sentences)) == len(sentences)
-    text = resources.files("engines").joinpath("corpus.txt").read_text("utf-8")
+    text = resources.files("engines.text").joinpath("corpus.txt").read_text("utf-8")
     assert text.count("# source:") >= 10
 
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from engines.bench.loadgen import run_closed_loop
-from engines.corpus import cycle_sentences
+from engines.text.corpus import cycle_sentences
 
 
 class FakeServer:

@@ -67,10 +67,10 @@ def test_a_profiled_server_is_one_record_with_what_was_sampled(tmp_path) -> None
 
     (tmp_path / "stub.txt").write_text(
         "thread (1): scheduler;StreamScheduler.step (engines/streaming/scheduler.py:3) 3\n"
-        "thread (2): sender;Senders._run (engines/triton_model/responses.py:9) 1\n"
+        "thread (2): sender;Senders._run (engines/pod/triton_model/responses.py:9) 1\n"
     )
     (tmp_path / "stub-idle.txt").write_text(
-        "thread (1): scheduler;PendingAudio.wait (engines/torch_cuda/backend.py:5) 4\n"
+        "thread (1): scheduler;PendingAudio.wait (engines/runtimes/device_frames.py:5) 4\n"
     )
     (tmp_path / "gpu-utilization.txt").write_text("64 %\n31 %\nN/A\n35 %\n")
     (tmp_path / "profile-processes.txt").write_text("server 1 stub 2\n")
@@ -78,7 +78,7 @@ def test_a_profiled_server_is_one_record_with_what_was_sampled(tmp_path) -> None
     shares = {row["function"]: row["share"] for row in profile["stub"]["inclusive"]}
     assert shares["engines.streaming.scheduler.StreamScheduler.step"] == 0.75
     idle = profile["stub_idle"]["leaves"][0]
-    assert idle == {"function": "engines.torch_cuda.backend.PendingAudio.wait", "share": 1.0}
+    assert idle == {"function": "engines.runtimes.device_frames.PendingAudio.wait", "share": 1.0}
     assert profile["stub_gil"] is None  # no file: not sampled
     assert profile["gpu_utilization_percent"] == [64, 31, 35]
     assert profile["gpu_utilization_mean_percent"] == 43.3

@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engines.cli import main
-from engines.engine_build import (
+from engines.build.engine_build import (
     EngineBuildError,
     Target,
     build_engines,
     check_entry_target,
     resolve_voice_model,
 )
-from engines.stage_runtimes import load_stages
+from engines.cli import main
+from engines.runtimes import load_stages
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict, str]:

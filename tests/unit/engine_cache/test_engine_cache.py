@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from engines.engine_cache import (
+from engines.artifacts.engine_cache import (
     MANIFEST,
     EngineCache,
     EngineCacheError,
     EngineKey,
     normalize_gpu_product,
 )
+from engines.runtimes.tensorrt.profiles import ServingShapes, stage_profiles
 from engines.streaming import WindowConfig
-from engines.tensorrt.profiles import ServingShapes, stage_profiles
 
 SHA = "ab" * 32
 

@@ -15,11 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engines.engine_cache import EngineKey
-from engines.frontend import Sentence
-from engines.stage_runtimes import load_stages
-from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, WindowConfig
-from engines.tensorrt.profiles import (
+from engines.artifacts.engine_cache import EngineKey
+from engines.runtimes import load_stages
+from engines.runtimes.tensorrt.profiles import (
     MAX_PHONEMES,
     SENTENCE_FLOW_MAX_FRAMES,
     ServingShapes,
@@ -27,7 +25,7 @@ from engines.tensorrt.profiles import (
     stage_profiles,
     vocoder_call_frames,
 )
-from engines.tensorrt.stages import (
+from engines.runtimes.tensorrt.stages import (
     InputRange,
     StageProfile,
     TensorRTRuntimeError,
@@ -40,6 +38,8 @@ from engines.tensorrt.stages import (
     run_in_batches,
     torch_dtype,
 )
+from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, WindowConfig
+from engines.text.frontend import Sentence
 
 # The default WindowConfig: flow 80..304 frames (2,048 with whole sentences), vocoder 32..144.
 PROFILES = stage_profiles()
@@ -102,8 +102,8 @@ def test_load_stages_finds_the_runtime_through_the_registry_in_a_fresh_process(
     script = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from engines.stage_runtimes import load_stages\n"
-        "assert 'engines.tensorrt.stages' not in sys.modules\n"
+        "from engines.runtimes import load_stages\n"
+        "assert 'engines.runtimes.tensorrt.stages' not in sys.modules\n"
         "try:\n"
         "    load_stages('tensorrt', Path(sys.argv[1]))\n"
         "except Exception as error:\n"
@@ -327,7 +327,7 @@ class DeviceShapeRecorder(ShapeRecordingRuntime):
         self.flow_dtype = self.vocoder_dtype = torch.float32
 
     def stream_backend(self):
-        from engines.torch_cuda.backend import DeviceBackend
+        from engines.runtimes.device_frames import DeviceBackend
 
         return DeviceBackend(self, initial_pages=512)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engines.engine_cache import EngineKey
-from engines.tensorrt.build import TensorRTBuildError, check_target, stage_precision
-from engines.tensorrt.profiles import stage_profiles
+from engines.artifacts.engine_cache import EngineKey
+from engines.runtimes.tensorrt.build import TensorRTBuildError, check_target, stage_precision
+from engines.runtimes.tensorrt.profiles import stage_profiles
 
 KEY = EngineKey(
     model_sha256="ab" * 32,

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from engines.engine_build import build_engines
-from engines.stage_runtimes import OnnxStages
-from engines.voice import Voice, load_voice
+from engines.build.engine_build import build_engines
+from engines.runtimes.onnx import OnnxStages
+from engines.text.voice import Voice, load_voice
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +30,6 @@ def stages(engine_dir: Path) -> OnnxStages:
 @pytest.fixture(scope="session")
 def joe_plan(joe: Voice, engine_dir: Path):
     """A serving plan of the joe voice on onnxruntime (its engines built above)."""
-    from engines.plan import ServingPlan
+    from engines.contract.plan import ServingPlan
 
     return ServingPlan("joe", str(engine_dir), voice_config_path=str(joe.config_path))

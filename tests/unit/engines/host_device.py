@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from engines.frames import HostBackend
-from engines.stage_runtimes import OnnxStages
+from engines.runtimes.onnx import OnnxStages
 from engines.streaming import StreamSink, SynthesisParams
+from engines.streaming.frames import HostBackend
 
 TEXT = "Streaming speech arrives chunk by chunk. A second sentence follows the first."
 QUIET = SynthesisParams(noise_scale=0.0, noise_w=0.0)  # repeatable audio

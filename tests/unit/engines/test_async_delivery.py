@@ -8,10 +8,10 @@ import threading
 import numpy as np
 import pytest
 
-from engines.frontend import Sentence, text_to_sentences
-from engines.stage_runtimes import OnnxStages
+from engines.runtimes.onnx import OnnxStages
 from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
-from engines.voice import Voice
+from engines.text.frontend import Sentence, text_to_sentences
+from engines.text.voice import Voice
 
 torch = pytest.importorskip("torch")
 
@@ -48,7 +48,7 @@ class CpuTensorStages:
         self.flow_dtype = self.vocoder_dtype = torch.float32
 
     def stream_backend(self):
-        from engines.torch_cuda.backend import DeviceBackend
+        from engines.runtimes.device_frames import DeviceBackend
 
         return DeviceBackend(self, initial_pages=512, async_calls=self.async_calls)
 

@@ -1,5 +1,5 @@
-"""Per-stream pod choice (engines/balancing.py): fewest streams in flight, refusals retried on
-another pod within a budget, never after audio has started."""
+"""Per-stream pod choice (engines/client/balancing.py): fewest streams in flight, refusals retried
+on another pod within a budget, never after audio has started."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from engines.balancing import (
+from engines.client.balancing import (
     Balancer,
     NoEndpoints,
     ResolvedEndpoints,

@@ -1,4 +1,4 @@
-"""`engines.client.TtsClient` over real gRPC: one client spreads its streams over the pods it
+"""`engines.client.tts.TtsClient` over real gRPC: one client spreads its streams over the pods it
 is given, picks up a pod added later, and sends a stream a full pod refused to another one.
 
 The pods are in-process gRPC servers that answer ModelStreamInfer as the stream model does
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from engines.client import SynthesisError, TtsClient, stream_tts
+from engines.client.tts import SynthesisError, TtsClient, stream_tts
 
 FULL = "[RESOURCE_EXHAUSTED] this server is full: 8 live streams"
 # What Triton itself answers for a model it is unloading (a pod on its way out).

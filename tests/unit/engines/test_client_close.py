@@ -1,4 +1,4 @@
-"""How `voxfleet say` and `engines.client` end a stream: a finished one is closed, not
+"""How `voxfleet say` and `engines.client.tts` end a stream: a finished one is closed, not
 cancelled (Triton 2.51 keeps a model referenced after some such cancellations), and a close
 the server never answers is cancelled after all."""
 
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from engines import client as client_module
-from engines.client import _close_call
+from engines.client import tts as client_module
+from engines.client.tts import _close_call
 
 
 class FakeCall:

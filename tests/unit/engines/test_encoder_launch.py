@@ -9,13 +9,13 @@ import pytest
 
 from engines import cli
 from engines.commands.serve import plan_from_args
-from engines.plan import ENCODER_LAUNCHES, ServingPlan, WindowConfig
+from engines.contract.plan import ENCODER_LAUNCHES, ServingPlan, WindowConfig
 
 
 def _serve_plan(monkeypatch: pytest.MonkeyPatch, *options: str) -> ServingPlan:
     # The voice's engines are not built here: the plan template is what the options decide.
     monkeypatch.setattr(
-        "engines.local_serving.plan_local_voices", lambda voices, cache, template: [template]
+        "engines.pod.local_serving.plan_local_voices", lambda voices, cache, template: [template]
     )
     args = cli.build_parser().parse_args(["serve", "--voice", "joe", *options])
     (plan,) = plan_from_args(args)

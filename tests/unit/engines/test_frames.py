@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engines.frames import PAGE_FRAMES, FramePool, HostBackend
+from engines.streaming.frames import PAGE_FRAMES, FramePool, HostBackend
 
 
 def test_pages_are_handed_out_once_and_come_back() -> None:

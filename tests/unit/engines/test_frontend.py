@@ -3,9 +3,9 @@ from __future__ import annotations
 import psutil
 from piper import PiperVoice
 
-from engines.corpus import load_corpus
-from engines.frontend import normalize_text, phonemize, split_sentences, text_to_sentences
-from engines.voice import Voice
+from engines.text.corpus import load_corpus
+from engines.text.frontend import normalize_text, phonemize, split_sentences, text_to_sentences
+from engines.text.voice import Voice
 
 
 def test_normalize_strips_invisible_and_control_characters() -> None:

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from engines.frontend import Sentence, text_to_sentences
-from engines.frontend_pool import FrontendPool
-from engines.voice import Voice
+from engines.text.frontend import Sentence, text_to_sentences
+from engines.text.frontend_pool import FrontendPool
+from engines.text.voice import Voice
 
 TEXT = "Four score and seven years ago. Our fathers brought forth a new nation!"
 

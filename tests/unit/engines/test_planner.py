@@ -7,8 +7,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from engines.frontend import Sentence
-from engines.plan import WindowConfig
+from engines.contract.plan import WindowConfig
 from engines.streaming import planner
 from engines.streaming.costs import CostModel
 from engines.streaming.planner import (
@@ -24,6 +23,7 @@ from engines.streaming.planner import (
     window_calls,
 )
 from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams
+from engines.text.frontend import Sentence
 
 NOW = 1000.0
 

@@ -8,9 +8,9 @@ import pytest
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-from engines import names
-from engines.plan import ServingPlan, WindowConfig
-from engines.repository import (
+from engines.contract import names
+from engines.contract.plan import ServingPlan, WindowConfig
+from engines.contract.repository import (
     build_model_repository,
     config_pbtxt,
     load_request,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from engines.stage_runtimes import cpu_threads
-from engines.voice_host.host import VoiceHost
+from engines.pod.voice_host.host import VoiceHost
+from engines.runtimes.onnx import cpu_threads
 
 
 def test_without_a_request_threads_are_the_cpus_this_process_may_use() -> None:

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engines.frames import SENTENCE_FLOW_FRAMES, FramePool, sentence_flow_groups
-from engines.frontend import text_to_sentences
-from engines.stage_runtimes import OnnxStages
-from engines.voice import Voice
+from engines.runtimes.onnx import OnnxStages
+from engines.streaming.frames import SENTENCE_FLOW_FRAMES, FramePool, sentence_flow_groups
+from engines.text.frontend import text_to_sentences
+from engines.text.voice import Voice
 
 TEXTS = [
     "Hi there.",
@@ -46,7 +46,7 @@ def flow_batch(stages: OnnxStages, voice: Voice) -> tuple[RecordingTensorStages,
     """Encode TEXTS as one batch and flow it on `DeviceBackend` (torch on the CPU):
     (runtime, frames, each sentence's stored latents)."""
     torch = pytest.importorskip("torch")  # not in the dev environment: run it on a GPU machine
-    from engines.torch_cuda.backend import DeviceBackend
+    from engines.runtimes.device_frames import DeviceBackend
 
     sentences = [text_to_sentences(text, voice.config)[0] for text in TEXTS]
     longest = max(len(s.ids) for s in sentences)

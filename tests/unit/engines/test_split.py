@@ -6,10 +6,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from engines.frontend import text_to_sentences
-from engines.split import SplitError, split_voice
-from engines.stage_runtimes import OnnxStages
-from engines.voice import Voice
+from engines.artifacts.split import SplitError, split_voice
+from engines.runtimes.onnx import OnnxStages
+from engines.text.frontend import text_to_sentences
+from engines.text.voice import Voice
 
 
 def test_chained_stages_reproduce_the_monolithic_voice(joe: Voice, engine_dir: Path) -> None:

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from host_device import QUIET, TEXT, HostStages, Sink, Timing
 
-from engines.frames import HostBackend
-from engines.frontend import Sentence, text_to_sentences
-from engines.stage_runtimes import OnnxStages
+from engines.runtimes.onnx import OnnxStages
 from engines.streaming import StreamScheduler
+from engines.streaming.frames import HostBackend
 from engines.streaming.types import FIRST_AUDIO_PARTS, STEP_PARTS, FirstAudioPaths, StepTimes
-from engines.voice import Voice
+from engines.text.frontend import Sentence, text_to_sentences
+from engines.text.voice import Voice
 
 
 class _Pending:

@@ -6,8 +6,6 @@ import time
 import numpy as np
 import pytest
 
-from engines.frames import to_pcm16
-from engines.frontend import Sentence, text_to_sentences
 from engines.streaming import (
     StreamScheduler,
     StreamSink,
@@ -15,8 +13,10 @@ from engines.streaming import (
     WindowConfig,
 )
 from engines.streaming.costs import CostModel
+from engines.streaming.frames import to_pcm16
 from engines.streaming.types import VoiceSlot
-from engines.voice import Voice
+from engines.text.frontend import Sentence, text_to_sentences
+from engines.text.voice import Voice
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog, while the streaming speech service answers "

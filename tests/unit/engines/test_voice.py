@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.voice import VoiceError, load_voice, voice_name_from_path
+from engines.text.voice import VoiceError, load_voice, voice_name_from_path
 
 
 def test_the_embedded_default_voice() -> None:

@@ -10,11 +10,11 @@ from collections import deque
 
 import numpy as np
 
-from engines.frontend import Sentence
-from engines.plan import WindowConfig
+from engines.contract.plan import WindowConfig
 from engines.streaming.costs import CostModel
 from engines.streaming.planner import encoder_calls, group_calls, plan_step, window_calls
 from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams, VoiceSlot
+from engines.text.frontend import Sentence
 
 NOW = 1000.0
 CFG = WindowConfig(max_batch_windows=32, max_encoder_batch=8)

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from engines.streaming import StreamSink, SynthesisParams
-from engines.streaming.types import StepTimes
-from engines.voice_host.host import (
+from engines.pod.voice_host.host import (
     FULL_BUSY,
     LOAD_WINDOW_S,
     SLOW_START_STREAMS,
@@ -17,6 +15,8 @@ from engines.voice_host.host import (
     StreamRefused,
     VoiceHost,
 )
+from engines.streaming import StreamSink, SynthesisParams
+from engines.streaming.types import StepTimes
 
 
 class FakeScheduler:

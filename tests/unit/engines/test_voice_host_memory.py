@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from engines.stage_runtimes import onnx_bytes
-from engines.voice_host.host import MIB, VoiceHost
+from engines.pod.voice_host.host import MIB, VoiceHost
+from engines.runtimes.onnx import onnx_bytes
 
 
 def test_a_voice_loaded_where_another_was_unloaded_reports_its_whole_footprint(

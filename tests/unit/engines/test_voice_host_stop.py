@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from engines.voice_host.server import STOP_GRACE_S
+from engines.pod.voice_host.server import STOP_GRACE_S
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 # delivery thread blocked on a peer that reads nothing).
 _HOST_WITH_A_STUCK_CLOSE = """
 import sys, threading
-from engines.voice_host import server
+from engines.pod.voice_host import server
 server.VoiceHost.close = lambda self: threading.Event().wait()
 sys.exit(server.main(sys.argv[1:]))
 """

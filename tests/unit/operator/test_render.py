@@ -21,7 +21,7 @@ from voxfleet_operator.render.pool import TRITON_EXIT_TIMEOUT_SECONDS
 from voxfleet_operator.spec import TTSVoiceSpec
 from voxfleet_operator.voice_plan import voice_engine_key as engine_key
 
-from engines.plan import ServingPlan
+from engines.contract.plan import ServingPlan
 
 T4 = Pool(
     name="t4",

@@ -272,7 +272,7 @@ def test_the_name_limit_is_the_longest_for_which_every_child_name_fits() -> None
 def test_the_api_offers_the_precisions_the_runtime_registry_knows() -> None:
     from voxfleet_operator.spec import Precision
 
-    from engines.plan import PRECISIONS, RUNTIMES
+    from engines.contract.plan import PRECISIONS, RUNTIMES
 
     assert {p.value for p in Precision} == set(PRECISIONS)
     assert set().union(*(info.precisions for info in RUNTIMES.values())) == set(PRECISIONS)
@@ -281,6 +281,6 @@ def test_the_api_offers_the_precisions_the_runtime_registry_knows() -> None:
 def test_the_api_offers_the_encoder_launches_the_plan_knows() -> None:
     from voxfleet_operator.spec import EncoderLaunch
 
-    from engines.plan import ENCODER_LAUNCHES
+    from engines.contract.plan import ENCODER_LAUNCHES
 
     assert tuple(mode.value for mode in EncoderLaunch) == ENCODER_LAUNCHES

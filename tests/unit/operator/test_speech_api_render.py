@@ -17,7 +17,7 @@ from voxfleet_operator.render import build_voice_pods_service, build_voice_servi
 from voxfleet_operator.spec import TTSVoiceSpec
 from voxfleet_operator.speech_api import SpeechApiConfig, SpeechApiConfigError, parse_speech_api
 
-from engines.speech_api.voices import table_from_dict
+from engines.gateway.voices import table_from_dict
 
 T4 = Pool(name="t4", max_pods=4)
 L4 = Pool(name="l4", gpu_product="NVIDIA-L4", max_pods=2)

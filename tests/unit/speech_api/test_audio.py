@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soxr
 
-from engines.speech_api.audio import RESAMPLER_QUALITY, StreamResampler, new_encoder
+from engines.gateway.audio import RESAMPLER_QUALITY, StreamResampler, new_encoder
 
 SOURCE_RATE = 22050
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engines.speech_api.directory import DnsDirectory, resolve_address
-from engines.speech_api.voices import VoiceTableError
+from engines.gateway.directory import DnsDirectory, resolve_address
+from engines.gateway.voices import VoiceTableError
 
 
 def write_table(path: Path, voices: dict[str, str], aliases: dict[str, str] | None = None) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from engines.balancing import NoEndpoints, Refusal, StreamRefused
-from engines.speech_api.errors import ApiError, UpstreamError, from_failure
-from engines.speech_api.request import MAX_INPUT_CHARS, parse_speech_request
+from engines.client.balancing import NoEndpoints, Refusal, StreamRefused
+from engines.gateway.errors import ApiError, UpstreamError, from_failure
+from engines.gateway.request import MAX_INPUT_CHARS, parse_speech_request
 
 VALID = {"model": "tts-1", "input": "Hello.", "voice": "alloy"}
 

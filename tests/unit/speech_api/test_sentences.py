@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engines.speech_api.sentences import SentenceFinder, pack
+from engines.gateway.sentences import SentenceFinder, pack
 
 
 def feed(tokens: list[str]) -> tuple[list[list[str]], str]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engines.speech_api.errors import ApiError
-from engines.speech_api.voices import (
+from engines.gateway.errors import ApiError
+from engines.gateway.voices import (
     OPENAI_VOICES,
     VoiceTable,
     VoiceTableError,

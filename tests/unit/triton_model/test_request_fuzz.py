@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from engines import names
-from engines.plan import ServingPlan
-from engines.triton_model.requests import (
+from engines.contract import names
+from engines.contract.plan import ServingPlan
+from engines.pod.triton_model.requests import (
     KNOWN_INPUTS,
     LENGTH_SCALE_RANGE,
     NOISE_RANGE,

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from engines.plan import ServingPlan
-from engines.triton_model.requests import (
+from engines.contract.plan import ServingPlan
+from engines.pod.triton_model.requests import (
     RequestError,
     VoiceDefaults,
     decode_request,

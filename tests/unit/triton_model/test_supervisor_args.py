@@ -5,8 +5,8 @@ from __future__ import annotations
 from voxfleet_operator import names as operator_names
 from voxfleet_operator.render.pool import KEY_ENV, triton_args
 
-from engines import names
-from engines.supervisor import TritonEndpoints
+from engines.contract import names
+from engines.pod.supervisor import TritonEndpoints
 
 
 def test_the_pool_pods_arguments_give_ports_exit_timeout_and_repository_key() -> None:
@@ -48,7 +48,7 @@ class FakeProcess:
 
 
 def test_a_stubs_voice_is_read_from_its_instance_name() -> None:
-    from engines.supervisor import stub_of
+    from engines.pod.supervisor import stub_of
 
     # As Triton 2.51 starts the Python backend's stub for instance 0 of group 0 of `joe_2`.
     cmdline = [

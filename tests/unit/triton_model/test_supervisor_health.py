@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engines import names
-from engines.supervisor import Supervisor, TritonEndpoints
+from engines.contract import names
+from engines.pod.supervisor import Supervisor, TritonEndpoints
 
 
 def _free_port() -> int:
@@ -56,7 +56,7 @@ def test_a_stub_missed_by_one_listing_is_not_a_death(
     """A stub still running but absent from one listing (its /proc entry unreadable for a
     moment, as under a burst of loads) must not restart tritonserver and every voice with
     it; the same stub gone for good, its voice still ready, is a death."""
-    from engines import supervisor as module
+    from engines.pod import supervisor as module
 
     supervisor = Supervisor(["sleep", "30"], {}, TritonEndpoints(), tmp_path, health_port=None)
     supervisor.process = subprocess.Popen(["sleep", "30"])

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engines.mps import MpsDaemon, MpsError, mps_from_env
-from engines.supervisor import Supervisor, TritonEndpoints
+from engines.pod.mps import MpsDaemon, MpsError, mps_from_env
+from engines.pod.supervisor import Supervisor, TritonEndpoints
 
 REPO = Path(__file__).resolve().parents[3]
 

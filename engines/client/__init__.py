@@ -1,0 +1,2 @@
+"""Clients of the stream model: the streaming client (`voxfleet say`) and the choice of a pod per
+stream."""

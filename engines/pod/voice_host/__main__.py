@@ -1,0 +1,5 @@
+import sys
+
+from engines.pod.voice_host.server import main
+
+sys.exit(main())

@@ -1,0 +1,707 @@
+"""`VoiceHost`: the voices of a pod, their architectures, their streams and the pod's memory.
+
+An *architecture* is a stage runtime plus the scheduler that steps its streams: voices that
+share a runtime, precision, windows and batching share one (on a GPU: one set of captured
+graphs; a voice is then a weight set, engines/runtimes/torch_cuda/weights.py). The first voice of an
+architecture creates it (and waits for its warmup: graph capture on a GPU); every later voice
+only loads its weights. A voice whose graphs differ from its architecture's is refused
+(`ArchitectureMismatch`): it belongs in a pool of its own.
+
+Every load is checked against the pod's memory first, and refused with the numbers where it
+would not fit with `margin_bytes` to spare: on a GPU against the device's free memory (under
+MPS, the client's limit) and the pool's declared memory, whichever is less; on the CPU
+against the process's memory limit. A voice's footprint is what its load took: its weight
+buffers on a GPU, the growth of what this process's allocator has handed out on the CPU
+(`MemoryMeter.allocated`).
+
+No I/O here: engines/pod/voice_host/server.py puts it on a socket, and the tests drive it
+directly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import itertools
+import json
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from engines.contract.plan import ServingPlan, WindowConfig
+from engines.runtimes import load_stages
+from engines.runtimes.onnx import onnx_bytes
+from engines.streaming import (
+    FirstAudioPaths,
+    SchedulerStats,
+    StreamScheduler,
+    StreamSink,
+    SynthesisParams,
+)
+from engines.streaming.types import VoiceSlot
+from engines.text.frontend import Sentence
+from engines.text.frontend_pool import FrontendPool
+from engines.text.voice import VoiceConfig, read_voice_config
+
+LOGGER = logging.getLogger("voxfleet.host")
+MIB = 1 << 20
+# What a new architecture is taken to need before it exists (its runtime, frame stores and,
+# on a GPU, its captured graphs at the default plan), for the check before it is created;
+# once it exists, what it took is measured. From `voxfleet bench gpu-memory` (docs/gpu.md).
+ARCHITECTURE_ESTIMATE_BYTES = {"torch-cuda": 2560 * MIB, "tensorrt": 2560 * MIB}
+CPU_ARCHITECTURE_ESTIMATE_BYTES = 256 * MIB
+# A CPU voice's weights are its three ONNX stages; onnxruntime's sessions take about this
+# many times their files' size (measured on the joe voice: docs/gpu.md).
+CPU_VOICE_BYTES_PER_FILE_BYTE = 1.5
+# Profiling runs: every this many seconds each architecture writes its scheduler's call totals,
+# cost model and step times to stderr, as `voxfleet-costs <first voice> <json>` lines (read by
+# engines/bench/profile.py).
+COSTS_LOG_ENV = "VOXFLEET_COSTS_LOG_S"
+# What a pod holds is measured from its own history: the audio its scheduler makes per second
+# of wall time, over the share of that time it was busy, is the most audio it can make per
+# second; a real-time stream needs one second of audio per second, so that many streams,
+# FULL_BUSY of them kept as headroom, is its capacity. Streams that race ahead of their
+# listeners keep a scheduler busy at any load, so busyness alone says nothing. A pod that has
+# its capacity of streams refuses new ones (RESOURCE_EXHAUSTED) rather than make every playing
+# stream late; its load ratio (live streams / capacity) is what the HPAs scale on. The busy
+# share lags a burst of new streams by its window, so it does not gate the refusal: a pod
+# that admitted streams until it looked busy had taken twice what it holds (make autoscale).
+FULL_BUSY = 0.85
+LOAD_SAMPLE_S = 0.25
+LOAD_WINDOW_S = 2.0
+# Only a busy share at least this high measures the rate (below it, a step's fixed costs
+# dominate and a few streams would make the pod look smaller than it is). A capacity measured
+# too small corrects itself: at that many streams the pod is still busy enough to measure.
+MEASURE_BUSY = 0.3
+# Until it has measured what it holds, a pod with this many live streams takes at most this
+# many more per LOAD_WINDOW_S: a pod that a balancer sees empty (new after a scale-out) would
+# otherwise get every new stream at once, before its first measurement. A lightly loaded pod
+# (fewer live streams, too idle to measure) is never refused, and a busier one still grows
+# until it is busy enough to measure itself.
+SLOW_START_STREAMS = 4
+# Phonemiser worker processes where a GPU does the rest (the CPU data plane phonemises on
+# the thread that has the request: its cores are the stages').
+GPU_FRONTEND_WORKERS = 4
+
+
+class LoadRefused(Exception):
+    """A voice cannot be loaded here; `code` is the gRPC status name it maps to."""
+
+    def __init__(self, message: str, code: str = "FAILED_PRECONDITION") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class StreamRefused(Exception):
+    """A stream cannot start (its voice is gone or going); `code` as for LoadRefused."""
+
+    def __init__(self, message: str, code: str = "UNAVAILABLE") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class MemoryReport:
+    """The pod's memory as its voice host sees it (bytes). `total` is what may be used: the
+    device's (or this process's limit) and the pool's declared memory, whichever is less;
+    `fixed` is `used` less the voices' own footprints."""
+
+    device: str
+    total: int
+    used: int
+    voices: dict[str, int] = field(default_factory=dict)
+    margin: int = 0
+
+    @property
+    def fixed(self) -> int:
+        return max(0, self.used - sum(self.voices.values()))
+
+    @property
+    def free(self) -> int:
+        return max(0, self.total - self.used)
+
+    def to_dict(self) -> dict[str, Any]:
+        def mib(value: int) -> float:
+            return round(value / MIB, 1)
+
+        return {
+            "device": self.device,
+            "total_mib": mib(self.total),
+            "used_mib": mib(self.used),
+            "free_mib": mib(self.free),
+            "fixed_mib": mib(self.fixed),
+            "margin_mib": mib(self.margin),
+            "voices": {name: {"mib": mib(size)} for name, size in sorted(self.voices.items())},
+        }
+
+
+class MemoryMeter:
+    """Where a device's memory stands: `total()` and `used()` in bytes."""
+
+    device = "cpu"
+
+    def total(self) -> int:
+        limit = _cgroup_memory_limit()
+        machine = int(psutil.virtual_memory().total)
+        return min(limit, machine) if limit else machine
+
+    def used(self) -> int:
+        return int(psutil.Process().memory_info().rss)
+
+    def allocated(self) -> int:
+        """What this process's C allocator has handed out and not taken back (glibc's
+        `mallinfo2`), to measure what a load took; resident memory where that is not known.
+        Resident memory alone misses a load that reuses pages an earlier one freed: a voice
+        loaded after another was unloaded (a rolling update, a heal) grew it by under 1 MiB."""
+        info = _mallinfo2()
+        return info if info is not None else self.used()
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+        ).split()
+    ]
+
+
+@functools.cache
+def _mallinfo2_function() -> Any:
+    try:
+        function = ctypes.CDLL(None).mallinfo2
+    except (AttributeError, OSError):
+        return None
+    function.restype = _MallInfo2
+    return function
+
+
+def _mallinfo2() -> int | None:
+    """Bytes in use from glibc's heap and its mmapped blocks; None without glibc 2.33+."""
+    function = _mallinfo2_function()
+    if function is None:
+        return None
+    info = function()
+    return int(info.uordblks + info.hblkhd)
+
+
+class GpuMemoryMeter(MemoryMeter):
+    """The CUDA device's memory as this process sees it. Under an MPS per-client limit
+    (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`) the device reports what is free within the limit but
+    the whole device's total: the limit is then the total."""
+
+    device = "gpu"
+
+    def __init__(self) -> None:
+        import torch
+
+        self._torch = torch
+        self._limit = mps_limit_bytes(os.environ.get(MPS_LIMIT_ENV, ""))
+
+    def total(self) -> int:
+        return self._limit or int(self._torch.cuda.mem_get_info()[1])
+
+    def used(self) -> int:
+        free, _ = self._torch.cuda.mem_get_info()
+        return max(0, self.total() - int(free))
+
+    def allocated(self) -> int:
+        return self.used()
+
+
+MPS_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+
+
+def mps_limit_bytes(value: str, device: int = 0) -> int:
+    """The MPS per-client limit of `device` in bytes, from the variable's `0=16G,1=8G` (or a
+    bare `16G` for every device); 0 where none is set."""
+    for part in value.split(","):
+        index, _, size = part.strip().rpartition("=")
+        if index and index != str(device):
+            continue
+        size = size.strip().upper()
+        units = {"G": 1 << 30, "M": 1 << 20, "K": 1 << 10}
+        try:
+            if size and size[-1] in units:
+                return int(float(size[:-1]) * units[size[-1]])
+            return int(size) if size else 0
+        except ValueError:
+            return 0
+    return 0
+
+
+def _cgroup_memory_limit() -> int:
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:
+            return int(text)
+    return 0
+
+
+class LoadMeter:
+    """An architecture's load, from its scheduler: the share of the last LOAD_WINDOW_S its
+    thread was busy (`busy`), the audio it made per second then (`rate`), and the real-time
+    streams it holds (`capacity`: FULL_BUSY x rate / busy, last measured at a busy share of at
+    least MEASURE_BUSY). Derived from the pod's own history on its own hardware, never set by
+    hand."""
+
+    def __init__(self, scheduler: StreamScheduler) -> None:
+        self._scheduler = scheduler
+        self._samples: deque[tuple[float, float, float]] = deque()
+        self._admitted: deque[float] = deque()  # while unmeasured: when streams were taken
+        self.busy = 0.0
+        self.rate = 0.0
+        self.capacity = 0
+
+    def sample(self, now: float) -> None:
+        scheduler = self._scheduler
+        self._samples.append((now, scheduler.step_times.busy_seconds(), scheduler.audio_seconds))
+        while len(self._samples) > 2 and now - self._samples[0][0] > LOAD_WINDOW_S:
+            self._samples.popleft()
+        (t0, b0, a0), (t1, b1, a1) = self._samples[0], self._samples[-1]
+        if t1 - t0 < LOAD_SAMPLE_S:
+            return
+        self.busy = min(1.0, max(0.0, (b1 - b0) / (t1 - t0)))
+        self.rate = max(0.0, (a1 - a0) / (t1 - t0))
+        if self.busy >= MEASURE_BUSY and self.rate > 0:
+            self.capacity = max(1, math.floor(FULL_BUSY * self.rate / self.busy))
+
+    def ratio(self, live: int) -> float:
+        """Live streams against the measured capacity (0 until it is measured)."""
+        return live / self.capacity if self.capacity else 0.0
+
+    def full(self, live: int, now: float | None = None) -> bool:
+        """Whether a new stream would go past what the pod holds: it has its measured
+        capacity of streams or, before it has measured one, it has SLOW_START_STREAMS live
+        and took as many new ones within the last LOAD_WINDOW_S."""
+        if self.capacity > 0:
+            return live >= self.capacity
+        now = time.monotonic() if now is None else now
+        while self._admitted and now - self._admitted[0] > LOAD_WINDOW_S:
+            self._admitted.popleft()
+        return live >= SLOW_START_STREAMS and len(self._admitted) >= SLOW_START_STREAMS
+
+    def admitted(self, now: float | None = None) -> None:
+        """A new stream was taken (counted for the slow start of an unmeasured pod)."""
+        if self.capacity == 0:
+            self._admitted.append(time.monotonic() if now is None else now)
+
+
+@dataclass(eq=False)
+class _Architecture:
+    key: tuple[Any, ...]
+    runtime: Any
+    scheduler: StreamScheduler
+    meter: MemoryMeter
+    first_voice: str
+    fixed_bytes: int = 0
+    voices: set[int] = field(default_factory=set)
+    load: LoadMeter | None = None
+
+
+@dataclass(eq=False)
+class _Voice:
+    handle: int
+    plan: ServingPlan
+    config: VoiceConfig
+    architecture: _Architecture
+    slot: VoiceSlot
+    nbytes: int
+    streams: int = 0
+    unloading: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+
+def architecture_key(plan: ServingPlan) -> tuple[Any, ...]:
+    """What voices must share to share an architecture: runtime, precision, windows and
+    batching (their graphs are captured for these shapes); a runtime that cannot load a
+    second voice into itself (no `load_voice`, TensorRT) gets one per engine entry."""
+    windows = replace(plan.windows, max_lead_ms=0)  # a lead limit is per voice
+    return (plan.runtime, plan.precision, windows, plan.cross_stream_batching)
+
+
+class VoiceHost:
+    """Loads and unloads voices, starts their streams, and reports memory."""
+
+    def __init__(
+        self,
+        budget_bytes: int = 0,
+        margin_bytes: int = 512 * MIB,
+        frontend_workers: int | None = None,
+        cpu_threads: int | None = None,
+        gpu_meter: Callable[[], MemoryMeter] = GpuMemoryMeter,
+    ) -> None:
+        self.budget_bytes = budget_bytes
+        self.margin_bytes = margin_bytes
+        self.cpu_threads = cpu_threads
+        self._frontend_workers = frontend_workers
+        self._gpu_meter_factory = gpu_meter
+        self._meters: dict[str, MemoryMeter] = {"cpu": MemoryMeter()}
+        self._architectures: dict[tuple[Any, ...], _Architecture] = {}
+        self._voices: dict[int, _Voice] = {}
+        self._handles = itertools.count(1)
+        self._frontend: FrontendPool | None = None
+        # Loads one at a time: each measures what it took.
+        self._load_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        threading.Thread(target=self._watch_load, name="voxfleet-load", daemon=True).start()
+
+    def _watch_load(self) -> None:
+        """Every LOAD_SAMPLE_S: each architecture's load, into its voices' stats."""
+        while not self._closed.wait(LOAD_SAMPLE_S):
+            now = time.monotonic()
+            with self._lock:
+                voices = list(self._voices.values())
+            for architecture in list(self._architectures.values()):
+                if architecture.load is None:
+                    continue
+                architecture.load.sample(now)
+                ratio = architecture.load.ratio(architecture.scheduler.live_streams())
+                for voice in voices:
+                    if voice.architecture is architecture:
+                        voice.slot.stats.load_ratio = ratio
+                        voice.slot.stats.capacity_streams = architecture.load.capacity
+
+    # -- memory ------------------------------------------------------------------------------
+    def _meter(self, device: str) -> MemoryMeter:
+        meter = self._meters.get(device)
+        if meter is None:
+            meter = self._meters[device] = self._gpu_meter_factory()
+        return meter
+
+    def _total(self, meter: MemoryMeter) -> int:
+        total = meter.total()
+        return min(total, self.budget_bytes) if self.budget_bytes else total
+
+    def memory(self) -> MemoryReport:
+        """The GPU's report where the host runs a GPU architecture, else the CPU's."""
+        device = "gpu" if "gpu" in self._meters else "cpu"
+        meter = self._meters[device]
+        with self._lock:
+            voices: dict[str, int] = {}
+            for voice in self._voices.values():
+                if voice.architecture.meter is meter:
+                    voices[voice.name] = voices.get(voice.name, 0) + voice.nbytes
+        return MemoryReport(device, self._total(meter), meter.used(), voices, self.margin_bytes)
+
+    def _check_fits(self, meter: MemoryMeter, need: int, what: str) -> None:
+        total, used = self._total(meter), meter.used()
+        free = total - used
+        if need + self.margin_bytes > free:
+            raise LoadRefused(
+                f"{what} needs {need / MIB:.0f} MiB of {meter.device.upper()} memory and this "
+                f"pod has {free / MIB:.0f} MiB free of {total / MIB:.0f} MiB, keeping "
+                f"{self.margin_bytes / MIB:.0f} MiB spare",
+                "RESOURCE_EXHAUSTED",
+            )
+
+    # -- voices ------------------------------------------------------------------------------
+    def load(self, plan: ServingPlan) -> int:
+        """Load `plan`'s voice; returns its handle. LoadRefused where it does not fit, its
+        architecture differs, or its engines cannot be read; nothing stays allocated then."""
+        try:
+            config = read_voice_config(plan.voice_config_path)
+        except (OSError, ValueError) as error:
+            raise LoadRefused(f"voice {plan.name}: {error}", "INVALID_ARGUMENT") from None
+        with self._load_lock:
+            key = architecture_key(plan)
+            architecture = self._architectures.get(key)
+            if architecture is not None and not hasattr(architecture.runtime, "load_voice"):
+                key = (*key, plan.engine_dir)
+                architecture = self._architectures.get(key)
+            if architecture is None:
+                architecture = self._create(key, plan, config)
+                weights = getattr(architecture.runtime, "default_voice", None)
+                nbytes = architecture.runtime.weights_bytes() if weights is not None else 0
+            else:
+                weights, nbytes = self._load_weights(architecture, plan, config)
+            slot = VoiceSlot(plan.name, weights)
+            voice = _Voice(next(self._handles), plan, config, architecture, slot, nbytes)
+            with self._lock:
+                self._voices[voice.handle] = voice
+                architecture.voices.add(voice.handle)
+        LOGGER.info("voice %s loaded (%s, %.1f MiB)", plan.name, plan.runtime, voice.nbytes / MIB)
+        return voice.handle
+
+    def _create(
+        self, key: tuple[Any, ...], plan: ServingPlan, config: VoiceConfig
+    ) -> _Architecture:
+        device = "gpu" if plan.runtime_info.needs_gpu else "cpu"
+        try:
+            meter = self._meter(device)
+        except Exception as error:  # no CUDA here
+            raise LoadRefused(
+                f"voice {plan.name}: {plan.runtime} cannot run here: {error}"
+            ) from None
+        need = ARCHITECTURE_ESTIMATE_BYTES.get(plan.runtime, CPU_ARCHITECTURE_ESTIMATE_BYTES)
+        self._check_fits(meter, need, f"voice {plan.name} (the first of its architecture)")
+        before = meter.allocated()
+        try:
+            runtime = load_stages(
+                plan.runtime, Path(plan.engine_dir), plan.windows, cpu_threads=self.cpu_threads
+            )
+            scheduler = StreamScheduler(
+                runtime,
+                sample_rate=config.sample_rate,
+                hop_length=config.hop_length,
+                windows=plan.windows,
+                cross_stream_batching=plan.cross_stream_batching,
+            )
+            started = time.monotonic()
+            shapes = scheduler.warmup()
+            scheduler.start()
+        except Exception as error:
+            _free_device_cache(device)
+            raise LoadRefused(f"voice {plan.name}: its stages cannot run: {error}") from None
+        architecture = _Architecture(key, runtime, scheduler, meter, plan.name)
+        architecture.load = LoadMeter(scheduler)
+        architecture.fixed_bytes = max(0, meter.allocated() - before)
+        LOGGER.info(
+            "architecture of %s ready: %s, %d shapes prepared in %.1f s, %.0f MiB",
+            plan.name,
+            plan.runtime,
+            shapes,
+            time.monotonic() - started,
+            architecture.fixed_bytes / MIB,
+        )
+        if device == "gpu" and self._frontend_workers is None:
+            self._frontend_workers = GPU_FRONTEND_WORKERS
+        self._architectures[key] = architecture
+        report_s = float(os.environ.get(COSTS_LOG_ENV, "0") or 0)
+        if report_s > 0:
+            scheduler.first_audio_paths = FirstAudioPaths()
+            threading.Thread(
+                target=_report_costs,
+                args=(architecture, report_s),
+                name="voxfleet-costs",
+                daemon=True,
+            ).start()
+        return architecture
+
+    def _load_weights(
+        self, architecture: _Architecture, plan: ServingPlan, config: VoiceConfig
+    ) -> tuple[Any, int]:
+        runtime, meter = architecture.runtime, architecture.meter
+        if meter.device == "gpu":
+            need = int(runtime.weights_bytes())
+        else:
+            need = int(onnx_bytes(Path(plan.engine_dir)) * CPU_VOICE_BYTES_PER_FILE_BYTE)
+        self._check_fits(meter, need, f"voice {plan.name}")
+        before = meter.allocated()
+        try:
+            weights = runtime.load_voice(Path(plan.engine_dir), plan.name)
+        except ValueError as error:  # ArchitectureMismatch and unreadable graphs
+            raise LoadRefused(
+                f"voice {plan.name} does not fit the architecture this pod serves (that of "
+                f"voice {architecture.first_voice}): {error}",
+                "INVALID_ARGUMENT",
+            ) from None
+        except Exception as error:
+            _free_device_cache(meter.device)
+            raise LoadRefused(f"voice {plan.name}: its weights cannot be loaded: {error}") from None
+        nbytes = getattr(weights, "nbytes", None)
+        if nbytes is None:
+            nbytes = max(0, meter.allocated() - before)
+        return weights, int(nbytes)
+
+    def unload(self, handle: int) -> None:
+        """Stop taking streams for the voice; its weights go once its last stream ends."""
+        with self._lock:
+            voice = self._voices.get(handle)
+            if voice is None:
+                return
+            voice.unloading = True
+            done = voice.streams == 0
+        if done:
+            self._free(voice)
+
+    def _free(self, voice: _Voice) -> None:
+        with self._lock:
+            if self._voices.pop(voice.handle, None) is None:
+                return
+            voice.architecture.voices.discard(voice.handle)
+        runtime = voice.architecture.runtime
+        unload = getattr(runtime, "unload_voice", None)
+        if unload is not None and voice.slot.weights is not None:
+            unload(voice.slot.weights)
+        _free_device_cache(voice.architecture.meter.device)
+        LOGGER.info("voice %s unloaded", voice.name)
+
+    def voice_names(self) -> list[str]:
+        with self._lock:
+            return sorted({voice.name for voice in self._voices.values()})
+
+    def stats(self, handle: int) -> SchedulerStats:
+        with self._lock:
+            voice = self._voices.get(handle)
+        if voice is None:
+            return SchedulerStats()
+        return voice.slot.stats
+
+    # -- streams -----------------------------------------------------------------------------
+    def start_stream(
+        self,
+        handle: int,
+        text: str,
+        params: SynthesisParams,
+        sink: StreamSink,
+        received: float | None = None,
+    ) -> None:
+        """Phonemise `text` (in the pool's workers, where there are any) and start its stream
+        on the voice's architecture; StreamRefused where the voice is not (or no longer)
+        served. Errors after this go to `sink.finish`."""
+        with self._lock:
+            voice = self._voices.get(handle)
+            if voice is None or voice.unloading:
+                raise StreamRefused("this voice is being unloaded from this server; retry")
+            load = voice.architecture.load
+            live = voice.architecture.scheduler.live_streams()
+            if load is not None and load.full(live):
+                voice.slot.stats.refused_streams += 1
+                held = (
+                    f"{live} live streams of the {load.capacity} it holds in real time (it "
+                    f"makes {load.rate:.1f} s of audio a second, busy {load.busy:.0%} of the "
+                    "time)"
+                    if load.capacity
+                    else f"it is starting: {live} live streams, and it takes "
+                    f"{SLOW_START_STREAMS} more every {LOAD_WINDOW_S:g} s until it has measured "
+                    "what it holds"
+                )
+                raise StreamRefused(
+                    f"this server is full: {held}; try another server", "RESOURCE_EXHAUSTED"
+                )
+            if load is not None:
+                load.admitted()
+            voice.streams += 1
+        counted = _CountedSink(sink, lambda: self._stream_ended(voice))
+
+        def done(sentences: list[Sentence] | None, error: Exception | None) -> None:
+            if error is not None:
+                LOGGER.error("phonemising a request failed: %s", error)
+                counted.finish(RuntimeError(f"could not prepare the text: {error}"))
+            elif not sentences:
+                counted.finish(
+                    StreamRefused(
+                        "TEXT has nothing to speak once control characters are removed",
+                        "INVALID_ARGUMENT",
+                    )
+                )
+            else:
+                voice.architecture.scheduler.submit(
+                    sentences, params, counted, received, voice=voice.slot
+                )
+
+        self._frontend_pool().submit(voice.plan.voice_config_path, text, done)
+
+    def _frontend_pool(self) -> FrontendPool:
+        with self._lock:
+            if self._frontend is None:
+                self._frontend = FrontendPool(self._frontend_workers or 0)
+                LOGGER.info("phonemiser workers: %d", self._frontend_workers or 0)
+            return self._frontend
+
+    def _stream_ended(self, voice: _Voice) -> None:
+        with self._lock:
+            voice.streams -= 1
+            done = voice.unloading and voice.streams == 0
+        if done:
+            self._free(voice)
+
+    def close(self) -> None:
+        self._closed.set()
+        for architecture in list(self._architectures.values()):
+            architecture.scheduler.stop()
+        self._architectures.clear()
+        if self._frontend is not None:
+            self._frontend.close()
+
+
+def _report_costs(architecture: _Architecture, interval_s: float) -> None:
+    """A line per interval on stderr (the server's log) with the scheduler's call totals and
+    cost model per stage, where its thread's time went and where new streams' first audio
+    spent its time, for profiling runs (COSTS_LOG_ENV)."""
+    scheduler = architecture.scheduler
+    while True:
+        time.sleep(interval_s)
+        costs = scheduler.costs
+        line: dict[str, Any] = {
+            stage: {
+                "calls": calls,
+                "seconds": round(seconds, 3),
+                "rows": rows,
+                "frames": frames,
+                "per_call_ms": round(costs.per_call[stage] * 1000, 3),
+                "per_frame_us": round(costs.per_frame[stage] * 1e6, 4),
+            }
+            for stage, (calls, seconds, rows, frames) in costs.totals.items()
+        }
+        line["scheduler"] = scheduler.step_times.report()
+        if scheduler.first_audio_paths is not None:
+            line["first_audio_ms"] = scheduler.first_audio_paths.take()
+        name = architecture.first_voice
+        print(f"voxfleet-costs {name} {json.dumps(line)}", file=sys.stderr, flush=True)
+
+
+class _CountedSink(StreamSink):
+    """A stream's sink that says once when the stream has ended, whichever way."""
+
+    def __init__(self, sink: StreamSink, ended: Callable[[], None]) -> None:
+        self._sink = sink
+        self._ended: Callable[[], None] | None = ended
+        self._lock = threading.Lock()
+
+    def audio(self, pcm: Any) -> None:
+        self._sink.audio(pcm)
+
+    def last_audio(self, pcm: Any) -> None:
+        self._sink.last_audio(pcm)
+
+    def finish(self, error: Exception | None = None) -> None:
+        try:
+            self._sink.finish(error)
+        finally:
+            with self._lock:
+                ended, self._ended = self._ended, None
+            if ended is not None:
+                ended()
+
+    def cancelled(self) -> bool:
+        return self._sink.cancelled()
+
+
+def _free_device_cache(device: str) -> None:
+    if device != "gpu":
+        return
+    try:
+        import torch
+
+        torch.cuda.empty_cache()
+    except Exception:  # nothing to give back
+        LOGGER.debug("emptying the CUDA cache failed", exc_info=True)
+
+
+__all__ = [
+    "LoadRefused",
+    "MemoryReport",
+    "StreamRefused",
+    "VoiceHost",
+    "WindowConfig",
+    "architecture_key",
+]

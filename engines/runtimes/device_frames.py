@@ -1,0 +1,338 @@
+"""`DeviceBackend`: the stream model's frame stores in GPU memory (see engines/streaming/frames.py).
+
+A GPU runtime (torch-cuda, tensorrt) gives the scheduler this backend instead of the host one:
+prior and latent frames of every live sentence stay on the device from the encoder to the
+vocoder, a batch of windows is cut with one gather kernel and stored with one scatter, and
+the only copies per step are the gather indices up and the batch's int16 PCM down.
+
+The runtime must offer the device tensor API of `TorchCudaStages`: ``device``, ``flow_dtype``,
+``vocoder_dtype``, ``encode_tensor``, ``flow_tensor`` and ``vocode_tensor``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from engines.streaming.frames import (
+    LATENT_CHANNELS,
+    SENTENCE_FLOW_FRAMES,
+    BackendFeatures,
+    FramePool,
+    sentence_flow_groups,
+)
+
+# 4,096 pages of 32 frames: 131,072 frames (25 minutes of audio) before the stores first grow.
+INITIAL_PAGES = 4096
+
+
+def _voice(voice: Any) -> dict[str, Any]:
+    """The runtime call's voice argument: none for the runtime's own voice, so that a runtime
+    of one voice (TensorRT's) needs no such argument."""
+    return {} if voice is None else {"voice": voice}
+
+
+class PendingAudio:
+    """A vocoder call's int16 PCM on its way to the host, and the call's GPU time.
+
+    On a CUDA device the copy goes into pinned host memory without waiting; `result()` waits
+    for it (releasing the GIL). Elsewhere the PCM is there already.
+    """
+
+    def __init__(
+        self,
+        host: torch.Tensor,
+        seconds: float | None = None,
+        events: tuple[Any, Any] | None = None,
+    ) -> None:
+        self._host = host
+        self._seconds = seconds
+        self._events = events
+
+    def wait(self) -> None:
+        if self._events is not None:
+            self._events[1].synchronize()
+
+    def result(self) -> tuple[np.ndarray, float]:
+        """(PCM [windows, samples], seconds the call took on the device)."""
+        if self._events is not None:
+            start, end = self._events
+            end.synchronize()
+            self._seconds = start.elapsed_time(end) / 1000.0
+            self._events = None
+        return self._host.numpy(), float(self._seconds or 0.0)
+
+
+class DeviceTiming:
+    """The device time of the work queued between its start and `stop()`, read without
+    waiting for it once `done()` (CUDA events); on the CPU, the wall time between the two."""
+
+    def __init__(self, cuda: bool) -> None:
+        self._events: tuple[Any, Any] | None = None
+        self._started = time.perf_counter()
+        self._seconds: float | None = None
+        if cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._events = (start, torch.cuda.Event(enable_timing=True))
+
+    def stop(self) -> DeviceTiming:
+        if self._events is None:
+            self._seconds = time.perf_counter() - self._started
+        else:
+            self._events[1].record()
+        return self
+
+    def done(self) -> bool:
+        return self._events is None or bool(self._events[1].query())
+
+    def seconds(self) -> float:
+        if self._seconds is None:
+            assert self._events is not None, "stop() first"
+            start, end = self._events
+            end.synchronize()
+            self._seconds = start.elapsed_time(end) / 1000.0
+        return self._seconds
+
+
+class DeviceBackend:
+    """Frame stores on the device and the device calls (`BackendFeatures`): a GPU call costs
+    about the same for 1 window as for 16, and the scheduler plans with that."""
+
+    def __init__(
+        self, runtime: Any, initial_pages: int = INITIAL_PAGES, async_calls: bool | None = None
+    ) -> None:
+        self.runtime = runtime
+        self.device = torch.device(runtime.device)
+        # Vocoder calls return before their audio is on the host (`vocode_async`): the
+        # scheduler plans its next step while the GPU decodes this one. On a CUDA device; the
+        # scheduler keeps its synchronous path where this is False (the CPU, tests).
+        if async_calls is None:
+            async_calls = self.device.type == "cuda"
+        # With asynchronous calls, a runtime that launches its encoder
+        # (TorchCudaStages.encodes_beside: the plan's encoder_launch "beside", on a CUDA
+        # stream of its own, or "queued", on the windows' stream) lets the scheduler go on
+        # launching windows and take the sentences up once their frame counts are on the host
+        # (`encode_launch`), with up to `encoder_calls_in_flight` calls at once. "inline"
+        # stays the default (docs/gpu.md). The batch sizes the flow and vocoder calls are
+        # padded up to (CUDA graphs): the scheduler fills the padding rows with windows not
+        # due yet (planner.fill_buckets).
+        beside = bool(async_calls and getattr(runtime, "encodes_beside", False))
+        self.features = BackendFeatures(
+            fixed_call_costs=True,
+            batch_buckets=tuple(getattr(runtime, "padded_batch_buckets", ())),
+            async_calls=async_calls,
+            encodes_beside=beside,
+            encoder_queued=beside and bool(getattr(runtime, "encoder_queued", False)),
+            encoder_calls_in_flight=int(getattr(runtime, "encoder_calls_in_flight", 1)),
+            sentence_flow=True,
+            prepares_shapes=True,
+        )
+        self.pool = FramePool(initial_pages)
+        frames = self.pool.capacity_frames
+        self._prior = torch.zeros(
+            (frames, LATENT_CHANNELS), dtype=runtime.flow_dtype, device=self.device
+        )
+        self._latent = torch.zeros(
+            (frames, LATENT_CHANNELS), dtype=runtime.vocoder_dtype, device=self.device
+        )
+
+    def _fit(self) -> None:
+        grown = self.pool.capacity_frames - self._prior.shape[0]
+        if grown > 0:
+            self._prior = torch.cat([self._prior, self._prior.new_zeros(grown, LATENT_CHANNELS)])
+            self._latent = torch.cat([self._latent, self._latent.new_zeros(grown, LATENT_CHANNELS)])
+
+    def _upload(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)
+
+    def _scatter(self, store: torch.Tensor, values: torch.Tensor, index, keep) -> None:
+        """store[index[keep]] = values[b, :, t] for every (b, t) kept; values [B, 192, W]."""
+        rows, columns = np.nonzero(keep)
+        where = self._upload(np.stack([rows, columns, index[keep]]))
+        store[where[2]] = values[where[0], :, where[1]].to(store.dtype)
+
+    @staticmethod
+    def _encoder_inputs(ids, lengths, scales) -> tuple[torch.Tensor, ...]:
+        return (
+            torch.from_numpy(np.ascontiguousarray(ids)),
+            torch.from_numpy(np.ascontiguousarray(lengths)),
+            torch.from_numpy(np.asarray(scales, dtype=np.float32)),
+        )
+
+    def encode(self, ids, lengths, scales, speakers, voice=None):
+        prior, mask = self.runtime.encode_tensor(
+            *self._encoder_inputs(ids, lengths, scales), speakers, **_voice(voice)
+        )
+        frames = mask[:, 0, :].sum(dim=1).to(torch.int64).cpu().numpy()
+        return prior, frames
+
+    def encode_launch(self, ids, lengths, scales, speakers, voice=None) -> Any:
+        """`encode` without waiting (where `encodes_beside`): a call whose `done()` says its
+        frame counts are on the host and whose `finish()` gives (prior, frames) as `encode`
+        does, the prior queued behind the call (engines.runtimes.torch_cuda.stages.EncoderCall)."""
+        return self.runtime.encode_launch(
+            *self._encoder_inputs(ids, lengths, scales), speakers, **_voice(voice)
+        )
+
+    def flow_sentences(
+        self,
+        prior: torch.Tensor,
+        tables: Sequence[np.ndarray],
+        frames: np.ndarray,
+        speakers,
+        voice: Any = None,
+    ) -> bool:
+        """The flow over whole sentences of an encoder batch, latents stored; False (nothing
+        done) when the longest is beyond SENTENCE_FLOW_FRAMES.
+
+        On a GPU a flow call of one sentence costs about the same for 2,048 frames as for 80
+        (it is bound by its launches), so a few calls per encoder batch replace a few calls
+        per window, and the latents are those of a one-shot decode. A batch is not padded to
+        its longest sentence, though: a call's rows pad to a batch bucket and its frames to
+        the size, so 20 sentences of 100 to 1,500 frames would be a 32 x 2,048-frame call.
+        The sentences are flowed in one call per size they need (`sentence_flow_groups`).
+        Frames past a sentence's end are masked, so a sentence's latents do not depend on
+        its call's width.
+        """
+        groups = sentence_flow_groups(frames)
+        if groups is None:
+            return False
+        speakers = np.asarray(speakers) if speakers is not None else None
+        for size, rows in groups:
+            if len(rows) == len(frames):
+                part, part_frames, part_tables = prior, frames, tables
+            else:
+                part = prior[self._upload(rows)]
+                part_frames, part_tables = frames[rows], [tables[row] for row in rows]
+            width = min(size, part.shape[-1])
+            padded = torch.nn.functional.pad(part[..., :width], (0, size - width))
+            valid = np.arange(size)[None, :] < part_frames[:, None]
+            mask = self._upload(valid[:, None, :].astype(np.float32))
+            latent = self.runtime.flow_tensor(
+                padded, mask, speakers[rows] if speakers is not None else None, **_voice(voice)
+            )
+            index, valid = FramePool.window_index(
+                part_tables, np.zeros(len(rows), np.int64), part_frames, size
+            )
+            self._scatter(self._latent, latent, index, valid)
+        return True
+
+    def store_prior(self, prior, tables: Sequence[np.ndarray], frames: np.ndarray) -> None:
+        self._fit()
+        index, valid = FramePool.window_index(
+            tables, np.zeros(len(tables), np.int64), frames, prior.shape[-1]
+        )
+        self._scatter(self._prior, prior, index, valid)
+
+    def flow(self, tables, starts, limits, width, context, ends, speakers, voice=None):
+        index, valid = FramePool.window_index(tables, starts, limits, width)
+        prior = self._prior[self._upload(index)].permute(0, 2, 1)
+        mask = self._upload(valid[:, None, :].astype(np.float32))
+        latent = self.runtime.flow_tensor(prior, mask, speakers, **_voice(voice))
+        columns = np.arange(width)[None, :]
+        keep = valid & (columns >= context) & (starts[:, None] + columns < ends[:, None])
+        self._scatter(self._latent, latent, index, keep)
+
+    def vocode(self, tables, starts, limits, width, speakers, cut, voice=None):
+        index, _ = FramePool.window_index(tables, starts, limits, width)
+        latent = self._latent[self._upload(index)].permute(0, 2, 1)
+        audio = self.runtime.vocode_tensor(latent, speakers, **_voice(voice))[:, cut[0] : cut[1]]
+        pcm = (audio.float().clamp(-1.0, 1.0) * 32767.0).to(torch.int16)
+        return pcm.cpu().numpy()
+
+    def vocode_async(
+        self, tables, starts, limits, width, speakers, cut, voice=None
+    ) -> PendingAudio:
+        """`vocode` without waiting: the PCM comes back through the returned `PendingAudio`,
+        after everything queued on the device before it."""
+        if self.device.type != "cuda":
+            started = time.perf_counter()
+            pcm = self.vocode(tables, starts, limits, width, speakers, cut, voice)
+            return PendingAudio(torch.from_numpy(pcm), time.perf_counter() - started)
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        index, _ = FramePool.window_index(tables, starts, limits, width)
+        latent = self._latent[self._upload(index)].permute(0, 2, 1)
+        audio = self.runtime.vocode_tensor(latent, speakers, **_voice(voice))[:, cut[0] : cut[1]]
+        pcm = (audio.float().clamp(-1.0, 1.0) * 32767.0).to(torch.int16)
+        # The caching host allocator hands the pinned block back once the copy is done and
+        # nothing refers to it (the numpy rows sent as responses keep it alive until then).
+        host = torch.empty(pcm.shape, dtype=torch.int16, pin_memory=True)
+        host.copy_(pcm, non_blocking=True)
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        return PendingAudio(host, events=(start, end))
+
+    def timer(self) -> DeviceTiming:
+        """Starts timing the device work queued from now on (work queued before is not
+        counted); `DeviceTiming.stop()` after the last call to count."""
+        return DeviceTiming(self.device.type == "cuda")
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def calibrate(
+        self, vocoder_frames: int, flow_frames: int, phonemes: int, windows: int, sentences: int
+    ) -> list[tuple[str, float, int, int]]:
+        """Time each stage at batch 1 and at its largest batch (after `warmup`): (stage,
+        seconds, rows, width) samples for the scheduler's cost model, so that its first steps
+        after a start already know what a GPU call costs, rather than learning it from a
+        burst of listeners."""
+        import time
+
+        runtime, device = self.runtime, self.device
+        scales = torch.tensor([0.667, 1.0, 0.8])
+        calls: list[tuple[str, int, int, Any]] = []
+        for rows in sorted({1, windows}):
+            latent = torch.zeros(rows, LATENT_CHANNELS, vocoder_frames, device=device)
+            prior = torch.zeros(rows, LATENT_CHANNELS, flow_frames, device=device)
+            mask = torch.ones(rows, 1, flow_frames, device=device)
+            calls.append(("vocoder", rows, vocoder_frames, partial(runtime.vocode_tensor, latent)))
+            calls.append(("flow", rows, flow_frames, partial(runtime.flow_tensor, prior, mask)))
+        for rows in sorted({1, sentences}):
+            ids = torch.full((rows, phonemes), 20, dtype=torch.int64)
+            lengths = torch.full((rows,), phonemes, dtype=torch.int64)
+            encode = partial(runtime.encode_tensor, ids, lengths, scales)
+            calls.append(("encoder", rows, phonemes, encode))
+        samples = []
+        for stage, rows, width, call in calls:
+            for attempt in range(2):  # the first may still allocate
+                self.sync()
+                started = time.perf_counter()
+                call()
+                self.sync()
+                if attempt:
+                    samples.append((stage, time.perf_counter() - started, rows, width))
+        return samples
+
+    def warmup(
+        self,
+        flow_frames: Sequence[int],
+        vocoder_frames: Sequence[int],
+        windows: int,
+        sentences: int,
+        phonemes: Sequence[int],
+    ) -> int:
+        """Capture the runtime's graphs for these shapes now (if it captures any)."""
+        warm = getattr(self.runtime, "warmup", None)
+        if warm is None:
+            return 0
+        # The whole-sentence flow sizes take at most an encoder call's sentences a call.
+        limits = dict.fromkeys(SENTENCE_FLOW_FRAMES, sentences)
+        limits.update(dict.fromkeys(flow_frames, windows))
+        return int(
+            warm(
+                flow_frames=limits,
+                vocoder_frames=vocoder_frames,
+                encoder_phonemes=phonemes,
+                max_batch=windows,
+                max_sentences=sentences,
+            )
+        )

@@ -1,0 +1,812 @@
+"""`TorchCudaStages`: the `StageRuntime` of the torch-cuda engines, for every voice of one
+architecture.
+
+- encoder (text encoder + stochastic duration predictor): FP32, its fixed-shape core
+  replayed from CUDA graphs. Its output length depends on the predicted durations (a device
+  read per call), and FP16 or TF32 there moves frame boundaries (``ceil`` of durations).
+  With the plan's `encoder_launch` "beside" (`batching.encoderLaunch` of a TTSVoice; "inline"
+  by default) `encode_launch` runs it on a CUDA stream of its own (its graphs in a memory
+  pool of their own), and with "queued" on the windows' stream behind them, so that the
+  stream model can go on launching windows while it runs; otherwise its graphs share the
+  flow's and vocoder's pool.
+- flow and vocoder: the entry's precision (FP16 by default). Their calls come from the
+  stream model as batches of fixed-size windows, so each call is padded up to a batch bucket
+  (1, 2, 4, ..., 256) and replayed from a CUDA graph captured once per (bucket, frames):
+  hundreds of small kernel launches become one graph launch. In FP16 their 1-D convolutions
+  run as channels-last 2-D ones (engines.runtimes.torch_cuda.convert).
+
+Voices are weight sets (engines/runtimes/torch_cuda/weights.py): the modules and graphs are made
+once, from the engine entry the runtime is created with, and `load_voice` adds another
+voice of the same architecture as a flat buffer per stage, bound into the modules' weights
+before each of its calls. A voice costs its weights, not a process, a context and graphs.
+
+GPU memory, from what `voxfleet bench gpu-memory` measured (docs/gpu.md):
+- every graph of a stage reads its inputs from and writes its outputs to flat buffers shared
+  by all of them (`StaticBuffers`), outside the graphs' memory pool; inside the pool a
+  graph's intermediates are all freed by the end of its capture, so graphs captured later
+  reuse them;
+- the warmup captures the largest shapes first, so that the smaller ones fit in what the
+  largest left free, and the pool holds about the largest graph's working set;
+- cuDNN's autotuning tries no algorithm that needs more than `CUDNN_WORKSPACE_MIB` of
+  workspace, and the allocator's cached blocks go back to the device after the warmup.
+
+Weights are the stage ONNX files' initializers (engines.runtimes.torch_cuda.convert).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from engines.contract.plan import check_encoder_launch
+from engines.runtimes.torch_cuda import acoustic
+from engines.runtimes.torch_cuda.acoustic import EncoderCore
+from engines.runtimes.torch_cuda.convert import ROWS_PREFIX, OnnxModule, _as_rows
+from engines.runtimes.torch_cuda.weights import ArchitectureMismatch, WeightBinding, WeightLayout
+
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# 24 between 16 and 32: encoder calls under load carry 18 to 28 sentences, and the core's
+# cost grows with its padded rows (20 x 320 ids: 8.4 ms as 24 rows against 10.3 ms as 32 on
+# the H100, a probe of 2026-11-24, docs/history.md); 20 more graphs at warmup.
+ENCODER_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 64)
+DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
+# Encoder calls the scheduler keeps in flight when they are queued on the windows' stream:
+# they run one after another there, so more in flight only means that new sentences wait
+# less for a call. On the H100 through Triton, 3 gave more audio and a lower first-audio p95
+# than 1 or 6 (one to two runs each, docs/history.md).
+QUEUED_ENCODER_CALLS_IN_FLIGHT = 3
+# cuDNN's autotuning (every graph is captured for one fixed shape, so it times its
+# algorithms once per shape) skips algorithms that need more workspace than this. Unbounded,
+# it tried some that took several GB for a moment, and one process of the earlier design took
+# 47.99 GiB while loading; PyTorch reads the cap from this variable at its first convolution.
+CUDNN_WORKSPACE_MIB = 256
+CUDNN_WORKSPACE_ENV = "CUDNN_CONV_WSCAP_DBG"
+STAGES = ("encoder", "flow", "vocoder")
+LOGGER = logging.getLogger(__name__)
+
+
+class TorchCudaError(RuntimeError):
+    """The torch-cuda runtime cannot run here or was asked for something it cannot do."""
+
+
+def padded_phonemes(count: int) -> int:
+    """Phoneme ids an encoder call of sentences up to `count` ids is padded to: a multiple of
+    32 (exact: the encoder masks by length), so that calls repeat shapes."""
+    return -(-count // 32) * 32
+
+
+def bucket_for(batch: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds `batch` (the largest, if none does: callers split)."""
+    for bucket in buckets:
+        if bucket >= batch:
+            return bucket
+    return buckets[-1]
+
+
+class StaticBuffers:
+    """The flat buffers every graph of one stage reads its inputs from and writes its
+    outputs to, allocated outside the graphs' memory pool.
+
+    A stage's graphs replay one at a time (its lock, one CUDA stream), each input is copied in
+    just before its replay and each output copied out just after, so one buffer per input and
+    output serves them all, sized for the largest. Per-graph static tensors would keep every
+    graph's inputs and outputs allocated, and outputs made inside the pool would keep their
+    blocks from the graphs captured after them."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._flats: dict[tuple[str, str], torch.Tensor] = {}
+
+    def view(self, key: tuple[str, str], shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        numel = math.prod(shape)
+        flat = self._flats.get(key)
+        if flat is None or flat.dtype != dtype or flat.numel() < numel:
+            # Graphs captured before keep the smaller buffer alive through their views.
+            flat = torch.zeros(numel, dtype=dtype, device=self.device)
+            self._flats[key] = flat
+        return flat[:numel].view(tuple(shape))
+
+    def nbytes(self) -> int:
+        return sum(flat.numel() * flat.element_size() for flat in self._flats.values())
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    inputs: dict[str, torch.Tensor]
+    outputs: list[torch.Tensor]
+
+
+StageFunction = Callable[[dict[str, torch.Tensor]], list[torch.Tensor]]
+
+
+class GraphedStage:
+    """A stage whose calls are padded to batch buckets and replayed from CUDA graphs."""
+
+    def __init__(
+        self,
+        module: OnnxModule | None,
+        batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+        use_graphs: bool = True,
+        max_graphs: int = 256,
+        pool: Any = None,
+        frame_multiple: int = 1,
+        function: StageFunction | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        self.module = module
+        if function is None:
+            assert module is not None
+            onnx_module = module
+
+            def function(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+                return onnx_module(**inputs)
+
+        self.function = function
+        if device is None:
+            assert module is not None
+            device = module.device
+        self.device = device
+        self.buckets = tuple(sorted(batch_buckets))
+        # Frames are padded (zeros, on the right) up to a multiple of this, so that the few
+        # window widths the stream model sends share graphs; outputs are cut back.
+        self.frame_multiple = frame_multiple
+        self.use_graphs = use_graphs and self.device.type == "cuda"
+        self.max_graphs = max_graphs
+        self.pool = pool
+        self.graphs: dict[tuple[int, tuple[tuple[int, ...], ...]], _Captured] = {}
+        self.batch_histogram: dict[int, int] = {}
+        self.buffers = StaticBuffers(self.device)
+        # The warm runs before each capture go on one stream: each stream a library call runs
+        # on gets workspaces of its own (cuBLAS keeps about 40 MiB per stream on Hopper), and a
+        # new stream per capture kept one set per graph.
+        self._warm_stream: torch.cuda.Stream | None = None
+        self._lock = threading.Lock()
+
+    def _transfers(self) -> int:
+        return self.module.transfers if self.module is not None else 0
+
+    def _capture(self, bucket: int, inputs: dict[str, torch.Tensor]) -> _Captured:
+        static = {
+            name: self.buffers.view(("in", name), (bucket, *tensor.shape[1:]), tensor.dtype)
+            for name, tensor in inputs.items()
+        }
+        if self._warm_stream is None:
+            self._warm_stream = torch.cuda.Stream(device=self.device)
+        side = self._warm_stream
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # cuDNN picks its algorithms here, outside the capture
+                shapes = [(tuple(o.shape), o.dtype) for o in self.function(static)]
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        # What the warm runs and cuDNN's autotuning left cached goes back before the capture
+        # takes its own memory for the same shape.
+        torch.cuda.empty_cache()
+        outputs = [
+            self.buffers.view(("out", str(index)), shape, dtype)
+            for index, (shape, dtype) in enumerate(shapes)
+        ]
+        transfers = self._transfers()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            for out, result in zip(outputs, self.function(static), strict=True):
+                out.copy_(result)
+        if self._transfers() != transfers:
+            raise TorchCudaError("the stage moved values between host and device while captured")
+        return _Captured(graph=graph, inputs=static, outputs=outputs)
+
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.run(inputs)[0]
+
+    def run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        frames = next(iter(inputs.values())).shape[-1]
+        padded = -(-frames // self.frame_multiple) * self.frame_multiple
+        if padded == frames:
+            return self._run(inputs)
+        outputs = self._run(
+            {
+                name: torch.nn.functional.pad(t, (0, padded - frames)) if t.dim() == 3 else t
+                for name, t in inputs.items()
+            }
+        )
+        cut = []
+        for output in outputs:
+            per_frame = output.shape[-1] // padded
+            cut.append(output[..., : frames * per_frame])
+        return cut
+
+    def _run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        batch = next(iter(inputs.values())).shape[0]
+        largest = self.buckets[-1]
+        if batch > largest:
+            parts = [
+                self._run({name: t[start : start + largest] for name, t in inputs.items()})
+                for start in range(0, batch, largest)
+            ]
+            return [torch.cat(column) for column in zip(*parts, strict=True)]
+        bucket = bucket_for(batch, self.buckets)
+        with self._lock:
+            self.batch_histogram[batch] = self.batch_histogram.get(batch, 0) + 1
+            if not self.use_graphs:
+                return list(self.function(inputs))
+            shape_key = tuple(tuple(t.shape[1:]) for t in inputs.values())
+            captured = self.graphs.get((bucket, shape_key))
+            if captured is None:
+                if len(self.graphs) >= self.max_graphs:
+                    return list(self.function(inputs))
+                captured = self._capture(bucket, inputs)
+                self.graphs[(bucket, shape_key)] = captured
+            for name, tensor in inputs.items():
+                captured.inputs[name][:batch].copy_(tensor)
+            captured.graph.replay()
+            # The next replay overwrites the static outputs: hand out copies.
+            return [output[:batch].clone() for output in captured.outputs]
+
+
+class EncoderCall:
+    """An encoder call queued on the encoder's CUDA stream, or on the windows' stream
+    (`TorchCudaStages.encode_launch`).
+
+    `done()` says, without waiting, whether its frame counts are on the host; `finish()` reads
+    them and queues the expansion to prior frames on the caller's current stream behind the
+    call (that stream waits for the encoder's event, not the host). `seconds()` is the
+    encoder's device time, `done()` first.
+    """
+
+    def __init__(
+        self,
+        tensors: tuple[torch.Tensor, ...],
+        lengths: torch.Tensor,
+        noise_scale: float,
+        start: torch.cuda.Event,
+        end: torch.cuda.Event,
+    ) -> None:
+        self._tensors = tensors  # m_p, logs_p, x_mask, w_ceil, y_lengths (device)
+        self._lengths = lengths  # y_lengths in pinned host memory, once `end` is reached
+        self._noise_scale = noise_scale
+        self._events = (start, end)
+
+    def done(self) -> bool:
+        return bool(self._events[1].query())
+
+    def seconds(self) -> float:
+        start, end = self._events
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0
+
+    def finish(self) -> tuple[torch.Tensor, np.ndarray]:
+        """(prior [B, 192, frames] queued on the current stream, frames per row)."""
+        end = self._events[1]
+        end.synchronize()
+        frames = self._lengths.numpy().copy()
+        m_p, logs_p, x_mask, w_ceil, y_lengths = self._tensors
+        current = torch.cuda.current_stream(m_p.device)
+        current.wait_event(end)
+        for tensor in self._tensors:
+            # Made on the encoder's stream, read on this one: their memory is not handed out
+            # again before this stream has read them.
+            tensor.record_stream(current)
+        prior, _ = acoustic.expand_frames(
+            m_p, logs_p, x_mask, w_ceil, y_lengths, int(frames.max()), self._noise_scale
+        )
+        return prior, frames
+
+
+def _read_precision(engine_dir: Path) -> str:
+    manifest = engine_dir / "manifest.json"
+    if manifest.is_file():
+        return str(json.loads(manifest.read_text())["key"]["precision"])
+    return "fp16"
+
+
+def _graph_inputs(path: Path) -> list[str]:
+    model = onnx.load(str(path), load_external_data=False)
+    return [value.name for value in model.graph.input]
+
+
+@dataclass(eq=False)
+class VoiceWeights:
+    """One voice's weights: a flat buffer per stage, in the architecture's layout."""
+
+    name: str
+    flats: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(flat.numel() * flat.element_size() for flat in self.flats.values())
+
+
+def _module_tensors(module: OnnxModule, keys: Sequence[str], stage: str) -> dict[str, torch.Tensor]:
+    """`module`'s weights (loaded on the host) under the architecture's `keys`: convolution
+    weights in the channels-last form where the architecture runs them so."""
+    tensors: dict[str, torch.Tensor] = {}
+    for key in keys:
+        name = key[len(ROWS_PREFIX) :] if key.startswith(ROWS_PREFIX) else key
+        weight = module.device_constants.get(name)
+        if weight is None:
+            raise ArchitectureMismatch(f"{stage}: the voice has no weight {name}")
+        tensors[key] = _as_rows(weight) if key.startswith(ROWS_PREFIX) else weight
+    extra = set(module.device_constants) - {k.removeprefix(ROWS_PREFIX) for k in keys}
+    if extra:
+        raise ArchitectureMismatch(
+            f"{stage}: the voice has weights the architecture lacks: {', '.join(sorted(extra)[:3])}"
+        )
+    return tensors
+
+
+class TorchCudaStages:
+    """Encoder, flow and vocoder on one CUDA device, for every voice of one architecture (see
+    the module docstring). The engine entry it is made from is its default voice
+    (`default_voice`); `load_voice` adds others."""
+
+    name = "torch-cuda"
+
+    def __init__(
+        self,
+        engine_dir: Path,
+        device: str | torch.device = "cuda",
+        precision: str | None = None,
+        batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+        use_graphs: bool = True,
+        flow_frame_multiple: int = 32,
+        vocoder_frame_multiple: int = 16,
+        encoder_batch_buckets: Sequence[int] = ENCODER_BATCH_BUCKETS,
+        encoder_launch: str = "inline",
+        autotune: bool = True,
+    ) -> None:
+        engine_dir = Path(engine_dir)
+        self.device = torch.device(device)
+        # cuDNN times its algorithms for each captured shape (else its heuristics choose).
+        self.autotune = autotune
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise TorchCudaError(
+                "the torch-cuda runtime needs a CUDA GPU and PyTorch built with CUDA; "
+                f"this PyTorch ({torch.__version__}) sees none"
+            )
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        try:
+            check_encoder_launch(encoder_launch)
+        except ValueError as error:
+            raise TorchCudaError(str(error)) from None
+        self.precision = precision or _read_precision(engine_dir)
+        if self.precision not in DTYPES:
+            raise TorchCudaError(
+                f"the torch-cuda runtime runs fp16 or fp32, not {self.precision!r}"
+            )
+        dtype = DTYPES[self.precision]
+        if self.device.type == "cuda":
+            # Every graph is captured for one fixed shape: let cuDNN time its algorithms, with
+            # a bounded workspace (`CUDNN_WORKSPACE_MIB`).
+            os.environ.setdefault(CUDNN_WORKSPACE_ENV, str(CUDNN_WORKSPACE_MIB))
+            torch.backends.cudnn.benchmark = autotune
+        if self.precision == "fp32" and self.device.type == "cuda":
+            # TF32 matrix units would make "fp32" 1e-3-accurate, not fp32-accurate.
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        _check_entry(engine_dir)
+        self.encoder_input_names = _graph_inputs(engine_dir / "encoder.onnx")
+        self.multi_speaker = "sid" in self.encoder_input_names
+        pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" and use_graphs else None
+        # The encoder's fixed-shape part as torch modules, graphed per (batch, phonemes); the
+        # node-by-node port stays for graphs without the Piper weight names (multi-speaker).
+        self.encoder_core: EncoderCore | None = None
+        self.encoder_stage: GraphedStage | None = None
+        self.encoder: OnnxModule | None = None
+        try:
+            self.encoder_core = acoustic.from_onnx(engine_dir / "encoder.onnx", self.device)
+        except acoustic.NotPiperVits:
+            self.encoder = OnnxModule(engine_dir / "encoder.onnx", self.device, torch.float32)
+        launched = encoder_launch
+        if self.encoder_core is None or self.device.type != "cuda":
+            launched = "inline"  # only a graphed encoder on a GPU is launched
+        beside = launched == "beside"
+        self._queued_launches = launched == "queued"
+        if self.encoder_core is not None:
+            core = self.encoder_core
+
+            def encoder_function(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+                return list(core(inputs["ids"], inputs["lengths"], inputs["noise"]))
+
+            # Beside the windows, the encoder's graphs have a memory pool of their own: they
+            # replay on their own stream (`encode_launch`) while the flow's and vocoder's
+            # replay on another, and graphs that share a pool must never run at the same time.
+            self.encoder_stage = GraphedStage(
+                None,
+                encoder_batch_buckets,
+                use_graphs,
+                pool=torch.cuda.graph_pool_handle() if beside and pool is not None else pool,
+                function=encoder_function,
+                device=self.device,
+            )
+        self._encoder_stream: torch.cuda.Stream | None = None
+        if beside:
+            # High priority: an encoder call is a long chain of small kernels, each waiting
+            # for the one before; given the multiprocessors first as each becomes ready, it
+            # keeps its own pace while the vocoder's wide kernels fill the rest of the GPU.
+            self._encoder_stream = torch.cuda.Stream(device=self.device, priority=-1)
+        self.flow_module = OnnxModule(engine_dir / "flow.onnx", self.device, dtype)
+        self.vocoder_module = OnnxModule(engine_dir / "vocoder.onnx", self.device, dtype)
+        self.flow_stage = GraphedStage(
+            self.flow_module,
+            batch_buckets,
+            use_graphs,
+            pool=pool,
+            frame_multiple=flow_frame_multiple,
+        )
+        self.vocoder_stage = GraphedStage(
+            self.vocoder_module,
+            batch_buckets,
+            use_graphs,
+            pool=pool,
+            frame_multiple=vocoder_frame_multiple,
+        )
+        # Every stage's weights move into a bound buffer the modules read from now on; the
+        # default voice's own buffers are those bound ones until another voice is loaded.
+        self._structures = {
+            "flow": self.flow_module.structure(),
+            "vocoder": self.vocoder_module.structure(),
+        }
+        if self.encoder is not None:
+            self._structures["encoder"] = self.encoder.structure()
+        self._bindings: dict[str, WeightBinding] = {}
+        for stage, holder in self._weight_holders().items():
+            binding = WeightBinding(stage, holder.weight_tensors(), self.device)
+            holder.use_weights(binding.tensors)
+            self._bindings[stage] = binding
+        self.default_voice = VoiceWeights(
+            engine_dir.name, {stage: b.bound for stage, b in self._bindings.items()}
+        )
+        self._default_shares_bound = True
+        self._load_lock = threading.Lock()
+
+    def _weight_holders(self) -> dict[str, Any]:
+        encoder = self.encoder_core if self.encoder_core is not None else self.encoder
+        return {"encoder": encoder, "flow": self.flow_module, "vocoder": self.vocoder_module}
+
+    # -- voices ------------------------------------------------------------------------------
+
+    def weights_bytes(self) -> int:
+        """One voice's weights on the device (each loaded voice takes this much)."""
+        return sum(binding.layout.nbytes for binding in self._bindings.values())
+
+    def load_voice(self, engine_dir: Path, name: str = "") -> VoiceWeights:
+        """Another voice of this architecture, from its engine entry: its weights are read on
+        the host and only their packed buffers go to the device. ArchitectureMismatch (a
+        ValueError) where its graphs or weights differ from the architecture's; nothing of it
+        stays on the device then."""
+        engine_dir = Path(engine_dir)
+        _check_entry(engine_dir)
+        host = torch.device("cpu")
+        tensors: dict[str, dict[str, torch.Tensor]] = {}
+        for stage in ("flow", "vocoder"):
+            module = OnnxModule(engine_dir / f"{stage}.onnx", host, self._stage_dtype(stage))
+            if module.structure() != self._structures[stage]:
+                raise ArchitectureMismatch(
+                    f"{stage}: the voice's graph differs from the architecture's (nodes, "
+                    "attributes or integer constants): it needs a pool of its own architecture"
+                )
+            keys = [slot.name for slot in self._bindings[stage].layout.slots]
+            tensors[stage] = _module_tensors(module, keys, stage)
+        path = engine_dir / "encoder.onnx"
+        if self.encoder_core is not None:
+            try:
+                tensors["encoder"] = acoustic.from_onnx(path, host).weight_tensors()
+            except acoustic.NotPiperVits as error:
+                raise ArchitectureMismatch(f"encoder: {error}") from None
+        else:
+            module = OnnxModule(path, host, torch.float32)
+            if module.structure() != self._structures["encoder"]:
+                raise ArchitectureMismatch(
+                    "encoder: the voice's graph differs from the architecture's"
+                )
+            keys = [slot.name for slot in self._bindings["encoder"].layout.slots]
+            tensors["encoder"] = _module_tensors(module, keys, "encoder")
+        for stage, stage_tensors in tensors.items():  # every check before any allocation
+            self._bindings[stage].layout.check(WeightLayout.of(stage_tensors), stage)
+        with self._load_lock:
+            if self._default_shares_bound:
+                # The default voice keeps its weights once the bound buffers take others'.
+                self.default_voice.flats = {
+                    stage: binding.bound.clone() for stage, binding in self._bindings.items()
+                }
+                self._default_shares_bound = False
+                for binding in self._bindings.values():
+                    binding.forget(self.default_voice)
+            flats = {stage: self._bindings[stage].pack(t) for stage, t in tensors.items()}
+        return VoiceWeights(name or engine_dir.name, flats)
+
+    def unload_voice(self, voice: VoiceWeights) -> None:
+        """Free `voice`'s buffers (its calls already queued have read them: the device frees
+        them only after the work queued on the current stream)."""
+        for binding in self._bindings.values():
+            binding.forget(voice)
+        voice.flats = {}
+
+    def _stage_dtype(self, stage: str) -> torch.dtype:
+        return self.flow_module.float_dtype if stage == "flow" else self.vocoder_module.float_dtype
+
+    def _bind(self, stage: str, voice: VoiceWeights | None) -> None:
+        voice = voice or self.default_voice
+        if not voice.flats:
+            raise TorchCudaError(f"voice {voice.name!r} is not loaded")
+        self._bindings[stage].bind(voice, voice.flats[stage])
+
+    # -- tensor API: stays on the device (pipelines and benchmarks) --------------------------
+
+    def _speaker(
+        self, inputs: Sequence[str], batch: int, speaker_ids: object
+    ) -> dict[str, torch.Tensor]:
+        if "sid" not in inputs:
+            if speaker_ids is not None and np.any(np.asarray(speaker_ids) != 0):
+                raise TorchCudaError("this voice has one speaker; speaker ids must be 0")
+            return {}
+        sid = (
+            torch.as_tensor(np.asarray(speaker_ids), dtype=torch.int64)
+            if speaker_ids is not None
+            else torch.zeros(batch, dtype=torch.int64)
+        )
+        return {"sid": sid.to(self.device)}
+
+    def _upload(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host tensor onto the device without waiting for the work queued there (a plain
+        copy from pageable memory waits for the stream: the encoder then started only after
+        the vocoder calls queued before it had finished and the host had woken up)."""
+        if tensor.device == self.device:
+            return tensor
+        if self.device.type == "cuda":
+            tensor = tensor.pin_memory()
+        return tensor.to(self.device, non_blocking=True)
+
+    def _encode_core(
+        self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, speaker_ids, voice
+    ) -> tuple[list[torch.Tensor], float, float]:
+        """The graphed encoder: ([m_p, logs_p, x_mask, logw], length scale, noise scale)."""
+        assert self.encoder_stage is not None
+        # Padded phonemes: calls repeat shapes, and the uploads of shape-derived indices hit
+        # their cache.
+        padded = padded_phonemes(ids.shape[1])
+        if padded != ids.shape[1]:
+            ids = torch.nn.functional.pad(ids, (0, padded - ids.shape[1]))
+        self._speaker(self.encoder_input_names, ids.shape[0], speaker_ids)  # refuses ids != 0
+        noise_scale, length_scale, noise_w = (float(v) for v in scales.reshape(-1)[:3])
+        noise = torch.randn(ids.shape[0], 2, ids.shape[1], device=self.device) * noise_w
+        inputs = {
+            "ids": self._upload(ids.to(torch.int64)),
+            "lengths": self._upload(lengths.to(torch.int64)),
+            "noise": noise,
+        }
+        self._bind("encoder", voice)
+        # FP32, cuDNN timing its algorithms (a graph keeps its capture's kernels).
+        with torch.backends.cudnn.flags(enabled=True, benchmark=self.autotune, allow_tf32=False):
+            outputs = self.encoder_stage.run(inputs)
+        return outputs, length_scale, noise_scale
+
+    def encode_tensor(
+        self,
+        ids: torch.Tensor,
+        lengths: torch.Tensor,
+        scales: torch.Tensor,
+        speaker_ids=None,
+        voice: VoiceWeights | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.encoder_stage is not None:
+            (m_p, logs_p, x_mask, logw), length_scale, noise_scale = self._encode_core(
+                ids, lengths, scales, speaker_ids, voice
+            )
+            return acoustic.expand(m_p, logs_p, x_mask, logw, length_scale, noise_scale)
+        assert self.encoder is not None
+        feeds = {
+            "input": ids.to(self.device, torch.int64),
+            "input_lengths": lengths.to(self.device, torch.int64),
+            "scales": scales.to(self.device, torch.float32),
+            **self._speaker(self.encoder_input_names, ids.shape[0], speaker_ids),
+        }
+        self._bind("encoder", voice)
+        prior, mask = self.encoder(**feeds)
+        return prior, mask
+
+    @property
+    def encodes_beside(self) -> bool:
+        """Whether the scheduler launches encoder calls (`encode_launch`) and takes their
+        sentences up once their frame counts are on the host, instead of waiting for them: a
+        graphed encoder on a GPU with encoder_launch "beside" (on a CUDA stream of its own) or
+        "queued" (on the windows' stream)."""
+        return self._encoder_stream is not None or self._queued_launches
+
+    @property
+    def padded_batch_buckets(self) -> tuple[int, ...]:
+        """The batch sizes, ascending, the flow and vocoder calls are padded up to (their CUDA
+        graphs' buckets, the same for both); empty where they run eagerly, as long as their
+        batch."""
+        return self.vocoder_stage.buckets if self.vocoder_stage.use_graphs else ()
+
+    @property
+    def encoder_queued(self) -> bool:
+        """Whether launched encoder calls run on the windows' own stream, in order with them
+        (encoder_launch "queued"): a call with windows queued behind it may be waited
+        for without leaving the GPU idle."""
+        return self._queued_launches
+
+    @property
+    def encoder_calls_in_flight(self) -> int:
+        """How many launched encoder calls the scheduler may wait on at once (1 beside)."""
+        return QUEUED_ENCODER_CALLS_IN_FLIGHT if self._queued_launches else 1
+
+    def encode_launch(
+        self,
+        ids: torch.Tensor,
+        lengths: torch.Tensor,
+        scales: torch.Tensor,
+        speaker_ids=None,
+        voice: VoiceWeights | None = None,
+    ) -> EncoderCall:
+        """`encode_tensor` queued on the encoder's own CUDA stream, beside the flow and vocoder
+        calls queued on the current one (or, queued, on the current one behind them): its frame
+        counts reach the host without the host waiting for them, and `EncoderCall.finish()`
+        queues the rest behind it (see `EncoderCall`)."""
+        stream = self._encoder_stream
+        if stream is None and self._queued_launches:
+            stream = torch.cuda.current_stream(self.device)
+        if stream is None:
+            raise TorchCudaError(
+                "the scheduler launches encoder calls only for a CUDA graph, with "
+                "encoder_launch beside or queued"
+            )
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            start.record(stream)
+            (m_p, logs_p, x_mask, logw), length_scale, noise_scale = self._encode_core(
+                ids, lengths, scales, speaker_ids, voice
+            )
+            w_ceil, y_lengths = acoustic.durations(logw, x_mask, length_scale)
+            host = torch.empty(y_lengths.shape, dtype=y_lengths.dtype, pin_memory=True)
+            host.copy_(y_lengths, non_blocking=True)
+            end.record(stream)
+        return EncoderCall((m_p, logs_p, x_mask, w_ceil, y_lengths), host, noise_scale, start, end)
+
+    def flow_tensor(
+        self,
+        prior: torch.Tensor,
+        mask: torch.Tensor,
+        speaker_ids=None,
+        voice: VoiceWeights | None = None,
+    ) -> torch.Tensor:
+        dtype = self.flow_module.float_dtype
+        feeds = {"prior": prior.to(self.device, dtype), "mask": mask.to(self.device, dtype)}
+        feeds.update(self._speaker(self.flow_module.input_names, prior.shape[0], speaker_ids))
+        self._bind("flow", voice)
+        return self.flow_stage(feeds)
+
+    def vocode_tensor(
+        self, latent: torch.Tensor, speaker_ids=None, voice: VoiceWeights | None = None
+    ) -> torch.Tensor:
+        dtype = self.vocoder_module.float_dtype
+        feeds = {"latent": latent.to(self.device, dtype)}
+        feeds.update(self._speaker(self.vocoder_module.input_names, latent.shape[0], speaker_ids))
+        self._bind("vocoder", voice)
+        audio = self.vocoder_stage(feeds)
+        return audio.reshape(audio.shape[0], -1)
+
+    # -- StageRuntime (numpy in, numpy out) ---------------------------------------------------
+
+    def encode(self, ids, lengths, scales, speaker_ids=None, voice=None):
+        prior, mask = self.encode_tensor(
+            torch.from_numpy(np.ascontiguousarray(ids)),
+            torch.from_numpy(np.ascontiguousarray(lengths)),
+            torch.from_numpy(np.asarray(scales, dtype=np.float32)),
+            speaker_ids,
+            voice,
+        )
+        return _to_numpy(prior), _to_numpy(mask)
+
+    def flow(self, prior, mask, speaker_ids=None, voice=None):
+        latent = self.flow_tensor(
+            torch.from_numpy(prior), torch.from_numpy(mask), speaker_ids, voice
+        )
+        return _to_numpy(latent)
+
+    def vocode(self, latent, speaker_ids=None, voice=None):
+        return _to_numpy(self.vocode_tensor(torch.from_numpy(latent), speaker_ids, voice))
+
+    @property
+    def flow_dtype(self) -> torch.dtype:
+        return self.flow_module.float_dtype
+
+    @property
+    def vocoder_dtype(self) -> torch.dtype:
+        return self.vocoder_module.float_dtype
+
+    def stream_backend(self) -> Any:
+        """Frame stores on this GPU for the stream model (engines/runtimes/device_frames.py)."""
+        from engines.runtimes.device_frames import DeviceBackend
+
+        return DeviceBackend(self)
+
+    def graph_count(self) -> int:
+        stages = [self.flow_stage, self.vocoder_stage, self.encoder_stage]
+        return sum(len(stage.graphs) for stage in stages if stage is not None)
+
+    def static_buffer_bytes(self) -> int:
+        stages = [self.flow_stage, self.vocoder_stage, self.encoder_stage]
+        return sum(stage.buffers.nbytes() for stage in stages if stage is not None)
+
+    def warmup(
+        self,
+        flow_frames: Sequence[int] | Mapping[int, int],
+        vocoder_frames: Sequence[int],
+        batches: Sequence[int] | None = None,
+        encoder_phonemes: Sequence[int] = (),
+        max_batch: int | None = None,
+        max_sentences: int | None = None,
+    ) -> int:
+        """Capture the graphs of these shapes now rather than on first use; returns how many
+        graphs the runtime holds.
+
+        Batches are every bucket up to the one holding `max_batch` windows (`max_sentences`
+        sentences for the encoder), or `batches` when given; `flow_frames` may map a width to
+        a batch limit of its own (the whole-sentence flow's, `max_sentences`). The vocoder,
+        whose calls take the most memory, goes first, and every stage's shapes largest first:
+        the graphs captured later reuse the memory the first ones left free in the pool."""
+        buckets = self.flow_stage.buckets
+
+        def up_to(limit: int | None) -> list[int]:
+            if batches is not None:
+                return sorted(batches, reverse=True)
+            top = bucket_for(limit or buckets[-1], buckets)
+            return sorted((b for b in buckets if b <= top), reverse=True)
+
+        channels = 192
+        for frames in sorted(vocoder_frames, reverse=True):
+            for batch in up_to(max_batch):
+                self.vocode_tensor(torch.zeros(batch, channels, frames, device=self.device))
+        flow_limits = (
+            dict(flow_frames)
+            if isinstance(flow_frames, Mapping)
+            else dict.fromkeys(flow_frames, max_batch)
+        )
+        for frames in sorted(flow_limits, reverse=True):
+            for batch in up_to(flow_limits[frames]):
+                prior = torch.zeros(batch, channels, frames, device=self.device)
+                self.flow_tensor(prior, torch.ones(batch, 1, frames, device=self.device))
+        if self.encoder_stage is not None:
+            encoder_buckets = self.encoder_stage.buckets
+            top = bucket_for(max_sentences or encoder_buckets[-1], encoder_buckets)
+            scales = torch.tensor([0.667, 1.0, 0.8])
+            for phonemes in sorted(encoder_phonemes, reverse=True):
+                for batch in sorted((b for b in encoder_buckets if b <= top), reverse=True):
+                    ids = torch.full((batch, phonemes), 20, dtype=torch.int64)
+                    self.encode_tensor(ids, torch.full((batch,), phonemes), scales)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            # cuDNN's autotuning and the eager parts' first calls leave blocks cached in the
+            # allocator: hand them back, so that what the pod reports as used is what it uses.
+            torch.cuda.empty_cache()
+        return self.graph_count()
+
+
+def _check_entry(engine_dir: Path) -> None:
+    missing = [s for s in STAGES if not (engine_dir / f"{s}.onnx").is_file()]
+    if missing:
+        raise TorchCudaError(
+            f"{engine_dir} has no {', '.join(f'{s}.onnx' for s in missing)}; build it with "
+            "`voxfleet build-engines --runtime torch-cuda`"
+        )
+
+
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().to(torch.float32).cpu().numpy()
+
+
+StageCall = Callable[[dict[str, torch.Tensor]], torch.Tensor]

@@ -1,5 +1,0 @@
-import sys
-
-from engines.voice_host.server import main
-
-sys.exit(main())
