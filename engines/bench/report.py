@@ -40,11 +40,17 @@ METHOD = """\
   `triton-naive` that is when the whole sentence is ready, because that is all they offer.
 - **Underrun**: a chunk that arrives after all audio received before it would have finished
   playing, with playback starting at the first chunk; playback then resumes from the late
-  chunk, so one stall counts once. *Underrun rate* is the share of streams with at least one.
+  chunk, so one stall counts once. *Underrun streams* are the streams with at least one (and
+  their share of the streams); *underrun events* count every stall of every stream.
 - **RTF**: total request time (sent → last chunk) over total audio seconds; below 1, streams
   arrive faster than they play. **Audio s/s**: audio seconds delivered per wall second.
 - **Server CPU / memory**: CPU time of the server's whole process tree (Triton and its Python
-  backend stubs) during the run over wall time (100 % = one core), and its peak resident set.
+  backend stubs, and where Triton runs under `voxfleet serve` or `voxfleet triton`, the pod's
+  every process: the supervisor, the voice host and its phonemiser workers) during the run
+  over wall time (100 % = one core), and its peak resident set. The JSON's
+  `server.voice_host_threads` gives the voice host's threads by name, each one's share of a
+  core (`busy`; the busiest of a name where there are several), and `server.busiest_thread`
+  the busiest of them all: one thread of one process is a ceiling no core count lifts.
   For `piper` the "server" is the benchmark process itself; for `voxfleet-api` it is the
   gateway's process alone (the Triton server behind it counts as other processes).
   *Load generator CPU* is the benchmark process's own CPU while it drives a Triton system:
@@ -125,7 +131,7 @@ def _batching(run: dict[str, Any]) -> str:
 def runs_table(runs: Sequence[dict[str, Any]]) -> str:
     header = (
         "| system | streams in flight | requests | first audio p50 / p95 / p99 (ms) | "
-        "underruns | underrun rate | RTF | audio s/s | server CPU | server RSS | "
+        "underrun streams | underrun events | RTF | audio s/s | server CPU | server RSS | "
         "load generator CPU | other processes' CPU | mean batch |\n"
         "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
     )
@@ -142,8 +148,10 @@ def runs_table(runs: Sequence[dict[str, Any]]) -> str:
             errors += f" ({run['refused']} refused)"
         rows.append(
             f"| {run['system']} | {run['concurrency']} | {run['streams']}{errors} | "
-            f"{_num(fa['p50'])} / {_num(fa['p95'])} / {_num(fa['p99'])} | {run['underruns']} | "
-            f"{_num(100 * run.get('underrun_rate', math.nan), 0, ' %')} | "
+            f"{_num(fa['p50'])} / {_num(fa['p95'])} / {_num(fa['p99'])} | "
+            f"{run.get('underrun_streams', 0)} "
+            f"({_num(100 * run.get('underrun_rate', math.nan), 0, ' %')}) | "
+            f"{run.get('underrun_events', run.get('underruns', 0))} | "
             f"{_num(run['rtf'], 3)} | {_num(run['audio_seconds_per_second'], 1)} | "
             f"{_num(server.get('cpu_percent'), 0, ' %')} | "
             f"{_num(server.get('peak_rss_mib'), 0, ' MiB')} | "

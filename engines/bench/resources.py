@@ -1,8 +1,12 @@
 """Server CPU and memory during a run: the server process and all its children.
 
 Triton runs each Python-backend model instance in a stub process (a child of tritonserver),
-so the whole tree counts. CPU is process time used during the run over the run's wall time
-(100 % = one core busy); memory is the largest resident set seen, sampled twice a second.
+so the whole tree counts; where tritonserver runs in a pod (`voxfleet serve`, `voxfleet
+triton`), the pod's voice host and phonemiser workers run beside it, started by the same
+supervisor, and the tree is the supervisor's (`pod_of`). CPU is process time used during the
+run over the run's wall time (100 % = one core busy); memory is the largest resident set
+seen, sampled twice a second. The voice host's threads are read one by one, by the names they
+give the kernel (engines/streaming/threads.py).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -59,6 +65,59 @@ def find_listening_process(port: int) -> ProcessTree | None:
     return None
 
 
+VOICE_HOST_MODULE = "engines.pod.voice_host"
+
+
+def _runs_voice_host(process: psutil.Process) -> bool:
+    try:
+        return VOICE_HOST_MODULE in process.cmdline()  # `python -m engines.pod.voice_host`
+    except psutil.Error:
+        return False
+
+
+def pod_of(tree: ProcessTree) -> ProcessTree:
+    """The pod around a server process: its parent, where that parent also started the voice
+    host (a supervisor); else the tree itself."""
+    try:
+        parent = psutil.Process(tree.pid).parent()
+        if parent is not None and any(_runs_voice_host(child) for child in parent.children()):
+            return ProcessTree(parent.pid, f"{tree.name} and its pod")
+    except psutil.Error:
+        pass
+    return tree
+
+
+def thread_seconds(process: psutil.Process) -> dict[int, tuple[str, float]]:
+    """Each thread of `process`: (its kernel name, CPU seconds so far)."""
+    seconds: dict[int, tuple[str, float]] = {}
+    try:
+        threads = process.threads()
+    except psutil.Error:
+        return seconds
+    for thread in threads:
+        try:
+            comm = Path(f"/proc/{process.pid}/task/{thread.id}/comm").read_text().strip()
+        except OSError:
+            comm = "?"
+        seconds[thread.id] = (comm, thread.user_time + thread.system_time)
+    return seconds
+
+
+def busy_by_name(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall_s: float
+) -> dict[str, dict[str, float]]:
+    """Threads' share of a core over `wall_s`, by name: the busiest of each name, and how many
+    threads have it."""
+    named: dict[str, dict[str, float]] = {}
+    for tid, (name, seconds) in after.items():
+        share = (seconds - before.get(tid, (name, 0.0))[1]) / wall_s if wall_s > 0 else 0.0
+        entry = named.setdefault(name, {"busy": 0.0, "threads": 0, "total": 0.0})
+        entry["busy"] = round(max(entry["busy"], share), 3)
+        entry["total"] = round(entry["total"] + share, 3)
+        entry["threads"] += 1
+    return named
+
+
 def _cpu_seconds(processes: list[psutil.Process]) -> dict[int, float]:
     seconds: dict[int, float] = {}
     for process in processes:
@@ -92,11 +151,16 @@ class ResourceSampler:
         self._start_cpu: dict[int, float] = {}
         self._last_cpu: dict[int, float] = {}
         self._started = 0.0
+        self._voice_host: psutil.Process | None = None
+        self._start_threads: dict[int, tuple[str, float]] = {}
 
     def start(self) -> None:
         processes = self._tree.processes()
         self._start_cpu = _cpu_seconds(processes)
         self._last_cpu = dict(self._start_cpu)
+        self._voice_host = next((p for p in processes if _runs_voice_host(p)), None)
+        if self._voice_host is not None:
+            self._start_threads = thread_seconds(self._voice_host)
         self._peak_rss = _rss_bytes(processes)
         self._started = time.perf_counter()
         self._thread = threading.Thread(target=self._loop, name="resources", daemon=True)
@@ -112,7 +176,7 @@ class ResourceSampler:
         while not self._stop.wait(self._interval_s):
             self._sample()
 
-    def stop(self) -> dict[str, float | str]:
+    def stop(self) -> dict[str, Any]:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -121,11 +185,18 @@ class ResourceSampler:
         used = sum(
             seconds - self._start_cpu.get(pid, 0.0) for pid, seconds in self._last_cpu.items()
         )
-        return {
+        result: dict[str, Any] = {
             "process": self._tree.name,
             "cpu_percent": 100.0 * used / wall if wall > 0 else 0.0,
             "peak_rss_mib": self._peak_rss / 2**20,
         }
+        if self._voice_host is not None:
+            threads = busy_by_name(self._start_threads, thread_seconds(self._voice_host), wall)
+            result["voice_host_threads"] = threads
+            if threads:
+                name, entry = max(threads.items(), key=lambda item: item[1]["busy"])
+                result["busiest_thread"] = {"name": name, "busy": entry["busy"]}
+        return result
 
 
 class MachineCpuSampler:

@@ -238,7 +238,7 @@ def _skipped(system: str, concurrency: int, since: int, bound_ms: float) -> RunS
         system=system,
         concurrency=concurrency,
         first_audio_ms={"p50": nan, "p95": nan, "p99": nan},
-        underruns=0,
+        underrun_events=0,
         streams=0,
         rtf=nan,
         audio_seconds_per_second=nan,
@@ -256,7 +256,8 @@ def _progress_line(run: RunSummary) -> str:
     return (
         f"{run.system:>16} c={run.concurrency:<3} streams={run.streams:<4} "
         f"first audio p50/p95/p99 {fa['p50']:.0f}/{fa['p95']:.0f}/{fa['p99']:.0f} ms  "
-        f"underruns {run.underruns} ({run.underrun_rate:.0%} of streams)  rtf {run.rtf:.3f}  "
+        f"underrun streams {run.underrun_streams} ({run.underrun_rate:.0%}), events "
+        f"{run.underrun_events}  rtf {run.rtf:.3f}  "
         f"audio {run.audio_seconds_per_second:.1f} s/s  errors {run.errors}  "
         f"refused {run.refused}"
         + (f"  server cpu {cpu:.0f}%" if isinstance(cpu, float) else "")

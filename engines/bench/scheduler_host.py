@@ -1,13 +1,15 @@
 """How much audio one stream-model scheduler thread can plan and launch when the device costs
 nothing: the host's own ceiling on the GPU path, to compare host-side changes with each other.
 
-    python -m engines.bench.scheduler_host [--streams 2000] [--seconds 10]
+    python -m engines.bench.scheduler_host [--streams 2000] [--seconds 10] [--lead-ms 300]
 
 The scheduler runs as on a GPU (`DeviceBackend`: asynchronous vocoder calls, fixed window
 sizes, calls padded to batch buckets) over stages that do no arithmetic: the encoder gives
 zero prior frames, 2.2 frames per phoneme id, the flow and the vocoder zeros of their shapes,
 all on the CPU with PyTorch. N closed-loop listeners each ask for one corpus sentence at a
-time (ids from tests/gpu/data/corpus_ids.json), as `voxfleet bench` does. It prints, as JSON,
+time (ids from tests/gpu/data/corpus_ids.json), as `voxfleet bench` does; with `--lead-ms`,
+paced as real-time listeners are (the plan's `max_lead_ms`: a stream gets no work while it has
+that much audio ahead of its listener, so it lasts as long as its audio). It prints, as JSON,
 the host's work alone after the first second: steps, sentences finished and audio per second
 of wall time, the scheduler thread's CPU time per step (there is no device to wait for), its
 wall time per step by part (`StreamScheduler.step_times`, which a server's call log reports
@@ -142,8 +144,8 @@ class Listener(StreamSink):
 
 
 class HostProbe:
-    def __init__(self, streams: int, corpus: list[list[int]]) -> None:
-        windows = WindowConfig(max_batch_windows=128, max_encoder_batch=32)
+    def __init__(self, streams: int, corpus: list[list[int]], lead_ms: int = 0) -> None:
+        windows = WindowConfig(max_batch_windows=128, max_encoder_batch=32, max_lead_ms=lead_ms)
         # Frame stores for every listener's sentence from the start: growing them copies the
         # stores, which costs the CPU far more than a GPU.
         stages = NoArithmetic(pages=streams * PAGES_PER_STREAM)
@@ -176,6 +178,7 @@ class HostProbe:
         count = max(1, times.steps - steps)
         result = {
             "streams": self.streams,
+            "lead_ms": self.scheduler.windows.max_lead_ms,
             "seconds": round(wall, 2),
             "steps_per_s": round((times.steps - steps) / wall, 1),
             "step_cpu_ms": round((times.cpu - cpu) / count * 1e3, 3),
@@ -201,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--streams", type=int, default=2000, help="closed-loop listeners")
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds measured")
+    parser.add_argument(
+        "--lead-ms", type=int, default=0, help="the listeners' lead limit (0: not paced)"
+    )
     args = parser.parse_args(argv)
     if args.streams < 1 or args.seconds <= 0:
         parser.error("--streams must be at least 1 and --seconds more than 0")
@@ -210,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("needs PyTorch (the CPU build is enough); see this module's docstring")
     torch.set_num_threads(1)
     corpus = [entry["ids"] for entry in json.loads(CORPUS_IDS.read_text())["sentences"]]
-    probe = HostProbe(args.streams, corpus)
+    probe = HostProbe(args.streams, corpus, args.lead_ms)
     print(json.dumps(probe.run(args.seconds)), flush=True)
     return 0
 

@@ -48,7 +48,9 @@ class RunSummary:
     system: str
     concurrency: int
     first_audio_ms: dict[str, float]
-    underruns: int
+    # Late chunks, over all streams (a stream can underrun several times); `underrun_streams`
+    # counts the streams with at least one.
+    underrun_events: int
     streams: int
     rtf: float
     audio_seconds_per_second: float
@@ -75,6 +77,8 @@ class RunSummary:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunSummary:
         known = {name for name in cls.__dataclass_fields__}
+        if "underruns" in data and "underrun_events" not in data:  # results before 2026-11-29
+            data = {**data, "underrun_events": data["underruns"]}
         return cls(**{key: value for key, value in data.items() if key in known})
 
 
@@ -94,8 +98,8 @@ def summarise_run(
     """Aggregate the streams of one run.
 
     - first audio: request sent → first non-empty chunk, over completed streams;
-    - underruns: late chunks (see `engines.bench.timeline`); the rate is the share of streams
-      that underran at least once;
+    - underrun events: late chunks (see `engines.bench.timeline`); underrun streams: the
+      streams with at least one, and their share of the streams (the rate);
     - rtf: total stream time (sent → end) over total audio seconds: below 1 means each stream
       was, on average, produced faster than it plays;
     - audio seconds per second: audio of the completed streams over the run's wall time.
@@ -116,7 +120,7 @@ def summarise_run(
     gaps = [gap * 1000.0 for s in done for gap in s.gaps_s]
     audio_s = sum(s.audio_s for s in done)
     busy_s = sum(s.duration_s or 0.0 for s in done)
-    underruns = sum(s.underruns for s in done)
+    underrun_events = sum(s.underruns for s in done)
     underrun_streams = sum(1 for s in done if s.underruns)
     return RunSummary(
         system=system,
@@ -126,7 +130,7 @@ def summarise_run(
             "p95": percentile(first, 95),
             "p99": percentile(first, 99),
         },
-        underruns=underruns,
+        underrun_events=underrun_events,
         streams=len(done),
         rtf=busy_s / audio_s if audio_s > 0 else math.nan,
         audio_seconds_per_second=audio_s / wall_s if wall_s > 0 else 0.0,
@@ -168,7 +172,7 @@ def holds_real_time(run: RunSummary, p95_bound_ms: float) -> bool:
         and run.streams > 0
         and run.errors == 0
         and run.refused == 0
-        and run.underruns == 0
+        and run.underrun_events == 0
         and not math.isnan(p95)
         and p95 < p95_bound_ms
     )

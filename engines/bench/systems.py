@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from engines.bench.resources import ProcessTree, find_listening_process, own_process
+from engines.bench.resources import ProcessTree, find_listening_process, own_process, pod_of
 from engines.client.balancing import (
     Balancer,
     NoEndpoints,
@@ -258,7 +258,8 @@ class TritonSystem:
         host, _, port = self.url.rpartition(":")
         if host not in ("localhost", "127.0.0.1", "[::1]", "::1", "0.0.0.0", ""):
             return None
-        return find_listening_process(int(port))
+        tree = find_listening_process(int(port))
+        return pod_of(tree) if tree is not None else None
 
     async def _model_stats(self) -> Any:
         """Triton's statistics of every model (its ModelStatistics call)."""

@@ -70,7 +70,7 @@ def _small_result() -> dict[str, Any]:
                 "system": system,
                 "concurrency": c,
                 "first_audio_ms": {"p50": 50.0 * c, "p95": 80.0 * c, "p99": 90.0 * c},
-                "underruns": u,
+                "underrun_events": u,
                 "streams": 10,
                 "rtf": 0.2,
                 "audio_seconds_per_second": 5.0,

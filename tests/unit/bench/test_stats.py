@@ -54,7 +54,7 @@ def test_summary_reports_first_audio_underruns_rtf_and_throughput() -> None:
     assert run.streams == 2
     assert run.errors == 1
     assert run.first_audio_ms["p50"] == pytest.approx(200.0)
-    assert run.underruns == 3
+    assert run.underrun_events == 3
     assert run.underrun_streams == 1
     assert run.underrun_rate == pytest.approx(0.5)
     assert run.rtf == pytest.approx((0.7 + 1.2) / 1.4)
