@@ -18,10 +18,13 @@ class CostModel:
 
     DECAY = 0.97  # weight of a call seen 100 calls ago: about 5 %
 
-    def __init__(self, fixed_part: bool = True) -> None:
+    def __init__(
+        self, fixed_part: bool = True, stages: tuple[str, ...] = ("encoder", "flow", "vocoder")
+    ) -> None:
         self.fixed_part = fixed_part  # False: proportional to frames only (CPU backends)
         # Conservative starting points (a 2-core CPU); replaced as calls are seen.
-        self.per_frame = {"encoder": 3e-4, "flow": 2e-4, "vocoder": 8e-4}
+        seeds = {"encoder": 3e-4, "flow": 2e-4, "vocoder": 8e-4}
+        self.per_frame = {stage: seeds.get(stage, 0.0) for stage in stages}
         self.per_call = dict.fromkeys(self.per_frame, 0.0)
         # Per stage: weighted n, sum x, sum x^2, sum y, sum x*y (x frames, y seconds).
         self._sums = {stage: np.zeros(5) for stage in self.per_frame}

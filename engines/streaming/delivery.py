@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 import queue
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from engines.streaming.threads import NamedThread
 from engines.streaming.types import Stream
 
 LOGGER = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class AudioDelivery:
         self._first_audio = first_audio
         self._observed = observed
         self._items: queue.SimpleQueue[LaunchedCall | _Finish | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="voxfleet-delivery", daemon=True)
+        self._thread = NamedThread(target=self._run, name="voxfleet-delivery", daemon=True)
 
     def start(self) -> None:
         self._thread.start()

@@ -309,7 +309,8 @@ def plan_step(
     encoder call (`ENCODE_HOLD_CALLS`), unless the step before took `step_interval_s` (the
     time since its plan) at least as long as that.
 
-    With `cfg.max_lead_ms`, a playing stream with that much audio sent and not yet played
+    With a lead limit (the stream's own `Stream.lead_limit_s`, its voice's, else
+    `cfg.max_lead_ms`), a playing stream with that much audio sent and not yet played
     (`Stream.buffered_seconds`) gets nothing this step, neither a window nor its next
     sentence's encoder call: its audio is not needed yet, and the device's time goes to the
     others and to new listeners (`StepPlan.rest_until` says when the first of them is due again).
@@ -317,12 +318,12 @@ def plan_step(
     Every stream passed in has a current sentence or one waiting to be encoded.
     """
     plan = StepPlan()
-    if cfg.max_lead_ms:
-        streams, plan.rest_until = _resting(streams, now, cfg.max_lead_ms / 1000, rules)
     encode_limit = cfg.max_encoder_batch if batching else len(streams)
     window_limit = cfg.max_batch_windows if batching else len(streams)
     scan = PLAN_SCAN_WINDOWS * window_limit if batching else len(streams)
-    streams = _most_urgent(streams, scan, rules.first_audio_s)
+    streams, plan.rest_until = _most_urgent(
+        streams, scan, rules.first_audio_s, now, cfg.max_lead_ms / 1000
+    )
     step_s = cfg.max_step_ms / 1000
     step_cost, budget = 0.0, step_s
     waiting_slack = float("inf")  # the least slack of a playing stream left for later
@@ -468,34 +469,39 @@ def fill_buckets(
     return added
 
 
-def _resting(
-    streams: list[Stream], now: float, lead_s: float, rules: WindowRules
+def _most_urgent(
+    streams: list[Stream], playing: int, first_audio_s: float, now: float, lead_s: float
 ) -> tuple[list[Stream], float | None]:
-    """(the streams not playing yet or with less than `lead_s` of audio ahead of their
-    listener, when the first of the others falls under it: None where there are none)."""
-    kept: list[Stream] = []
-    earliest: float | None = None
-    for stream in streams:
-        if stream.first_audio_at is not None:
-            runs_out = stream.deadline(rules.first_audio_s)  # now + its buffered audio
-            if runs_out - now >= lead_s:
-                earliest = runs_out if earliest is None else min(earliest, runs_out)
-                continue
-        kept.append(stream)
-    return kept, None if earliest is None else earliest - lead_s
-
-
-def _most_urgent(streams: list[Stream], playing: int, first_audio_s: float) -> list[Stream]:
     """In deadline order: every stream with a sentence to encode, and the `playing` streams
-    with a current sentence whose audio runs out first. Streams to encode of several voices
-    take their places in turn by voice (`_voice_turns`)."""
-    decoding = [s for s in streams if s.current is not None]
-    if len(decoding) > playing:
-        deadlines = np.fromiter((s.deadline(first_audio_s) for s in decoding), float, len(decoding))
-        decoding = [decoding[i] for i in np.argpartition(deadlines, playing)[:playing]]
-        streams = [s for s in streams if s.current is None] + decoding
-    ordered = sorted(streams, key=lambda stream: stream.deadline(first_audio_s))
-    return _voice_turns(ordered)
+    with a current sentence whose audio runs out first, leaving out the playing streams with
+    at least their lead limit (`Stream.lead_limit_s`, else `lead_s`; 0: none) of audio ahead
+    of their listener; with when the first of those falls under its limit (None: none rest).
+    Streams to encode of several voices take their places in turn by voice (`_voice_turns`).
+
+    Each stream's deadline is read once, and the choices are made on arrays: at thousands of
+    streams, a pass of Python per stream is most of a step's planning."""
+    count = len(streams)
+    if not count:
+        return [], None
+    deadlines = np.fromiter((s.deadline(first_audio_s) for s in streams), float, count)
+    decoding = np.fromiter((s.current is not None for s in streams), bool, count)
+    rest_until: float | None = None
+    leads = np.fromiter(
+        (lead_s if s.lead_limit_s is None else s.lead_limit_s for s in streams), float, count
+    )
+    kept = np.ones(count, bool)
+    if leads.any():
+        started = np.fromiter((s.first_audio_at is not None for s in streams), bool, count)
+        resting = started & (leads > 0) & (deadlines - now >= leads)
+        if resting.any():
+            rest_until = float((deadlines - leads)[resting].min())
+            kept = ~resting
+    chosen = np.flatnonzero(decoding & kept)
+    if len(chosen) > playing:
+        chosen = chosen[np.argpartition(deadlines[chosen], playing)[:playing]]
+    chosen = np.sort(np.concatenate((np.flatnonzero(~decoding & kept), chosen)))
+    chosen = chosen[np.argsort(deadlines[chosen], kind="stable")]
+    return _voice_turns([streams[i] for i in chosen]), rest_until
 
 
 def _voice_turns(ordered: list[Stream]) -> list[Stream]:

@@ -36,6 +36,13 @@ from typing import Any, cast
 import numpy as np
 
 from engines.contract.plan import WindowConfig
+from engines.streaming.capacity import (
+    Layout,
+    StreamPace,
+    host_costs,
+    predicted_capacity,
+    stream_demand,
+)
 from engines.streaming.costs import CostModel
 from engines.streaming.delivery import AudioDelivery, LaunchedCall
 from engines.streaming.frames import DeviceCalls, StreamBackend, stream_backend
@@ -50,6 +57,7 @@ from engines.streaming.planner import (
     plan_step,
 )
 from engines.streaming.stages import StageRuntime
+from engines.streaming.threads import NamedThread
 from engines.streaming.types import (
     FirstAudioPaths,
     SchedulerStats,
@@ -87,6 +95,8 @@ WARMUP_MAX_STEPS = 200
 # model): the streams at risk of an underrun, a pass over all of them, are counted no more
 # often than this rather than every step.
 RISK_COUNT_INTERVAL_S = 0.1
+# The capacity (`StreamScheduler.capacity`) is worked out again at most this often.
+CAPACITY_INTERVAL_S = 0.25
 
 
 class _Discard(StreamSink):
@@ -109,6 +119,7 @@ class _Encoding:
     streams: list[Stream]
     speakers: np.ndarray
     width: int
+    ids: list[int]  # phoneme ids of each row's sentence
     # Windows were launched after it (on a backend whose encoder calls queue with the
     # windows, `encoder_queued`, the device then has work behind it while the host waits).
     followed: bool = False
@@ -205,6 +216,12 @@ class StreamScheduler:
         # Only a device backend's calls have a fixed cost worth planning around; the CPU keeps
         # the proportional model its benchmark figures were measured with (docs/streaming.md).
         self.costs = CostModel(fixed_part=self.backend.features.fixed_call_costs)
+        # What the thread costs a step and a window, and what the streams' sentences are like:
+        # with the cost model, what the scheduler holds (`capacity`).
+        self.host_costs = host_costs()
+        self.pace = StreamPace()
+        self._capacity: tuple[float, int] | None = None  # (when, streams)
+        self._sync_device_s = 0.0  # this step's synchronous stage calls (seconds)
         self._on_step = on_step
         self._on_step_error = ""
         self._incoming: deque[Stream] = deque()
@@ -229,6 +246,7 @@ class StreamScheduler:
         # The voices whose per-voice live and at-risk counts the last count set.
         self._voices_seen: set[VoiceSlot] = set()
         self._planned_at = time.monotonic()  # when the last step was planned
+        self._cancel_scanned_at = 0.0  # when the streams were last asked about cancels
         self._rest_until: float | None = None  # the last plan's (StepPlan.rest_until)
         # Encoder calls running beside the windows, in launch order, with their streams (which
         # the planner leaves alone until their sentence is taken up, `_take_up_encoded`).
@@ -263,7 +281,7 @@ class StreamScheduler:
                 lambda *observed: self._observed.append(observed),
             )
             self._delivery.start()
-        self._thread = threading.Thread(target=self._loop, name="voxfleet-scheduler", daemon=True)
+        self._thread = NamedThread(target=self._loop, name="voxfleet-scheduler", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -313,27 +331,37 @@ class StreamScheduler:
     def _warm_with_a_stream(self) -> None:
         """Stages with no shapes to prepare (onnxruntime) still run their first calls slowly
         (allocations), and the cost model starts from guesses: the first listeners after a
-        start then got late chunks. One short stream runs through every stage here, before
-        the scheduler starts; its audio is dropped and nothing of it is counted."""
+        start then got late chunks, and a pod would hold fewer streams than it does. One short
+        stream runs through every stage here, twice, before the scheduler starts: the first
+        pays the allocations and is forgotten, the second seeds the cost model and the
+        thread's costs (what the scheduler holds, `capacity`, is predicted from them). Its
+        audio is dropped and nothing else of it is counted."""
         if self._async or self._thread is not None:
             return
-        sink = _Discard()
-        ids = [WARMUP_PHONEME_ID] * WARMUP_PHONEMES
-        stream = Stream(0, deque([Sentence("warmup", ids)]), SynthesisParams(), sink, 0.0)
         on_step, self._on_step = self._on_step, None
         # Every window at once: a lead limit would end the warmup at its first rest.
         windows, self.windows = self.windows, replace(self.windows, max_lead_ms=0)
-        self._streams[stream.stream_id] = stream
         try:
-            for _ in range(WARMUP_MAX_STEPS):
-                stream.arrived = time.monotonic()  # never late: planned like a fresh listener
-                if sink.finished or not self.step():
-                    break
+            for run in range(2):
+                if run:  # the first run's calls paid for their allocations: not a cost
+                    self.costs = CostModel(fixed_part=self.costs.fixed_part)
+                    self.host_costs = host_costs()
+                sink = _Discard()
+                ids = [WARMUP_PHONEME_ID] * WARMUP_PHONEMES
+                stream = Stream(0, deque([Sentence("warmup", ids)]), SynthesisParams(), sink, 0.0)
+                self._streams[stream.stream_id] = stream
+                try:
+                    for _ in range(WARMUP_MAX_STEPS):
+                        stream.arrived = time.monotonic()  # never late: a fresh listener
+                        if sink.finished or not self.step():
+                            break
+                finally:
+                    self._close(stream)
         finally:
             self.windows = windows
             self._on_step = on_step
-            self._close(stream)
             self.stats = SchedulerStats()
+            self.pace = StreamPace()  # one sentence of one id repeated is no listener's
 
     def submit(
         self,
@@ -349,6 +377,8 @@ class StreamScheduler:
         stream = Stream(next(self._ids), deque(sentences), params, sink, time.monotonic())
         stream.received = received
         stream.voice = voice
+        if voice is not None and voice.max_lead_ms is not None:
+            stream.lead_limit_s = voice.max_lead_ms / 1000
         with self._wake:
             self._incoming.append(stream)
             self._wake.notify()
@@ -402,6 +432,8 @@ class StreamScheduler:
     def step(self) -> bool:
         """Plan and run one step; False when there was nothing to run yet."""
         clock = _PartClock(self.step_times)
+        started = time.perf_counter()
+        self._sync_device_s = 0.0
         self._observe_timings()
         self._drop_cancelled()
         self._take_up_encoded()
@@ -420,16 +452,18 @@ class StreamScheduler:
         for scales, streams in encoder_calls(plan.encodes, self.costs, self.batching):
             self._encode(streams, scales)
         clock.part("encode")
-        self._run(
-            [
-                next_window(stream, self.windows, self.rules)
-                for stream in plan.encodes
-                if stream.current
-            ]
-        )
+        first_windows = [
+            next_window(stream, self.windows, self.rules)
+            for stream in plan.encodes
+            if stream.current
+        ]
+        self._run(first_windows)
         clock.part("windows")
         self._publish_stats()
         clock.part("publish")
+        # The thread's own time in this step (its waits for the device's calls left out).
+        host_s = time.perf_counter() - started - self._sync_device_s
+        self.host_costs.observe("step", host_s, len(plan.windows) + len(first_windows), 1)
         if self._async:
             # The next step is planned while this one runs on the device; wait for the one
             # before it, so the device's queue stays short and new streams' calls come soon.
@@ -441,6 +475,35 @@ class StreamScheduler:
         clock.part("wait")
         return clock.done(ran=True)
 
+    def _observe_sync(self, stage: str, seconds: float, rows: int, width: int) -> None:
+        """A synchronous call's time, into the cost model (and out of the thread's own)."""
+        self._sync_device_s += seconds
+        self.costs.observe(stage, seconds, rows, width)
+
+    def layout(self) -> Layout:
+        """How this scheduler cuts its calls, for the capacity model."""
+        features = self.backend.features
+        return Layout(
+            windows=self.windows,
+            ramp=self.rules.ramp,
+            fixed_widths=not self.rules.exact_widths,
+            sentence_flow=features.sentence_flow,
+            overlapped=features.async_calls,
+        )
+
+    def capacity(self, now: float | None = None) -> int:
+        """The real-time streams this scheduler holds, predicted from its cost model, its
+        thread's costs and its streams' pace (engines/streaming/capacity.py); worked out
+        again at most every CAPACITY_INTERVAL_S."""
+        now = time.monotonic() if now is None else now
+        cached = self._capacity
+        if cached is not None and now - cached[0] < CAPACITY_INTERVAL_S:
+            return cached[1]
+        demand = stream_demand(self.layout(), self.pace, self.sample_rate / self.hop)
+        streams = predicted_capacity(demand, self.costs, self.host_costs, self.layout())
+        self._capacity = (now, streams)
+        return streams
+
     def _observe_timings(self) -> None:
         """Device times of asynchronous calls that have finished, into the cost model."""
         while self._observed:
@@ -451,20 +514,28 @@ class StreamScheduler:
 
     def _plan(self) -> StepPlan:
         encoding = {s.stream_id for call in self._encoding for s in call.streams}
-        streams = [s for s in self._streams.values() if s.stream_id not in encoding]
-        for stream in [s for s in streams if s.current is None and not s.sentences]:
-            self._close(stream)
         # Sentences to encode wait while the encoder calls beside the windows are at their
-        # limit; the planner sees only streams it can serve this step.
+        # limit; the planner sees only streams it can serve this step. (One pass over the
+        # streams: at thousands of them, each pass is a share of the thread's step.)
         encoder_busy = self._beside and len(self._encoding) >= self._encoder_calls_in_flight
+        streams: list[Stream] = []
+        ended: list[Stream] = []
+        for stream in self._streams.values():
+            if encoding and stream.stream_id in encoding:
+                continue
+            if stream.current is None:
+                if not stream.sentences:
+                    ended.append(stream)
+                    continue
+                if encoder_busy:
+                    continue
+            streams.append(stream)
+        for stream in ended:
+            self._close(stream)
         now = time.monotonic()
         interval, self._planned_at = now - self._planned_at, now
         return plan_step(
-            [
-                s
-                for s in streams
-                if s.stream_id in self._streams and not (encoder_busy and s.current is None)
-            ],
+            streams,
             self.windows,
             self.costs,
             self.batching,
@@ -522,6 +593,11 @@ class StreamScheduler:
 
     def _drop_cancelled(self) -> None:
         now = time.monotonic()
+        # Each stream is asked every CANCEL_CHECK_S; the streams are looked over five times
+        # as often, not every step.
+        if now - self._cancel_scanned_at < CANCEL_CHECK_S / 5:
+            return
+        self._cancel_scanned_at = now
         for stream in list(self._streams.values()):
             if now - stream.cancel_checked_at < CANCEL_CHECK_S:
                 continue
@@ -545,21 +621,23 @@ class StreamScheduler:
             # The call runs beside this step's windows and the next steps'; its streams are
             # taken up once their frame counts are on the host (`_take_up_encoded`).
             call = self._device.encode_launch(ids, lengths, scale_array, speakers, voice)
-            self._encoding.append(_Encoding(call, streams, speakers, longest))
+            self._encoding.append(
+                _Encoding(call, streams, speakers, longest, [len(s.ids) for s in sentences])
+            )
             return
         started = time.perf_counter()
         # With asynchronous calls the device may still be decoding an earlier call: time the
         # encoder's own device work, not the wait for that one.
         timing = self._device.timer() if self._async else None
         prior, frames = self.backend.encode(ids, lengths, scale_array, speakers, voice)
-        self._start_sentences(streams, prior, frames, speakers)
+        self._start_sentences(streams, prior, frames, speakers, [len(s.ids) for s in sentences])
         if timing is not None:
             # No wait here: the cost is read once the device is done (`_observe_timings`),
             # and the next windows and step are planned while the flow runs.
             self._timings.append(("encoder", timing.stop(), len(streams), longest))
         else:
             self.backend.sync()
-            self.costs.observe("encoder", time.perf_counter() - started, len(streams), longest)
+            self._observe_sync("encoder", time.perf_counter() - started, len(streams), longest)
 
     def _take_up_encoded(self) -> None:
         """Start the sentences of the encoder calls beside the windows whose frame counts are
@@ -575,7 +653,7 @@ class StreamScheduler:
             encoding = self._encoding.popleft()
             timing = self._device.timer()
             prior, frames = encoding.call.finish()
-            self._start_sentences(encoding.streams, prior, frames, encoding.speakers)
+            self._start_sentences(encoding.streams, prior, frames, encoding.speakers, encoding.ids)
             self._timings.append(
                 (
                     "encoder",
@@ -586,10 +664,17 @@ class StreamScheduler:
             )
 
     def _start_sentences(
-        self, streams: list[Stream], prior: Any, frames: np.ndarray, speakers: np.ndarray
+        self,
+        streams: list[Stream],
+        prior: Any,
+        frames: np.ndarray,
+        speakers: np.ndarray,
+        ids: list[int],
     ) -> None:
         """Store encoded sentences' prior frames (and, on GPU backends, their latents) and make
         them the streams' current sentences; a stream closed meanwhile gets none."""
+        for count, sentence_ids in zip(frames, ids, strict=True):
+            self.pace.observe(sentence_ids, int(count))
         tables = [self.backend.pool.allocate(int(count)) for count in frames]
         self.backend.store_prior(prior, tables, frames)
         # GPU backends may run the flow over the whole sentences here (engines/runtimes/torch_cuda/
@@ -751,7 +836,7 @@ class StreamScheduler:
             self._timings.append(("flow", timing.stop(), len(windows), width))
         else:
             self.backend.sync()
-            self.costs.observe("flow", time.perf_counter() - started, len(windows), width)
+            self._observe_sync("flow", time.perf_counter() - started, len(windows), width)
         for window, state in zip(windows, states, strict=True):
             state.flowed = window.flow[1]
 
@@ -759,7 +844,7 @@ class StreamScheduler:
         sizes, width, args = self._vocoder_call(windows)
         started = time.perf_counter()
         pcm = self.backend.vocode(*args)
-        self.costs.observe("vocoder", time.perf_counter() - started, len(windows), width)
+        self._observe_sync("vocoder", time.perf_counter() - started, len(windows), width)
         self._count_vocoder_batch(windows)
         return [pcm[row, : size * self.hop] for row, size in enumerate(sizes)]
 

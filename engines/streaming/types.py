@@ -55,6 +55,9 @@ class VoiceSlot:
     name: str
     weights: Any = None
     stats: SchedulerStats = field(default_factory=lambda: SchedulerStats())
+    # Its own lead limit (its plan's `max_lead_ms`), where the voices of a scheduler differ;
+    # None: the scheduler's plan's.
+    max_lead_ms: int | None = None
 
 
 @dataclass
@@ -85,6 +88,9 @@ class Stream:
     encoded_at: float | None = None
     # The voice it speaks with, where the scheduler serves several (None: its only voice).
     voice: VoiceSlot | None = None
+    # The most audio it may have ahead of its listener, seconds (its voice's
+    # `streaming.maxLeadMs`; None: the scheduler's plan's, 0: no limit).
+    lead_limit_s: float | None = None
 
     @property
     def requested(self) -> float:

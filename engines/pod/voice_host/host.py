@@ -25,12 +25,11 @@ import functools
 import itertools
 import json
 import logging
-import math
 import os
+import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -48,6 +47,7 @@ from engines.streaming import (
     StreamSink,
     SynthesisParams,
 )
+from engines.streaming.threads import NamedThread
 from engines.streaming.types import VoiceSlot
 from engines.text.frontend import Sentence
 from engines.text.frontend_pool import FrontendPool
@@ -67,28 +67,12 @@ CPU_VOICE_BYTES_PER_FILE_BYTE = 1.5
 # cost model and step times to stderr, as `voxfleet-costs <first voice> <json>` lines (read by
 # engines/bench/profile.py).
 COSTS_LOG_ENV = "VOXFLEET_COSTS_LOG_S"
-# What a pod holds is measured from its own history: the audio its scheduler makes per second
-# of wall time, over the share of that time it was busy, is the most audio it can make per
-# second; a real-time stream needs one second of audio per second, so that many streams,
-# FULL_BUSY of them kept as headroom, is its capacity. Streams that race ahead of their
-# listeners keep a scheduler busy at any load, so busyness alone says nothing. A pod that has
-# its capacity of streams refuses new ones (RESOURCE_EXHAUSTED) rather than make every playing
-# stream late; its load ratio (live streams / capacity) is what the HPAs scale on. The busy
-# share lags a burst of new streams by its window, so it does not gate the refusal: a pod
-# that admitted streams until it looked busy had taken twice what it holds (make autoscale).
-FULL_BUSY = 0.85
+# What a pod holds is predicted by each architecture's scheduler from its calls' costs
+# (`StreamScheduler.capacity`, engines/streaming/capacity.py). A pod that has its capacity of
+# live streams refuses a new one (RESOURCE_EXHAUSTED) at once rather than make every playing
+# stream late; its load ratio (live streams / capacity) is what the HPAs scale on. The
+# figures are published every LOAD_SAMPLE_S.
 LOAD_SAMPLE_S = 0.25
-LOAD_WINDOW_S = 2.0
-# Only a busy share at least this high measures the rate (below it, a step's fixed costs
-# dominate and a few streams would make the pod look smaller than it is). A capacity measured
-# too small corrects itself: at that many streams the pod is still busy enough to measure.
-MEASURE_BUSY = 0.3
-# Until it has measured what it holds, a pod with this many live streams takes at most this
-# many more per LOAD_WINDOW_S: a pod that a balancer sees empty (new after a scale-out) would
-# otherwise get every new stream at once, before its first measurement. A lightly loaded pod
-# (fewer live streams, too idle to measure) is never refused, and a busier one still grows
-# until it is busy enough to measure itself.
-SLOW_START_STREAMS = 4
 # Phonemiser worker processes where a GPU does the rest (the CPU data plane phonemises on
 # the thread that has the request: its cores are the stages').
 GPU_FRONTEND_WORKERS = 4
@@ -198,25 +182,99 @@ def _mallinfo2() -> int | None:
 class GpuMemoryMeter(MemoryMeter):
     """The CUDA device's memory as this process sees it. Under an MPS per-client limit
     (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`) the device reports what is free within the limit but
-    the whole device's total: the limit is then the total."""
+    the whole device's total: the limit is then the total.
+
+    `used` is what the device charges the pod, not only what this process's allocations took:
+    the driver's count of this process and of the pod's MPS server (`nvidia-smi`'s compute
+    apps, which hold the CUDA context and the server's own memory), where it is more than the
+    free memory says. Under a 16 GiB budget the free memory said 7,430 MiB while nvidia-smi
+    counted 8,817 to 8,883 MiB for the pod (docs/gpu.md); the operator places voices by this
+    figure."""
 
     device = "gpu"
 
-    def __init__(self) -> None:
+    def __init__(self, charged: Callable[[], int | None] | None = None) -> None:
         import torch
 
         self._torch = torch
         self._limit = mps_limit_bytes(os.environ.get(MPS_LIMIT_ENV, ""))
+        self._charged = charged if charged is not None else ChargedMemory()
 
     def total(self) -> int:
         return self._limit or int(self._torch.cuda.mem_get_info()[1])
 
     def used(self) -> int:
         free, _ = self._torch.cuda.mem_get_info()
-        return max(0, self.total() - int(free))
+        seen = max(0, self.total() - int(free))
+        charged = self._charged()
+        return max(seen, charged or 0)
 
     def allocated(self) -> int:
-        return self.used()
+        free, _ = self._torch.cuda.mem_get_info()
+        return max(0, self.total() - int(free))
+
+
+# How long a reading of the driver's per-process memory stands (it takes a process start).
+CHARGED_READ_S = 2.0
+MPS_SERVER = "nvidia-cuda-mps-server"
+
+
+def charged_bytes(compute_apps_csv: str, pids: set[int]) -> int:
+    """Bytes the driver charges `pids`, from `nvidia-smi --query-compute-apps=pid,used_memory
+    --format=csv,noheader,nounits` (one `pid, MiB` line per process on the GPU)."""
+    total = 0
+    for line in compute_apps_csv.splitlines():
+        fields = [field.strip() for field in line.split(",")]
+        if len(fields) < 2 or not fields[0].isdigit():
+            continue
+        try:
+            mib = float(fields[1])
+        except ValueError:  # "[N/A]" where the driver does not say
+            continue
+        if int(fields[0]) in pids:
+            total += int(mib * MIB)
+    return total
+
+
+class ChargedMemory:
+    """What the driver charges this process and the MPS server it is a client of (`nvidia-smi`,
+    read at most every CHARGED_READ_S); None where nvidia-smi cannot say."""
+
+    def __init__(self) -> None:
+        self._read: tuple[float, int | None] | None = None
+
+    def _pids(self) -> set[int]:
+        pids = {os.getpid()}
+        if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+            # The pod's own daemon (engines/pod/mps.py) started its server; in a pod's PID
+            # namespace it is the only one.
+            for process in psutil.process_iter(["name"]):
+                if process.info.get("name") == MPS_SERVER:
+                    pids.add(process.pid)
+        return pids
+
+    def __call__(self) -> int | None:
+        now = time.monotonic()
+        if self._read is not None and now - self._read[0] < CHARGED_READ_S:
+            return self._read[1]
+        value: int | None = None
+        try:
+            apps = subprocess.run(
+                [
+                    "nvidia-smi",
+                    "--query-compute-apps=pid,used_memory",
+                    "--format=csv,noheader,nounits",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=True,
+            ).stdout
+            value = charged_bytes(apps, self._pids())
+        except (OSError, subprocess.SubprocessError):
+            value = None
+        self._read = (now, value)
+        return value
 
 
 MPS_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
@@ -251,55 +309,6 @@ def _cgroup_memory_limit() -> int:
     return 0
 
 
-class LoadMeter:
-    """An architecture's load, from its scheduler: the share of the last LOAD_WINDOW_S its
-    thread was busy (`busy`), the audio it made per second then (`rate`), and the real-time
-    streams it holds (`capacity`: FULL_BUSY x rate / busy, last measured at a busy share of at
-    least MEASURE_BUSY). Derived from the pod's own history on its own hardware, never set by
-    hand."""
-
-    def __init__(self, scheduler: StreamScheduler) -> None:
-        self._scheduler = scheduler
-        self._samples: deque[tuple[float, float, float]] = deque()
-        self._admitted: deque[float] = deque()  # while unmeasured: when streams were taken
-        self.busy = 0.0
-        self.rate = 0.0
-        self.capacity = 0
-
-    def sample(self, now: float) -> None:
-        scheduler = self._scheduler
-        self._samples.append((now, scheduler.step_times.busy_seconds(), scheduler.audio_seconds))
-        while len(self._samples) > 2 and now - self._samples[0][0] > LOAD_WINDOW_S:
-            self._samples.popleft()
-        (t0, b0, a0), (t1, b1, a1) = self._samples[0], self._samples[-1]
-        if t1 - t0 < LOAD_SAMPLE_S:
-            return
-        self.busy = min(1.0, max(0.0, (b1 - b0) / (t1 - t0)))
-        self.rate = max(0.0, (a1 - a0) / (t1 - t0))
-        if self.busy >= MEASURE_BUSY and self.rate > 0:
-            self.capacity = max(1, math.floor(FULL_BUSY * self.rate / self.busy))
-
-    def ratio(self, live: int) -> float:
-        """Live streams against the measured capacity (0 until it is measured)."""
-        return live / self.capacity if self.capacity else 0.0
-
-    def full(self, live: int, now: float | None = None) -> bool:
-        """Whether a new stream would go past what the pod holds: it has its measured
-        capacity of streams or, before it has measured one, it has SLOW_START_STREAMS live
-        and took as many new ones within the last LOAD_WINDOW_S."""
-        if self.capacity > 0:
-            return live >= self.capacity
-        now = time.monotonic() if now is None else now
-        while self._admitted and now - self._admitted[0] > LOAD_WINDOW_S:
-            self._admitted.popleft()
-        return live >= SLOW_START_STREAMS and len(self._admitted) >= SLOW_START_STREAMS
-
-    def admitted(self, now: float | None = None) -> None:
-        """A new stream was taken (counted for the slow start of an unmeasured pod)."""
-        if self.capacity == 0:
-            self._admitted.append(time.monotonic() if now is None else now)
-
-
 @dataclass(eq=False)
 class _Architecture:
     key: tuple[Any, ...]
@@ -309,7 +318,6 @@ class _Architecture:
     first_voice: str
     fixed_bytes: int = 0
     voices: set[int] = field(default_factory=set)
-    load: LoadMeter | None = None
 
 
 @dataclass(eq=False)
@@ -361,23 +369,21 @@ class VoiceHost:
         self._load_lock = threading.Lock()
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        threading.Thread(target=self._watch_load, name="voxfleet-load", daemon=True).start()
+        NamedThread(target=self._watch_load, name="voxfleet-load", daemon=True).start()
 
     def _watch_load(self) -> None:
         """Every LOAD_SAMPLE_S: each architecture's load, into its voices' stats."""
         while not self._closed.wait(LOAD_SAMPLE_S):
-            now = time.monotonic()
             with self._lock:
                 voices = list(self._voices.values())
             for architecture in list(self._architectures.values()):
-                if architecture.load is None:
-                    continue
-                architecture.load.sample(now)
-                ratio = architecture.load.ratio(architecture.scheduler.live_streams())
+                scheduler = architecture.scheduler
+                capacity = scheduler.capacity()
+                ratio = scheduler.live_streams() / capacity
                 for voice in voices:
                     if voice.architecture is architecture:
                         voice.slot.stats.load_ratio = ratio
-                        voice.slot.stats.capacity_streams = architecture.load.capacity
+                        voice.slot.stats.capacity_streams = capacity
 
     # -- memory ------------------------------------------------------------------------------
     def _meter(self, device: str) -> MemoryMeter:
@@ -432,7 +438,7 @@ class VoiceHost:
                 nbytes = architecture.runtime.weights_bytes() if weights is not None else 0
             else:
                 weights, nbytes = self._load_weights(architecture, plan, config)
-            slot = VoiceSlot(plan.name, weights)
+            slot = VoiceSlot(plan.name, weights, max_lead_ms=plan.windows.max_lead_ms)
             voice = _Voice(next(self._handles), plan, config, architecture, slot, nbytes)
             with self._lock:
                 self._voices[voice.handle] = voice
@@ -471,7 +477,6 @@ class VoiceHost:
             _free_device_cache(device)
             raise LoadRefused(f"voice {plan.name}: its stages cannot run: {error}") from None
         architecture = _Architecture(key, runtime, scheduler, meter, plan.name)
-        architecture.load = LoadMeter(scheduler)
         architecture.fixed_bytes = max(0, meter.allocated() - before)
         LOGGER.info(
             "architecture of %s ready: %s, %d shapes prepared in %.1f s, %.0f MiB",
@@ -487,7 +492,7 @@ class VoiceHost:
         report_s = float(os.environ.get(COSTS_LOG_ENV, "0") or 0)
         if report_s > 0:
             scheduler.first_audio_paths = FirstAudioPaths()
-            threading.Thread(
+            NamedThread(
                 target=_report_costs,
                 args=(architecture, report_s),
                 name="voxfleet-costs",
@@ -571,24 +576,15 @@ class VoiceHost:
             voice = self._voices.get(handle)
             if voice is None or voice.unloading:
                 raise StreamRefused("this voice is being unloaded from this server; retry")
-            load = voice.architecture.load
-            live = voice.architecture.scheduler.live_streams()
-            if load is not None and load.full(live):
+            scheduler = voice.architecture.scheduler
+            live, capacity = scheduler.live_streams(), scheduler.capacity()
+            if live >= capacity:
                 voice.slot.stats.refused_streams += 1
-                held = (
-                    f"{live} live streams of the {load.capacity} it holds in real time (it "
-                    f"makes {load.rate:.1f} s of audio a second, busy {load.busy:.0%} of the "
-                    "time)"
-                    if load.capacity
-                    else f"it is starting: {live} live streams, and it takes "
-                    f"{SLOW_START_STREAMS} more every {LOAD_WINDOW_S:g} s until it has measured "
-                    "what it holds"
-                )
                 raise StreamRefused(
-                    f"this server is full: {held}; try another server", "RESOURCE_EXHAUSTED"
+                    f"this server is full: {live} live streams of the {capacity} it holds in "
+                    "real time (predicted from what its calls cost); try another server",
+                    "RESOURCE_EXHAUSTED",
                 )
-            if load is not None:
-                load.admitted()
             voice.streams += 1
         counted = _CountedSink(sink, lambda: self._stream_ended(voice))
 

@@ -31,6 +31,7 @@ from engines.pod.voice_host.host import (
 )
 from engines.pod.voice_host.protocol import ProtocolError, encode_frame, read_frame, stats_to_dict
 from engines.streaming import StreamCancelled, StreamSink, SynthesisParams
+from engines.streaming.threads import NamedThread
 
 LOGGER = logging.getLogger("voxfleet.host")
 # Frames written in one go by a connection's writer, at most.
@@ -54,7 +55,7 @@ class _Connection:
         self.closed = False
         self._lock = threading.Lock()
         self._out: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self._writer = threading.Thread(target=self._write, name="voxfleet-host-write", daemon=True)
+        self._writer = NamedThread(target=self._write, name="voxfleet-host-write", daemon=True)
         self._writer.start()
 
     # -- writing -------------------------------------------------------------------------------
@@ -120,7 +121,7 @@ class _Connection:
         elif op == "load":
             # A first voice waits for its architecture's warmup (minutes on a GPU): the
             # connection keeps reading meanwhile.
-            threading.Thread(
+            NamedThread(
                 target=self._load, args=(request,), name="voxfleet-host-load", daemon=True
             ).start()
         elif op == "unload":
@@ -234,7 +235,7 @@ def serve(socket_path: Path, host: VoiceHost, ready: threading.Event | None = No
     while True:
         client, _ = server.accept()
         connection = _Connection(host, client)
-        threading.Thread(target=connection.serve, name="voxfleet-host-read", daemon=True).start()
+        NamedThread(target=connection.serve, name="voxfleet-host-read", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         # STOP_GRACE_S whatever the close waits on (a scheduler mid-call, a peer that reads
         # nothing): the host is stopped when its server is gone, and until it exits it holds
         # the device's memory.
-        closing = threading.Thread(target=host.close, name="voxfleet-host-close", daemon=True)
+        closing = NamedThread(target=host.close, name="voxfleet-host-close", daemon=True)
         closing.start()
         closing.join(timeout=STOP_GRACE_S)
         os._exit(0)

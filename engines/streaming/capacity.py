@@ -1,0 +1,204 @@
+"""What a scheduler holds: the real-time streams its device and its thread keep up with.
+
+Predicted, not waited for: a real-time listener asks for one second of audio a second, and
+what that second costs each stage follows from the serving plan's windows and from what the
+scheduler has learnt of its calls (`CostModel`: a fixed cost per call and a cost per frame,
+seeded at warmup by timed calls on a GPU and by a short stream on the CPU, then fitted to
+every call it runs) and of its own thread (`host`: the thread's time per step and per
+window). What the streams are like (`StreamPace`: phoneme ids and frames per sentence) is
+learnt from the sentences it encodes. So a new pod knows what it holds from its first
+second, at any load, and every call it runs refines the figure.
+
+The model: with N real-time streams and steps of T seconds, a step carries N x T seconds of
+audio: its windows, its sentences to encode and flow, in calls of at most the plan's batch
+sizes, each with its fixed cost. A step's device time is those fixed costs plus the cost per
+frame of everything in it; the thread's, its cost per step plus its cost per window. The
+streams are held where both fit in `FULL_BUSY` of a step of `max_step_ms` (the longest step
+the planner makes); with the device's work asynchronous (a GPU) the two overlap, otherwise
+(the CPU) they add up. Listeners that are not paced (no lead limit) make their audio sooner
+but need no more of it per second: each counts as one real-time stream.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from engines.contract.plan import WindowConfig
+from engines.streaming.costs import CostModel
+from engines.streaming.frames import SENTENCE_FLOW_FRAMES
+
+# The share of a step the device and the thread may be busy at the capacity: the rest is
+# headroom for a burst of new listeners and for the cost model's error.
+FULL_BUSY = 0.85
+# Where a GPU pads an encoder call's phoneme ids (to a multiple of 32, CUDA graphs).
+ENCODER_ID_MULTIPLE = 32
+# The most streams the model considers (a bound for its search, not a limit).
+MAX_STREAMS = 1_000_000
+# Seeds for the thread's costs, before it has measured its own: per step and per window in a
+# step (`python -m engines.bench.scheduler_host`, 2,000 streams, 2026-11-29: about 1 ms a
+# step and 25 us a window on the GPU path).
+HOST_STEP_S = 1e-3
+HOST_WINDOW_S = 25e-6
+# How fast the pace and the thread's costs follow new observations.
+PACE_DECAY = 0.98
+
+
+@dataclass
+class StreamPace:
+    """What a stream's sentences are like, learnt from the sentences encoded (exponentially
+    weighted means): phoneme ids and latent frames per sentence. Seeded with the joe voice's
+    corpus figures (about 2.2 frames an id, 3 s sentences)."""
+
+    ids_per_sentence: float = 118.0
+    frames_per_sentence: float = 260.0
+
+    def observe(self, ids: int, frames: int) -> None:
+        keep = PACE_DECAY
+        self.ids_per_sentence = keep * self.ids_per_sentence + (1 - keep) * max(1, ids)
+        self.frames_per_sentence = keep * self.frames_per_sentence + (1 - keep) * max(1, frames)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a scheduler cuts its calls (from its plan, rules and backend)."""
+
+    windows: WindowConfig
+    ramp: float  # each window of a stream's ramp is this many times the one before
+    fixed_widths: bool  # calls padded to size classes (CUDA graphs, TensorRT)
+    sentence_flow: bool  # the flow runs over whole sentences after the encoder (a GPU)
+    overlapped: bool  # the device's work runs beside the thread's (asynchronous calls)
+
+
+@dataclass(frozen=True)
+class StreamDemand:
+    """One real-time stream's work per second of its audio: per stage, (rows, frames) a
+    second, where frames are what the calls compute (context and padding included)."""
+
+    rows: dict[str, float]
+    frames: dict[str, float]
+    windows: float  # vocoder windows a second (the thread's work per window)
+
+
+def _ramp(first: int, steady: int, ramp: float, frames: int) -> list[int]:
+    """The window sizes that decode a sentence of `frames` frames."""
+    sizes: list[int] = []
+    done, sent = 0, 0
+    while done < frames:
+        size = min(steady, int(first * ramp ** min(sent, 64)))
+        size = min(size, frames - done)
+        sizes.append(size)
+        done += size
+        sent += 1
+    return sizes
+
+
+def stream_demand(layout: Layout, pace: StreamPace, frames_per_s: float) -> StreamDemand:
+    """What one real-time stream asks of each stage a second, by `layout` and `pace`."""
+    cfg = layout.windows
+    frames = max(1, round(pace.frames_per_sentence))
+    sentences_per_s = frames_per_s / frames
+    sizes = _ramp(cfg.first_window_frames, cfg.window_frames, layout.ramp, frames)
+    vocoder_frames = sum(
+        (cfg.size_class(size) if layout.fixed_widths else size) + 2 * cfg.vocoder_context_frames
+        for size in sizes
+    )
+    if layout.sentence_flow:
+        flow_rows = 1.0
+        flow_frames = next((s for s in SENTENCE_FLOW_FRAMES if s >= frames), frames)
+    else:
+        chunks = _ramp(2 * cfg.first_window_frames, 2 * cfg.window_frames, layout.ramp, frames)
+        flow_rows = float(len(chunks))
+        flow_frames = sum(
+            (cfg.size_class(chunk, flow=True) if layout.fixed_widths else chunk)
+            + 2 * cfg.flow_context_frames
+            for chunk in chunks
+        )
+    ids = pace.ids_per_sentence
+    if layout.fixed_widths:
+        ids = math.ceil(ids / ENCODER_ID_MULTIPLE) * ENCODER_ID_MULTIPLE
+    return StreamDemand(
+        rows={
+            "encoder": sentences_per_s,
+            "flow": flow_rows * sentences_per_s,
+            "vocoder": len(sizes) * sentences_per_s,
+        },
+        frames={
+            "encoder": ids * sentences_per_s,
+            "flow": flow_frames * sentences_per_s,
+            "vocoder": vocoder_frames * sentences_per_s,
+        },
+        windows=len(sizes) * sentences_per_s,
+    )
+
+
+def _calls(rows: float, max_rows: int, widths: int) -> float:
+    """Calls a step makes for `rows` rows of a stage spread over `widths` call widths: at
+    least one per width with rows, one more per `max_rows` beyond."""
+    if rows <= 0:
+        return 0.0
+    per_width = rows / widths
+    return widths * max(min(per_width, 1.0), per_width / max_rows)
+
+
+def step_seconds(
+    streams: float,
+    step_s: float,
+    demand: StreamDemand,
+    costs: CostModel,
+    host: CostModel,
+    layout: Layout,
+) -> tuple[float, float]:
+    """(device seconds, thread seconds) of a step of `step_s` seconds at `streams` streams."""
+    cfg = layout.windows
+    audio = streams * step_s
+    limits = {
+        "encoder": cfg.max_encoder_batch,
+        "flow": cfg.max_encoder_batch if layout.sentence_flow else cfg.max_batch_windows,
+        "vocoder": cfg.max_batch_windows,
+    }
+    widths = {
+        "encoder": 1,
+        "flow": 1 if layout.sentence_flow else len(cfg.window_sizes()),
+        "vocoder": len(cfg.window_sizes()),
+    }
+    device = 0.0
+    for stage in ("encoder", "flow", "vocoder"):
+        calls = _calls(audio * demand.rows[stage], limits[stage], widths[stage])
+        device += (
+            calls * costs.per_call[stage] + audio * demand.frames[stage] * (costs.per_frame[stage])
+        )
+    windows = audio * demand.windows
+    thread = host.per_call["step"] + host.per_frame["step"] * windows
+    return device, thread
+
+
+def predicted_capacity(
+    demand: StreamDemand, costs: CostModel, host: CostModel, layout: Layout
+) -> int:
+    """The most real-time streams whose steps of `max_step_ms` keep the device and the thread
+    within FULL_BUSY of the step (their sum, where they do not overlap)."""
+    step_s = layout.windows.max_step_ms / 1000
+
+    def fits(streams: float) -> bool:
+        device, thread = step_seconds(streams, step_s, demand, costs, host, layout)
+        busy = max(device, thread) if layout.overlapped else device + thread
+        return busy <= FULL_BUSY * step_s
+
+    if not fits(1):
+        return 1  # one stream is always taken: a pod that holds none is of no use
+    low, high = 1, 2
+    while high < MAX_STREAMS and fits(high):
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def host_costs() -> CostModel:
+    """The thread's cost model: seconds per step (`per_call`) and per window (`per_frame`) of
+    the one pseudo-stage `step`, seeded with HOST_STEP_S and HOST_WINDOW_S."""
+    model = CostModel(fixed_part=True, stages=("step",))
+    model.per_call["step"], model.per_frame["step"] = HOST_STEP_S, HOST_WINDOW_S
+    return model
