@@ -16,8 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from engines.streaming.threads import NamedThread
-from engines.streaming.types import Stream
+from engines.streaming.types import ChunkReceiver, Stream
 
 LOGGER = logging.getLogger(__name__)
 
@@ -89,9 +91,20 @@ class AudioDelivery:
             return
         self._observed("vocoder", seconds, len(call.windows), call.width)
         now = time.monotonic()
+        # Chunks whose sinks share a receiver (a stream model's connection to the voice host)
+        # leave in one message per receiver: one encoding and one write for the call's chunks,
+        # not one per stream.
+        batches: dict[int, tuple[ChunkReceiver, list[tuple[Any, np.ndarray, bool]]]] = {}
         for stream, row, samples, first, last in call.windows:
             if first:
                 self._first_audio(stream, now)
+            route = stream.sink.chunk_route()
+            if route is not None:
+                receiver, key = route
+                batches.setdefault(id(receiver), (receiver, []))[1].append(
+                    (key, pcm[row, :samples], last)
+                )
+                continue
             try:
                 if last:
                     stream.sink.last_audio(pcm[row, :samples])
@@ -99,3 +112,8 @@ class AudioDelivery:
                     stream.sink.audio(pcm[row, :samples])
             except Exception:  # the scheduler notices a cancelled stream on its own
                 LOGGER.debug("sending to stream %s failed", stream.stream_id)
+        for receiver, chunks in batches.values():
+            try:
+                receiver.send_chunks(chunks)
+            except Exception:  # the scheduler notices the closed streams on its own
+                LOGGER.debug("sending %d chunks failed", len(chunks))

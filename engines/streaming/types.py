@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -43,6 +43,19 @@ class StreamSink:
 
     def cancelled(self) -> bool:
         return False
+
+    def chunk_route(self) -> tuple[ChunkReceiver, Any] | None:
+        """Where this stream's chunks may go together with other streams' (a receiver, and
+        this stream's key there), so that a vocoder call's chunks leave in one message per
+        receiver; None: chunk by chunk (`audio`, `last_audio`)."""
+        return None
+
+
+class ChunkReceiver(Protocol):
+    """Takes several streams' chunks at once: (key, int16 PCM, whether it is the stream's
+    last chunk) each, in order (engines/pod/voice_host/server.py, one message per call)."""
+
+    def send_chunks(self, chunks: list[tuple[Any, np.ndarray, bool]]) -> None: ...
 
 
 @dataclass(eq=False)

@@ -158,6 +158,9 @@ class HostClient:
                     if future is not None:
                         future.set_result(header)
                     continue
+                if op == "chunks":
+                    self._chunks(header, payload)
+                    continue
                 stream_id = int(header.get("id", -1))
                 if op == "end":
                     error = None
@@ -182,6 +185,26 @@ class HostClient:
         except (OSError, ProtocolError) as error:
             self._error = str(error)
         self._lost()
+
+    def _chunks(self, header: dict[str, Any], payload: bytes) -> None:
+        """A frame of several streams' chunks (the voice host's `send_chunks`)."""
+        pcm = np.frombuffer(payload, dtype=np.int16)
+        last = set(header.get("last") or ())
+        offset = 0
+        for stream_id, samples in zip(header["ids"], header["samples"], strict=True):
+            chunk = pcm[offset : offset + samples]
+            offset += samples
+            with self._lock:
+                sink = self._streams.get(stream_id)
+            if sink is None:
+                continue
+            try:
+                if stream_id in last:
+                    sink.last_audio(chunk)
+                else:
+                    sink.audio(chunk)
+            except Exception:  # the client went away: the watcher tells the host
+                continue
 
     def _end(self, stream_id: int, error: Exception | None) -> None:
         with self._lock:

@@ -681,6 +681,9 @@ class _CountedSink(StreamSink):
     def cancelled(self) -> bool:
         return self._sink.cancelled()
 
+    def chunk_route(self) -> tuple[Any, Any] | None:
+        return self._sink.chunk_route()
+
 
 def _free_device_cache(device: str) -> None:
     if device != "gpu":

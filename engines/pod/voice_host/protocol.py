@@ -7,8 +7,9 @@ carry its `id`.
 
 stream model -> host: load (plan), unload (handle), stream (id, handle, text, params,
 received), cancel (id), stats (handle), memory.
-host -> stream model: reply (seq, ok, ...), audio and last (id, PCM payload), end (id, error,
-code).
+host -> stream model: reply (seq, ok, ...), audio and last (id, PCM payload), chunks (ids,
+samples, last: several streams' chunks of one vocoder call, their PCM one after another in
+the payload), end (id, error, code).
 """
 
 from __future__ import annotations

@@ -63,6 +63,20 @@ class _Connection:
         if not self.closed:
             self._out.put(encode_frame(header, payload))
 
+    def send_chunks(self, chunks: list[tuple[Any, np.ndarray, bool]]) -> None:
+        """Several streams' chunks in one frame (`chunks`): their ids, sample counts and last
+        flags in the header, their PCM one after another in the payload."""
+        if self.closed or not chunks:
+            return
+        header = {
+            "op": "chunks",
+            "ids": [key for key, _, _ in chunks],
+            "samples": [len(pcm) for _, pcm, _ in chunks],
+            "last": [key for key, _, last in chunks if last],
+        }
+        payload = b"".join(_pcm_bytes(pcm) for _, pcm, _ in chunks)
+        self._out.put(encode_frame(header, payload))
+
     def _write(self) -> None:
         while True:
             frame = self._out.get()
@@ -218,6 +232,9 @@ class _RemoteSink(StreamSink):
 
     def cancelled(self) -> bool:
         return self._cancelled or self._connection.closed
+
+    def chunk_route(self) -> tuple[Any, Any] | None:
+        return self._connection, self._id
 
 
 def _pcm_bytes(pcm: np.ndarray) -> bytes:

@@ -1,0 +1,116 @@
+"""A vocoder call's chunks leave the voice host in one message per stream model: the delivery
+thread groups them by the connection their streams came in on, and the stream model's client
+hands each stream its own chunk, in order, the last one as the last."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engines.pod.voice_host.client import HostClient
+from engines.pod.voice_host.server import _Connection
+from engines.streaming.delivery import AudioDelivery, LaunchedCall
+from engines.streaming.types import Stream, StreamSink, SynthesisParams
+
+
+class Recorded(StreamSink):
+    def __init__(self) -> None:
+        self.chunks: list[tuple[str, np.ndarray]] = []
+        self.got = threading.Event()
+
+    def audio(self, pcm: np.ndarray) -> None:
+        self.chunks.append(("audio", np.array(pcm)))
+        self.got.set()
+
+    def last_audio(self, pcm: np.ndarray) -> None:
+        self.chunks.append(("last", np.array(pcm)))
+        self.got.set()
+
+    def finish(self, error: Exception | None = None) -> None:
+        return None
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.messages: list[list[tuple[Any, np.ndarray, bool]]] = []
+
+    def send_chunks(self, chunks: list[tuple[Any, np.ndarray, bool]]) -> None:
+        self.messages.append(chunks)
+
+
+class Routed(Recorded):
+    def __init__(self, receiver: Receiver, key: int) -> None:
+        super().__init__()
+        self.route = (receiver, key)
+
+    def chunk_route(self):
+        return self.route
+
+
+class Done:
+    def __init__(self, pcm: np.ndarray) -> None:
+        self.pcm = pcm
+
+    def result(self) -> tuple[np.ndarray, float]:
+        return self.pcm, 0.001
+
+
+def test_a_calls_chunks_go_out_as_one_message_per_connection() -> None:
+    first, second = Receiver(), Receiver()
+    sinks = [Routed(first, 1), Routed(second, 7), Routed(first, 2), Recorded()]
+    streams = [Stream(i, [], SynthesisParams(), sink, 0.0) for i, sink in enumerate(sinks)]
+    pcm = np.arange(4 * 10, dtype=np.int16).reshape(4, 10)
+    delivered = threading.Event()
+    delivery = AudioDelivery(lambda *_: None, lambda *_: delivered.set())
+    delivery.start()
+    try:
+        windows = [(s, row, 10 - row, row == 0, row == 2) for row, s in enumerate(streams)]
+        delivery.audio(LaunchedCall(Done(pcm), windows, 10))
+        assert delivered.wait(5)
+        assert sinks[3].got.wait(5)
+    finally:
+        delivery.stop()
+    (message,) = first.messages
+    assert [(key, last) for key, _, last in message] == [(1, False), (2, True)]
+    assert np.array_equal(message[1][1], pcm[2, :8])
+    (other,) = second.messages
+    assert other[0][0] == 7 and np.array_equal(other[0][1], pcm[1, :9])
+    assert sinks[3].chunks[0][0] == "audio"  # a sink with no route gets its chunk itself
+
+
+def test_the_stream_models_client_splits_a_message_of_chunks_back_into_streams(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "host.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    accepted: list[socket.socket] = []
+    threading.Thread(target=lambda: accepted.append(server.accept()[0]), daemon=True).start()
+    client = HostClient(path)
+    try:
+        for _ in range(100):
+            if accepted:
+                break
+            threading.Event().wait(0.05)
+        connection = _Connection(None, accepted[0])  # type: ignore[arg-type]
+        sinks = {3: Recorded(), 4: Recorded()}
+        client._streams.update(sinks)
+        one, two = np.arange(5, dtype=np.int16), np.arange(100, 103, dtype=np.int16)
+        connection.send_chunks([(3, one, False), (4, two, True), (3, two, False)])
+        assert sinks[4].got.wait(5)
+        for _ in range(100):
+            if len(sinks[3].chunks) == 2:
+                break
+            threading.Event().wait(0.05)
+        assert [kind for kind, _ in sinks[3].chunks] == ["audio", "audio"]
+        assert np.array_equal(sinks[3].chunks[0][1], one)
+        assert np.array_equal(sinks[3].chunks[1][1], two)
+        assert sinks[4].chunks[0][0] == "last" and np.array_equal(sinks[4].chunks[0][1], two)
+    finally:
+        client.close()
+        server.close()
