@@ -107,6 +107,9 @@ class BackendFeatures:
       fixed, so the sentences that arrive while one runs wait for the next and share it);
       `encoder_queued`: on the windows' own stream, so a call with windows behind it is
       waited for without leaving the device idle.
+    - `launches_encoder`: ``encode_launch`` on the windows' stream: a step's several encoder
+      calls (one per voice, or per length) are all launched before the host waits for the
+      first one's frame counts, so the device is not left idle between them.
     - `sentence_flow`: ``flow_sentences``: the flow over whole sentences after the encoder.
     - `prepares_shapes`: ``warmup`` and ``calibrate``: every call shape is prepared (CUDA
       graphs captured) before the first listener, and the cost model seeded.
@@ -118,6 +121,7 @@ class BackendFeatures:
     encodes_beside: bool = False
     encoder_queued: bool = False
     encoder_calls_in_flight: int = 1
+    launches_encoder: bool = False
     sentence_flow: bool = False
     prepares_shapes: bool = False
 

@@ -449,8 +449,12 @@ class StreamScheduler:
         # not stand between a stream and the window it needs before its buffer runs out.
         self._run(plan.windows)
         clock.part("windows")
-        for scales, streams in encoder_calls(plan.encodes, self.costs, self.batching):
-            self._encode(streams, scales)
+        calls = encoder_calls(plan.encodes, self.costs, self.batching)
+        if self.backend.features.launches_encoder and not self._beside:
+            self._encode_launched(list(calls))
+        else:
+            for scales, streams in calls:
+                self._encode(streams, scales)
         clock.part("encode")
         first_windows = [
             next_window(stream, self.windows, self.rules)
@@ -607,7 +611,12 @@ class StreamScheduler:
                 # the model) until its stream is finished.
                 self._close(stream, StreamCancelled("the client cancelled the stream"))
 
-    def _encode(self, streams: list[Stream], scales: tuple[float, float, float]) -> None:
+    @staticmethod
+    def _encoder_inputs(
+        streams: list[Stream], scales: tuple[float, float, float]
+    ) -> tuple[list[Sentence], np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+        """(sentences, ids, lengths, scales, speakers, longest) of an encoder call for the
+        streams' next sentences, which it takes from them."""
         sentences = [stream.sentences.popleft() for stream in streams]
         longest = max(len(s.ids) for s in sentences)
         ids = np.zeros((len(sentences), longest), dtype=np.int64)
@@ -615,7 +624,41 @@ class StreamScheduler:
             ids[row, : len(sentence.ids)] = sentence.ids
         lengths = np.array([len(s.ids) for s in sentences], dtype=np.int64)
         speakers = np.array([s.params.speaker_id for s in streams], dtype=np.int64)
-        scale_array = np.array(scales, dtype=np.float32)
+        return sentences, ids, lengths, np.array(scales, dtype=np.float32), speakers, longest
+
+    def _encode_launched(
+        self, calls: list[tuple[tuple[float, float, float], list[Stream]]]
+    ) -> None:
+        """A step's encoder calls on a backend that launches them (`launches_encoder`): all of
+        them queued first, then each one's sentences started as its frame counts come; one
+        wait for the device, not one per call (per voice)."""
+        launched = []
+        for scales, streams in calls:
+            sentences, ids, lengths, scale_array, speakers, longest = self._encoder_inputs(
+                streams, scales
+            )
+            voice = _weights(streams[0].voice)  # one voice a call (planner.encoder_calls)
+            call = self._device.encode_launch(ids, lengths, scale_array, speakers, voice)
+            launched.append(
+                _Encoding(call, streams, speakers, longest, [len(s.ids) for s in sentences])
+            )
+        for encoding in launched:
+            timing = self._device.timer()
+            prior, frames = encoding.call.finish()
+            self._start_sentences(encoding.streams, prior, frames, encoding.speakers, encoding.ids)
+            self._timings.append(
+                (
+                    "encoder",
+                    _SummedTiming(encoding.call, timing.stop()),
+                    len(encoding.streams),
+                    encoding.width,
+                )
+            )
+
+    def _encode(self, streams: list[Stream], scales: tuple[float, float, float]) -> None:
+        sentences, ids, lengths, scale_array, speakers, longest = self._encoder_inputs(
+            streams, scales
+        )
         voice = _weights(streams[0].voice)  # one voice a call (planner.encoder_calls)
         if self._beside:
             # The call runs beside this step's windows and the next steps'; its streams are

@@ -640,6 +640,14 @@ class TorchCudaStages:
         return self._queued_launches
 
     @property
+    def launches_encoder(self) -> bool:
+        """Whether encoder calls can be launched on the windows' stream without waiting for
+        their frame counts (a graphed encoder on a GPU): with encoder_launch inline, the
+        scheduler launches a step's several encoder calls (one per voice) before it reads any
+        of their frame counts, instead of waiting for each in turn."""
+        return self.encoder_stage is not None and self.device.type == "cuda"
+
+    @property
     def encoder_calls_in_flight(self) -> int:
         """How many launched encoder calls the scheduler may wait on at once (1 beside)."""
         return QUEUED_ENCODER_CALLS_IN_FLIGHT if self._queued_launches else 1
@@ -657,13 +665,11 @@ class TorchCudaStages:
         counts reach the host without the host waiting for them, and `EncoderCall.finish()`
         queues the rest behind it (see `EncoderCall`)."""
         stream = self._encoder_stream
-        if stream is None and self._queued_launches:
+        if stream is None and self.launches_encoder:
+            # Queued or inline: on the windows' own stream, behind what is queued there.
             stream = torch.cuda.current_stream(self.device)
         if stream is None:
-            raise TorchCudaError(
-                "the scheduler launches encoder calls only for a CUDA graph, with "
-                "encoder_launch beside or queued"
-            )
+            raise TorchCudaError("the scheduler launches encoder calls only for a CUDA graph")
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(stream):
             start.record(stream)

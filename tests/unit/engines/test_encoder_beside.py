@@ -290,3 +290,45 @@ def test_a_queued_encoder_call_with_windows_behind_it_is_taken_up_without_pollin
     finally:
         backend.gate.set()
         scheduler.stop()
+
+
+def test_a_steps_encoder_calls_are_all_launched_before_any_is_waited_for(stages, sentences) -> None:
+    """With the encoder inline on a backend that launches it (`launches_encoder`), a step's
+    encoder calls (one per voice) are queued together and their frame counts read after: the
+    device runs them back to back instead of idling while the host waits for each."""
+    from engines.streaming.types import VoiceSlot
+
+    runtime = beside_stages(stages, beside=False)
+    backend = runtime.backend
+    backend.features = replace(backend.features, launches_encoder=True)
+    order: list[str] = []
+    launch, finish = backend.encode_launch, _Call.finish
+
+    def launched(*args: Any, **kwargs: Any) -> _Call:
+        order.append("launch")
+        return launch(*args, **kwargs)
+
+    def finished(self: _Call) -> tuple[Any, np.ndarray]:
+        order.append("finish")
+        return finish(self)
+
+    backend.encode_launch = launched  # type: ignore[method-assign]
+    scheduler = StreamScheduler(runtime, 22050)
+    for stage in scheduler.costs.per_frame:  # a GPU's: both new listeners fit one step
+        scheduler.costs.per_frame[stage] = 1e-6
+    voices = [VoiceSlot("a"), VoiceSlot("b")]
+    sinks = [Sink(), Sink()]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_Call, "finish", finished)
+        for sink, voice in zip(sinks, voices, strict=True):
+            scheduler.submit(list(sentences), QUIET, sink, voice=voice)
+        scheduler.start()
+        try:
+            for sink in sinks:
+                assert sink.done.wait(120), "a stream never finished"
+        finally:
+            scheduler.stop()
+    assert all(sink.error is None and sink.chunks for sink in sinks)
+    # The first step encodes both voices' first sentences: two launches, then two finishes.
+    assert order[:4] == ["launch", "launch", "finish", "finish"]
+    assert backend.launched == backend.finished >= 4
