@@ -320,15 +320,18 @@ class DeviceBackend:
         windows: int,
         sentences: int,
         phonemes: Sequence[int],
+        sentence_frames: Sequence[int] = SENTENCE_FLOW_FRAMES,
     ) -> int:
-        """Capture the runtime's graphs for these shapes now (if it captures any)."""
+        """Capture the runtime's graphs for these shapes now (if it captures any), and no
+        others later: a shape left out runs eagerly (`stop_capturing`, where the runtime has
+        it). `sentence_frames`: the whole-sentence flow sizes to capture."""
         warm = getattr(self.runtime, "warmup", None)
         if warm is None:
             return 0
         # The whole-sentence flow sizes take at most an encoder call's sentences a call.
-        limits = dict.fromkeys(SENTENCE_FLOW_FRAMES, sentences)
+        limits = dict.fromkeys(sentence_frames, sentences)
         limits.update(dict.fromkeys(flow_frames, windows))
-        return int(
+        shapes = int(
             warm(
                 flow_frames=limits,
                 vocoder_frames=vocoder_frames,
@@ -337,3 +340,7 @@ class DeviceBackend:
                 max_sentences=sentences,
             )
         )
+        stop = getattr(self.runtime, "stop_capturing", None)
+        if stop is not None:
+            stop()
+        return shapes

@@ -206,6 +206,7 @@ class DeviceCalls(Protocol):
         windows: int,
         sentences: int,
         phonemes: Sequence[int],
+        sentence_frames: Sequence[int] = ...,
     ) -> int: ...
 
     def calibrate(

@@ -486,6 +486,9 @@ class VoiceHost:
             time.monotonic() - started,
             architecture.fixed_bytes / MIB,
         )
+        report = getattr(runtime, "warmup_report", None)
+        if report is not None:
+            LOGGER.info("warmup of %s by stage: %s", plan.name, json.dumps(report()))
         if device == "gpu" and self._frontend_workers is None:
             self._frontend_workers = GPU_FRONTEND_WORKERS
         self._architectures[key] = architecture

@@ -35,11 +35,13 @@ Weights are the stage ONNX files' initializers (engines.runtimes.torch_cuda.conv
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +76,14 @@ CUDNN_WORKSPACE_MIB = 256
 CUDNN_WORKSPACE_ENV = "CUDNN_CONV_WSCAP_DBG"
 STAGES = ("encoder", "flow", "vocoder")
 LOGGER = logging.getLogger(__name__)
+# A stage keeps cuDNN's autotuning for its captures only where its first (largest) graph
+# replays at least this much faster autotuned than with cuDNN's heuristics: autotuning is
+# most of a warmup's time (87.7 s against 13.6 s for 228 graphs on the H200, 2026-11-28),
+# and it pays for some stages (the vocoder's 128 x 144 call: 13.1 ms against 39.2) and
+# barely for others (the flow's 32 x 512: 3.26 against 3.55).
+AUTOTUNE_GAIN = 1.05
+# Replays timed for each way of the first graph.
+AUTOTUNE_REPLAYS = 5
 
 
 class TorchCudaError(RuntimeError):
@@ -164,6 +174,17 @@ class GraphedStage:
         self.frame_multiple = frame_multiple
         self.use_graphs = use_graphs and self.device.type == "cuda"
         self.max_graphs = max_graphs
+        # A shape without a graph is captured on its first call (a stall of a few hundred ms
+        # on a GPU) while this is set; once a pod serves, it runs eagerly instead, with
+        # cuDNN's heuristics (`TorchCudaStages.stop_capturing`).
+        self.capture_on_use = True
+        # cuDNN's autotuning for this stage's captures (None: the process's setting). A stage
+        # that `calibrates` captures its first graph both ways, keeps the faster and
+        # autotunes the rest only where that paid (AUTOTUNE_GAIN): `autotune_choice` says
+        # what it measured.
+        self.autotune: bool | None = None
+        self.calibrates = False
+        self.autotune_choice: dict[str, Any] = {}
         self.pool = pool
         self.graphs: dict[tuple[int, tuple[tuple[int, ...], ...]], _Captured] = {}
         self.batch_histogram: dict[int, int] = {}
@@ -177,7 +198,50 @@ class GraphedStage:
     def _transfers(self) -> int:
         return self.module.transfers if self.module is not None else 0
 
-    def _capture(self, bucket: int, inputs: dict[str, torch.Tensor]) -> _Captured:
+    @staticmethod
+    def _cudnn(autotune: bool | None) -> Any:
+        """cuDNN's flags for a capture or an eager call: autotuning on or off, the rest as set."""
+        if autotune is None:
+            return contextlib.nullcontext()
+        return torch.backends.cudnn.flags(
+            enabled=True,
+            benchmark=autotune,
+            deterministic=torch.backends.cudnn.deterministic,
+            allow_tf32=torch.backends.cudnn.allow_tf32,
+        )
+
+    def _replay_ms(self, captured: _Captured) -> float:
+        captured.graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(AUTOTUNE_REPLAYS):
+            captured.graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / AUTOTUNE_REPLAYS
+
+    def _calibrated_capture(self, bucket: int, inputs: dict[str, torch.Tensor]) -> _Captured:
+        """The first graph, captured autotuned and with cuDNN's heuristics: the faster kept,
+        and autotuning kept for the stage's later graphs only where it paid."""
+        tuned = self._capture(bucket, inputs, autotune=True)
+        tuned_ms = self._replay_ms(tuned)
+        plain = self._capture(bucket, inputs, autotune=False)
+        plain_ms = self._replay_ms(plain)
+        self.autotune = plain_ms > AUTOTUNE_GAIN * tuned_ms
+        self.autotune_choice = {
+            "autotuned_ms": round(tuned_ms, 3),
+            "heuristic_ms": round(plain_ms, 3),
+            "autotune": self.autotune,
+        }
+        return tuned if plain_ms > tuned_ms else plain
+
+    def _capture(
+        self, bucket: int, inputs: dict[str, torch.Tensor], autotune: bool | None = None
+    ) -> _Captured:
+        with self._cudnn(self.autotune if autotune is None else autotune):
+            return self._capture_now(bucket, inputs)
+
+    def _capture_now(self, bucket: int, inputs: dict[str, torch.Tensor]) -> _Captured:
         static = {
             name: self.buffers.view(("in", name), (bucket, *tensor.shape[1:]), tensor.dtype)
             for name, tensor in inputs.items()
@@ -205,6 +269,17 @@ class GraphedStage:
         if self._transfers() != transfers:
             raise TorchCudaError("the stage moved values between host and device while captured")
         return _Captured(graph=graph, inputs=static, outputs=outputs)
+
+    def _first_capture(self, bucket: int, inputs: dict[str, torch.Tensor]) -> _Captured:
+        if not self.calibrates or self.graphs:
+            return self._capture(bucket, inputs)
+        self.calibrates = False
+        try:
+            return self._calibrated_capture(bucket, inputs)
+        except Exception as error:  # the stage still works, autotuned as before
+            LOGGER.warning("timing cuDNN's autotuning failed (%s); it stays on", error)
+            self.autotune = True
+            return self._capture(bucket, inputs)
 
     def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.run(inputs)[0]
@@ -243,9 +318,10 @@ class GraphedStage:
             shape_key = tuple(tuple(t.shape[1:]) for t in inputs.values())
             captured = self.graphs.get((bucket, shape_key))
             if captured is None:
-                if len(self.graphs) >= self.max_graphs:
-                    return list(self.function(inputs))
-                captured = self._capture(bucket, inputs)
+                if not self.capture_on_use or len(self.graphs) >= self.max_graphs:
+                    with self._cudnn(False):  # no autotuning stall while serving
+                        return list(self.function(inputs))
+                captured = self._first_capture(bucket, inputs)
                 self.graphs[(bucket, shape_key)] = captured
             for name, tensor in inputs.items():
                 captured.inputs[name][:batch].copy_(tensor)
@@ -452,6 +528,12 @@ class TorchCudaStages:
             pool=pool,
             frame_multiple=vocoder_frame_multiple,
         )
+        if self.device.type == "cuda" and use_graphs and autotune:
+            for graphed in (self.flow_stage, self.vocoder_stage, self.encoder_stage):
+                if graphed is not None:
+                    graphed.calibrates = True
+        # What the warmup took and chose, by stage (`warmup_report`).
+        self._warmup_seconds: dict[str, float] = {}
         # Every stage's weights move into a bound buffer the modules read from now on; the
         # default voice's own buffers are those bound ones until another voice is loaded.
         self._structures = {
@@ -740,6 +822,30 @@ class TorchCudaStages:
 
         return DeviceBackend(self)
 
+    def warmup_report(self) -> dict[str, Any]:
+        """By stage: graphs captured, seconds the warmup spent on them, and what timing
+        cuDNN's autotuning against its heuristics chose (`GraphedStage.autotune_choice`)."""
+        stages = {"encoder": self.encoder_stage, "flow": self.flow_stage}
+        stages["vocoder"] = self.vocoder_stage
+        return {
+            name: {
+                "graphs": len(stage.graphs),
+                "seconds": round(self._warmup_seconds.get(name, 0.0), 2),
+                **stage.autotune_choice,
+            }
+            for name, stage in stages.items()
+            if stage is not None
+        }
+
+    def stop_capturing(self) -> None:
+        """From now on a call of a shape without a graph runs eagerly rather than capturing
+        one: a pod that serves must not stall every stream for a capture. Its warmup captured
+        the shapes nearly every call has (`StreamScheduler.warmup`); the rare ones (the longest
+        sentences) launch their kernels one by one."""
+        for stage in (self.flow_stage, self.vocoder_stage, self.encoder_stage):
+            if stage is not None:
+                stage.capture_on_use = False
+
     def graph_count(self) -> int:
         stages = [self.flow_stage, self.vocoder_stage, self.encoder_stage]
         return sum(len(stage.graphs) for stage in stages if stage is not None)
@@ -774,9 +880,11 @@ class TorchCudaStages:
             return sorted((b for b in buckets if b <= top), reverse=True)
 
         channels = 192
+        clock = _StageClock(self.device, self._warmup_seconds)
         for frames in sorted(vocoder_frames, reverse=True):
             for batch in up_to(max_batch):
                 self.vocode_tensor(torch.zeros(batch, channels, frames, device=self.device))
+        clock.lap("vocoder")
         flow_limits = (
             dict(flow_frames)
             if isinstance(flow_frames, Mapping)
@@ -786,6 +894,7 @@ class TorchCudaStages:
             for batch in up_to(flow_limits[frames]):
                 prior = torch.zeros(batch, channels, frames, device=self.device)
                 self.flow_tensor(prior, torch.ones(batch, 1, frames, device=self.device))
+        clock.lap("flow")
         if self.encoder_stage is not None:
             encoder_buckets = self.encoder_stage.buckets
             top = bucket_for(max_sentences or encoder_buckets[-1], encoder_buckets)
@@ -794,12 +903,28 @@ class TorchCudaStages:
                 for batch in sorted((b for b in encoder_buckets if b <= top), reverse=True):
                     ids = torch.full((batch, phonemes), 20, dtype=torch.int64)
                     self.encode_tensor(ids, torch.full((batch,), phonemes), scales)
+            clock.lap("encoder")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             # cuDNN's autotuning and the eager parts' first calls leave blocks cached in the
             # allocator: hand them back, so that what the pod reports as used is what it uses.
             torch.cuda.empty_cache()
         return self.graph_count()
+
+
+class _StageClock:
+    """Wall seconds between laps, the device's queued work included, into `seconds` by name."""
+
+    def __init__(self, device: torch.device, seconds: dict[str, float]) -> None:
+        self._device, self._seconds = device, seconds
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+        now = time.perf_counter()
+        self._seconds[name] = self._seconds.get(name, 0.0) + now - self._last
+        self._last = now
 
 
 def _check_entry(engine_dir: Path) -> None:
