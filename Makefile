@@ -8,7 +8,7 @@ TOOLS_STAMP := .tools/.installed
 CONTROL_PLANE_STAMP := .tools/.control-plane
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint e2e e2e-kind autoscale bench soak faults clean
+.PHONY: setup demo test lint e2e e2e-kind autoscale bench soak faults gpu-wheels clean
 
 setup: $(STAMP) $(TOOLS_STAMP) $(CONTROL_PLANE_STAMP)
 
@@ -67,6 +67,11 @@ soak: setup
 # Stop, heal and overload timings on fresh servers (docs/reliability.md).
 faults: setup
 	$(PY) -m engines.bench.faults stop heal overload --runs 3 --out results/reliability-faults.json
+
+# The wheels a GPU machine without a registry needs for tests/gpu/, in parts of at most 60 MiB
+# to carry one a call (.whl/part-N; docs/gpu.md).
+gpu-wheels:
+	bash scripts/gpu-wheels.sh .whl
 
 clean:
 	rm -rf $(VENV) .tools build *.egg-info

@@ -85,8 +85,10 @@ def bench_stages(
     # Time exactly the frames asked for (no padding to the serving frame multiple).
     multiples = (stages.flow_stage.frame_multiple, stages.vocoder_stage.frame_multiple)
     stages.flow_stage.frame_multiple = stages.vocoder_stage.frame_multiple = 8
-    for frames in vocoder_frames:
-        for batch in batches:
+    # Largest first, as a pod's warmup captures them: a stage's first graph is the one that
+    # times cuDNN's autotuning against its heuristics (TorchCudaStages).
+    for frames in sorted(vocoder_frames, reverse=True):
+        for batch in sorted(batches, reverse=True):
             latent = torch.randn(batch, 192, frames, device=device, generator=generator)
             seconds = median_seconds(partial(stages.vocode_tensor, latent), repeats)
             audio = batch * frames * HOP / SAMPLE_RATE
@@ -99,8 +101,8 @@ def bench_stages(
                     "audio_seconds_per_second": round(audio / seconds, 1),
                 }
             )
-    for frames in flow_frames:
-        for batch in batches:
+    for frames in sorted(flow_frames, reverse=True):
+        for batch in sorted(batches, reverse=True):
             prior = torch.randn(batch, 192, frames, device=device, generator=generator)
             mask = torch.ones(batch, 1, frames, device=device)
             seconds = median_seconds(partial(stages.flow_tensor, prior, mask), repeats)
@@ -115,7 +117,7 @@ def bench_stages(
                 }
             )
     scales = torch.tensor([0.667, 1.0, 0.8])
-    for batch in encoder_batches:
+    for batch in sorted(encoder_batches, reverse=True):
         picked = [corpus[i % len(corpus)] for i in range(batch)]
         ids, lengths = padded_ids(picked)
         frames_out: list[int] = []
@@ -141,6 +143,34 @@ def bench_stages(
     return {
         "rows": rows,
         "graphs": len(stages.flow_stage.graphs) + len(stages.vocoder_stage.graphs),
+        "warmup": stages.warmup_report(),
+    }
+
+
+def stage_limit(rows: Sequence[dict[str, Any]], max_windows: int, max_sentences: int) -> dict:
+    """The audio a second the three stages make together, each at its best batch within the
+    plan's limits (`max_windows` windows a flow or vocoder call, `max_sentences` sentences an
+    encoder call) and at the steady window's shapes (the widest frames timed): the ceiling a
+    pod's scheduler could reach if the host cost nothing. Each stage's device time per second
+    of audio adds up: 1 / sum(1 / rate)."""
+    best: dict[str, float] = {}
+    for stage, limit in (
+        ("encoder", max_sentences),
+        ("flow", max_windows),
+        ("vocoder", max_windows),
+    ):
+        picked = [r for r in rows if r["stage"] == stage and r["batch"] <= limit]
+        if stage != "encoder" and picked:
+            widest = max(r["frames"] for r in picked)
+            picked = [r for r in picked if r["frames"] == widest]
+        if picked:
+            best[stage] = max(r["audio_seconds_per_second"] for r in picked)
+    together = 1.0 / sum(1.0 / rate for rate in best.values()) if len(best) == 3 else None
+    return {
+        "per_stage": best,
+        "audio_seconds_per_second": round(together, 1) if together else None,
+        "max_windows": max_windows,
+        "max_sentences": max_sentences,
     }
 
 
@@ -435,6 +465,12 @@ def main(argv: list[str] | None = None) -> int:
         result["stages"] = bench_stages(stages, corpus)
         for row in result["stages"]["rows"]:
             print(row, flush=True)
+        plan = WindowConfig()
+        result["stage_limit"] = stage_limit(
+            result["stages"]["rows"], plan.max_batch_windows, plan.max_encoder_batch
+        )
+        print("stage limit", json.dumps(result["stage_limit"]), flush=True)
+        print("warmup", json.dumps(result["stages"]["warmup"]), flush=True)
         save()
     if "streams" not in skip:
         runs = result.setdefault("streams", [])

