@@ -76,14 +76,13 @@ CUDNN_WORKSPACE_MIB = 256
 CUDNN_WORKSPACE_ENV = "CUDNN_CONV_WSCAP_DBG"
 STAGES = ("encoder", "flow", "vocoder")
 LOGGER = logging.getLogger(__name__)
-# A stage keeps cuDNN's autotuning for its captures only where its first (largest) graph
-# replays at least this much faster autotuned than with cuDNN's heuristics: autotuning is
-# most of a warmup's time (87.7 s against 13.6 s for 228 graphs on the H200, 2026-11-28),
-# and it pays for some stages (the vocoder's 128 x 144 call: 13.1 ms against 39.2) and
-# barely for others (the flow's 32 x 512: 3.26 against 3.55).
-AUTOTUNE_GAIN = 1.05
-# Replays timed for each way of the first graph.
-AUTOTUNE_REPLAYS = 5
+# The stages whose graphs are captured with cuDNN's autotuning; the others take cuDNN's
+# heuristics. Autotuning is most of a warmup's time (87.7 s against 13.6 s for 228 graphs on
+# the H200, 2026-11-28), and it pays for the vocoder alone: on the H200 (2026-11-29,
+# `STAGE=limits bash tests/gpu/pace_session.sh`) the vocoder took 0.10 ms a window of 144
+# frames autotuned (256 windows) against 0.30 with the heuristics (128 windows); the flow
+# 0.055 ms a window of 304 frames either way, the encoder 0.71 against 0.78 ms a sentence.
+AUTOTUNED_STAGES = frozenset({"vocoder"})
 
 
 class TorchCudaError(RuntimeError):
@@ -178,13 +177,8 @@ class GraphedStage:
         # on a GPU) while this is set; once a pod serves, it runs eagerly instead, with
         # cuDNN's heuristics (`TorchCudaStages.stop_capturing`).
         self.capture_on_use = True
-        # cuDNN's autotuning for this stage's captures (None: the process's setting). A stage
-        # that `calibrates` captures its first graph both ways, keeps the faster and
-        # autotunes the rest only where that paid (AUTOTUNE_GAIN): `autotune_choice` says
-        # what it measured.
+        # cuDNN's autotuning for this stage's captures (None: the process's setting).
         self.autotune: bool | None = None
-        self.calibrates = False
-        self.autotune_choice: dict[str, Any] = {}
         self.pool = pool
         self.graphs: dict[tuple[int, tuple[tuple[int, ...], ...]], _Captured] = {}
         self.batch_histogram: dict[int, int] = {}
@@ -209,31 +203,6 @@ class GraphedStage:
             deterministic=torch.backends.cudnn.deterministic,
             allow_tf32=torch.backends.cudnn.allow_tf32,
         )
-
-    def _replay_ms(self, captured: _Captured) -> float:
-        captured.graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(AUTOTUNE_REPLAYS):
-            captured.graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / AUTOTUNE_REPLAYS
-
-    def _calibrated_capture(self, bucket: int, inputs: dict[str, torch.Tensor]) -> _Captured:
-        """The first graph, captured autotuned and with cuDNN's heuristics: the faster kept,
-        and autotuning kept for the stage's later graphs only where it paid."""
-        tuned = self._capture(bucket, inputs, autotune=True)
-        tuned_ms = self._replay_ms(tuned)
-        plain = self._capture(bucket, inputs, autotune=False)
-        plain_ms = self._replay_ms(plain)
-        self.autotune = plain_ms > AUTOTUNE_GAIN * tuned_ms
-        self.autotune_choice = {
-            "autotuned_ms": round(tuned_ms, 3),
-            "heuristic_ms": round(plain_ms, 3),
-            "autotune": self.autotune,
-        }
-        return tuned if plain_ms > tuned_ms else plain
 
     def _capture(
         self, bucket: int, inputs: dict[str, torch.Tensor], autotune: bool | None = None
@@ -269,17 +238,6 @@ class GraphedStage:
         if self._transfers() != transfers:
             raise TorchCudaError("the stage moved values between host and device while captured")
         return _Captured(graph=graph, inputs=static, outputs=outputs)
-
-    def _first_capture(self, bucket: int, inputs: dict[str, torch.Tensor]) -> _Captured:
-        if not self.calibrates or self.graphs:
-            return self._capture(bucket, inputs)
-        self.calibrates = False
-        try:
-            return self._calibrated_capture(bucket, inputs)
-        except Exception as error:  # the stage still works, autotuned as before
-            LOGGER.warning("timing cuDNN's autotuning failed (%s); it stays on", error)
-            self.autotune = True
-            return self._capture(bucket, inputs)
 
     def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.run(inputs)[0]
@@ -321,7 +279,7 @@ class GraphedStage:
                 if not self.capture_on_use or len(self.graphs) >= self.max_graphs:
                     with self._cudnn(False):  # no autotuning stall while serving
                         return list(self.function(inputs))
-                captured = self._first_capture(bucket, inputs)
+                captured = self._capture(bucket, inputs)
                 self.graphs[(bucket, shape_key)] = captured
             for name, tensor in inputs.items():
                 captured.inputs[name][:batch].copy_(tensor)
@@ -528,10 +486,13 @@ class TorchCudaStages:
             pool=pool,
             frame_multiple=vocoder_frame_multiple,
         )
-        if self.device.type == "cuda" and use_graphs and autotune:
-            for graphed in (self.flow_stage, self.vocoder_stage, self.encoder_stage):
-                if graphed is not None:
-                    graphed.calibrates = True
+        for name, graphed in (
+            ("encoder", self.encoder_stage),
+            ("flow", self.flow_stage),
+            ("vocoder", self.vocoder_stage),
+        ):
+            if graphed is not None:
+                graphed.autotune = autotune and name in AUTOTUNED_STAGES
         # What the warmup took and chose, by stage (`warmup_report`).
         self._warmup_seconds: dict[str, float] = {}
         # Every stage's weights move into a bound buffer the modules read from now on; the
@@ -823,15 +784,15 @@ class TorchCudaStages:
         return DeviceBackend(self)
 
     def warmup_report(self) -> dict[str, Any]:
-        """By stage: graphs captured, seconds the warmup spent on them, and what timing
-        cuDNN's autotuning against its heuristics chose (`GraphedStage.autotune_choice`)."""
+        """By stage: graphs captured, the seconds the warmup spent on them, and whether cuDNN
+        autotuned them (AUTOTUNED_STAGES)."""
         stages = {"encoder": self.encoder_stage, "flow": self.flow_stage}
         stages["vocoder"] = self.vocoder_stage
         return {
             name: {
                 "graphs": len(stage.graphs),
                 "seconds": round(self._warmup_seconds.get(name, 0.0), 2),
-                **stage.autotune_choice,
+                "autotuned": bool(stage.autotune),
             }
             for name, stage in stages.items()
             if stage is not None
