@@ -5,7 +5,7 @@
 #   bash scripts/gpu-wheels.sh              # here: the wheels, in parts of at most 60 MiB
 #   STAGE=limits bash tests/gpu/pace_session.sh    # carrying .whl/part-1 (the voice)
 #   STAGE=keep bash tests/gpu/pace_session.sh      # carrying .whl/part-2
-#   STAGE=paced RUN=k bash tests/gpu/pace_session.sh   # carrying .whl/part-3
+#   STAGE=paced RUNS="1 2" bash tests/gpu/pace_session.sh   # carrying .whl/part-3
 #   STAGE=packing RUN=k bash tests/gpu/pace_session.sh
 # Every call first copies what it carried (.whl/part-*) to /tmp/keep, where later calls on the
 # same machine find it, and puts cut wheels back together.
@@ -100,14 +100,16 @@ limits)
         --out "$OUT/stage-limits.json" 2>&1 | grep -E "stage limit|warmup" | cut -c1-1200
     ;;
 paced)
-    serve 300 "$OUT/serve-paced-$RUN.log" || exit 1
-    echo "{\"ready_s\": $READY_S}" >"$OUT/paced-$RUN-ready.json"
-    bench "paced-$RUN" "${LEVELS:-1000,2000,3000}" "${RAMP:-3}"
-    bench "burst-$RUN" "${BURST:-2000}" 1
-    stop
-    serve 0 "$OUT/serve-unpaced-$RUN.log" || exit 1
-    bench "unpaced-$RUN" "${SATURATE:-2000}" 3
-    stop
+    for run in ${RUNS:-$RUN}; do
+        serve 300 "$OUT/serve-paced-$run.log" || exit 1
+        echo "{\"ready_s\": $READY_S}" >"$OUT/paced-$run-ready.json"
+        bench "paced-$run" "${LEVELS:-1000,2000,3000}" "${RAMP:-3}"
+        bench "burst-$run" "${BURST:-2000}" 1
+        stop
+        serve 0 "$OUT/serve-unpaced-$run.log" || exit 1
+        bench "unpaced-$run" "${SATURATE:-2000}" 3
+        stop
+    done
     ;;
 packing)
     python3 -m engines.bench.voices --entry "$ENTRY" --out /tmp/voices --count 105 >/dev/null || exit 1
@@ -120,5 +122,7 @@ packing)
     exit 2
     ;;
 esac
-gzip -f "$OUT"/*.log 2>/dev/null
+# What comes back is a few files: everything of this stage in one archive beside gpu.txt.
+(cd "$OUT" && tar czf "pace-$STAGE.tgz" --exclude gpu.txt --exclude '*.tgz' . 2>/dev/null \
+    && find . -type f ! -name gpu.txt ! -name '*.tgz' -delete)
 exit 0
