@@ -89,7 +89,7 @@ stop() {
 }
 bench() {  # NAME LEVELS RAMP: `voxfleet bench` against the server, JSON in $OUT
     timeout 300 python3 -m engines.cli bench --url 127.0.0.1:18000 --systems voxfleet \
-        --concurrency "$2" --duration "${DURATION:-10}" --drain "${DRAIN:-12}" --ramp "$3" \
+        --concurrency "$2" --duration "${DURATION:-10}" --drain "${DRAIN:-17}" --ramp "$3" \
         --p95-bound-ms 150 --client-processes "${CLIENTS:-6}" --json "$OUT/$1.json" \
         --note "$1: torch-cuda FP16, default plan; listeners over $3 s" 2>&1 | grep -vE "^\s*$" | tail -n 8
 }
