@@ -6,7 +6,7 @@
 # DIR/all, then files them into DIR/part-1, DIR/part-2, ... of at most PART_MIB MiB each (60),
 # largest first; a file larger than a part is cut into pieces (NAME.piece-NN) that
 # tests/gpu/gpu_wheels.sh puts back together. piper-tts is kept to what an English voice
-# needs (espeak-ng's English data, no Hebrew or Arabic diacritisers): 34 MiB down to a few.
+# needs (espeak-ng's English data, not the Hebrew and Arabic diacritisers' models): 34 MiB down to a few.
 # A second run downloads nothing it has.
 set -euo pipefail
 DIR=${1:-.whl}
@@ -43,12 +43,13 @@ limit = part_mib << 20
 english = directory / "english" / piper.name
 if not english.exists() or english.stat().st_mtime < piper.stat().st_mtime:
     english.parent.mkdir(exist_ok=True)
-    dropped = ("piper/hebrew/", "piper/tashkeel/")
+    models = ("piper/hebrew/", "piper/tashkeel/")  # their code stays: piper imports it
     with zipfile.ZipFile(piper) as source, zipfile.ZipFile(english, "w", zipfile.ZIP_DEFLATED) as out:
         for item in source.infolist():
             name = item.filename
             data = name.startswith("piper/espeak-ng-data/") and name.endswith("_dict")
-            if name.startswith(dropped) or (data and not name.endswith("/en_dict")):
+            model = name.startswith(models) and name.endswith(".onnx")
+            if model or (data and not name.endswith("/en_dict")):
                 continue
             out.writestr(item, source.read(item))
 files = [english] + [w for w in sorted(directory.glob("all/*.whl")) if w.name != piper.name]

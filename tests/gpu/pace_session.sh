@@ -55,6 +55,9 @@ else
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
             --force-reinstall /tmp/keep/*.whl || exit 1
     fi
+    # piper-tts as carried (an earlier part may have held another build of it).
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --force-reinstall /tmp/keep/piper_tts-*.whl || exit 1
     echo "$PWD" >"$SITE/voxfleet-checkout.pth"
     export PYTHONPATH="$PWD"
     python3 -c 'import pytriton' 2>/dev/null || : >"$(python3 -c 'import importlib.util; print(importlib.util.find_spec("pytriton").submodule_search_locations[0])')/__init__.py"
