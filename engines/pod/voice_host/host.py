@@ -184,12 +184,11 @@ class GpuMemoryMeter(MemoryMeter):
     (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`) the device reports what is free within the limit but
     the whole device's total: the limit is then the total.
 
-    `used` is what the device charges the pod, not only what this process's allocations took:
-    the driver's count of this process and of the pod's MPS server (`nvidia-smi`'s compute
-    apps, which hold the CUDA context and the server's own memory), where it is more than the
-    free memory says. Under a 16 GiB budget the free memory said 7,430 MiB while nvidia-smi
-    counted 8,817 to 8,883 MiB for the pod (docs/gpu.md); the operator places voices by this
-    figure."""
+    `used` is what the device charges the pod, not only what this process's allocations took
+    (`ChargedMemory`: the CUDA context and the pod's MPS server besides), where that is more
+    than the free memory says. Under a 16 GiB budget the free memory said 7,430 MiB while
+    nvidia-smi counted 8,817 to 8,883 MiB on the GPU (docs/gpu.md); the operator places voices
+    by this figure."""
 
     device = "gpu"
 
@@ -219,6 +218,16 @@ CHARGED_READ_S = 2.0
 MPS_SERVER = "nvidia-cuda-mps-server"
 
 
+def _nvidia_smi(query: str) -> str:
+    return subprocess.run(
+        ["nvidia-smi", query, "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=5,
+        check=True,
+    ).stdout
+
+
 def charged_bytes(compute_apps_csv: str, pids: set[int]) -> int:
     """Bytes the driver charges `pids`, from `nvidia-smi --query-compute-apps=pid,used_memory
     --format=csv,noheader,nounits` (one `pid, MiB` line per process on the GPU)."""
@@ -236,9 +245,24 @@ def charged_bytes(compute_apps_csv: str, pids: set[int]) -> int:
     return total
 
 
+def device_used_bytes(query_gpu_csv: str) -> int | None:
+    """The GPU's used memory from `nvidia-smi --query-gpu=memory.used --format=csv,noheader,
+    nounits`, where it shows one GPU (a pod's own); None where it shows several or none."""
+    lines = [line.strip() for line in query_gpu_csv.splitlines() if line.strip()]
+    if len(lines) != 1:
+        return None
+    try:
+        return int(float(lines[0]) * MIB)
+    except ValueError:
+        return None
+
+
 class ChargedMemory:
-    """What the driver charges this process and the MPS server it is a client of (`nvidia-smi`,
-    read at most every CHARGED_READ_S); None where nvidia-smi cannot say."""
+    """What the driver charges the pod (`nvidia-smi`, read at most every CHARGED_READ_S): its
+    processes' memory (this one and the MPS server it is a client of) and, where nvidia-smi
+    sees one GPU, the GPU's used memory as a whole. A pool pod has its GPU to itself (the
+    chart asks for one `nvidia.com/gpu` per pod), so all of it is the pod's; under MPS the
+    driver may list the server alone, not its clients. None where nvidia-smi cannot say."""
 
     def __init__(self) -> None:
         self._read: tuple[float, int | None] | None = None
@@ -259,18 +283,9 @@ class ChargedMemory:
             return self._read[1]
         value: int | None = None
         try:
-            apps = subprocess.run(
-                [
-                    "nvidia-smi",
-                    "--query-compute-apps=pid,used_memory",
-                    "--format=csv,noheader,nounits",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=5,
-                check=True,
-            ).stdout
-            value = charged_bytes(apps, self._pids())
+            apps = _nvidia_smi("--query-compute-apps=pid,used_memory")
+            device = device_used_bytes(_nvidia_smi("--query-gpu=memory.used"))
+            value = max(charged_bytes(apps, self._pids()), device or 0)
         except (OSError, subprocess.SubprocessError):
             value = None
         self._read = (now, value)

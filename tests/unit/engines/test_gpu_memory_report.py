@@ -10,7 +10,13 @@ import types
 import pytest
 from voxfleet_operator.placement import MARGIN_MIB, PodRoom, place_voice
 
-from engines.pod.voice_host.host import MIB, GpuMemoryMeter, VoiceHost, charged_bytes
+from engines.pod.voice_host.host import (
+    MIB,
+    GpuMemoryMeter,
+    VoiceHost,
+    charged_bytes,
+    device_used_bytes,
+)
 
 GIB = 1 << 30
 
@@ -26,6 +32,10 @@ def test_the_drivers_count_of_the_pods_processes_is_read_from_nvidia_smi() -> No
     assert charged_bytes(apps, {4242, 4300}) == (7430 + 1387) * MIB
     assert charged_bytes(apps, {1}) == 0
     assert charged_bytes("", {4242}) == 0
+    # The GPU's own count where nvidia-smi shows the pod's one GPU; not where it shows two.
+    assert device_used_bytes("8817\n") == 8817 * MIB
+    assert device_used_bytes("8817\n1200\n") is None
+    assert device_used_bytes("[N/A]\n") is None
 
 
 def test_a_pod_the_device_counts_as_nearly_full_gets_no_further_voice(
