@@ -147,7 +147,7 @@ def ms(seconds: float | None) -> float | None:
 
 def pod_metrics(address: str) -> dict[str, float]:
     """A pool pod's own view of its load, from its Triton metrics port: the real-time streams
-    it holds by its own measurement, its load ratio (the largest of its voices' series, which
+    it holds (predicted from its calls' costs), its load ratio (the largest of its voices' series, which
     all carry the pod's), and its live and refused streams (summed over its voices)."""
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=3) as response:
         text = response.read().decode()
@@ -394,8 +394,8 @@ def measured_capacity(timeline: Sequence[dict[str, Any]], since_s: float) -> int
     ]
     if not readings:
         raise AssertionError(
-            "the pod measured no capacity while it streamed (it never was 30 % busy): raise "
-            "--measure-streams"
+            "the pod reported no capacity while it streamed (voxfleet_capacity_streams): is "
+            "its metrics port reachable?"
         )
     return max(1, round(statistics.median(readings)))
 
@@ -805,8 +805,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--measure-streams",
         type=int,
         default=4,
-        help="listeners on the one pod while it measures what it holds (it measures once at "
-        "least 30 %% busy)",
+        help="listeners on the one pod while its capacity is read (voxfleet_capacity_streams)",
     )
     parser.add_argument("--measure-s", type=float, default=30.0)
     parser.add_argument("--settle-s", type=float, default=35.0)

@@ -4,7 +4,7 @@ streams it admitted notice the hammering.
     python -m engines.bench.refusals --runs 3 --out results/refusals.json
 
 Each run on a freshly started `voxfleet serve` (CPU, the joe voice, no `--max-streams`: the
-server refuses by its own measured capacity, engines/pod/voice_host/host.py):
+server refuses past the capacity it predicts, engines/streaming/capacity.py):
 
 1. warm-up: `--warmup-listeners` closed-loop listeners until the server reports the real-time
    streams it holds (`voxfleet_capacity_streams`, C);

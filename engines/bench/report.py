@@ -73,9 +73,9 @@ METHOD = """\
   or `--pods HOST:PORT,HOST:PORT`. The stream model on every pod, over a connection per pod,
   each stream sent to the pod with the fewest of the client's streams in flight
   (`engines/client/balancing.py`), and a stream a pod refuses before its first audio
-  (`RESOURCE_EXHAUSTED` or `UNAVAILABLE`) sent to another, each pod at most once, 3 tries in
-  all. With `--client-processes N` each process balances on its own over its own
-  connections. A stream every tried pod refused is counted as `refused`, apart from
+  (`RESOURCE_EXHAUSTED`, `UNAVAILABLE` or `NOT_FOUND`) sent to another, each pod at most
+  once, 3 tries in all. With `--client-processes N` each process balances on its own over
+  its own connections. A stream every tried pod refused is counted as `refused`, apart from
   `errors`, in the JSON, the progress line and the runs table. A level with a refusal does
   not hold real time. No server resources are read for this system (several servers).
 - **Batching**: Triton's per-model statistics (executions per batch size) read before and

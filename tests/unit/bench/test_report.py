@@ -56,7 +56,7 @@ def _result() -> dict[str, Any]:
 def test_page_has_machine_goals_runs_plot_and_json() -> None:
     page = build_page(_result(), "benchmarks-cpu.png", "benchmarks-cpu.json", "voxfleet bench")
     assert "Test CPU" in page and "2026-01-01 00:00 UTC" in page
-    assert "| voxfleet | 4 | 40 | 101 / 180 / 210 | 0 |" in page
+    assert "| voxfleet | 4 | 40 | 101 / 180 / 210 | 0 (0 %) | 0 |" in page
     assert "3.2 (max 4), vocoder" in page
     assert "- `piper` not run at 16: saturated at concurrency 8" in page
     assert "| real-time streams vs machine limit | 4 of 20 | ratio ≥ 0.80 | **no** |" in page
