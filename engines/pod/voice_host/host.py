@@ -73,6 +73,11 @@ COSTS_LOG_ENV = "VOXFLEET_COSTS_LOG_S"
 # stream late; its load ratio (live streams / capacity) is what the HPAs scale on. The
 # figures are published every LOAD_SAMPLE_S.
 LOAD_SAMPLE_S = 0.25
+# A pod is never full below this many live streams, whatever it predicts: on a 2-core CPU
+# shared with other work the prediction fell to 3 (the stages then ran 3 times slower than
+# alone), and a pod that turns away its fourth listener is of little use. The HPAs still
+# read the load against the prediction.
+MIN_ADMITTED_STREAMS = 4
 # Phonemiser worker processes where a GPU does the rest (the CPU data plane phonemises on
 # the thread that has the request: its cores are the stages').
 GPU_FRONTEND_WORKERS = 4
@@ -596,7 +601,7 @@ class VoiceHost:
                 raise StreamRefused("this voice is being unloaded from this server; retry")
             scheduler = voice.architecture.scheduler
             live, capacity = scheduler.live_streams(), scheduler.capacity()
-            if live >= capacity:
+            if live >= max(capacity, MIN_ADMITTED_STREAMS):
                 voice.slot.stats.refused_streams += 1
                 raise StreamRefused(
                     f"this server is full: {live} live streams of the {capacity} it holds in "

@@ -204,13 +204,13 @@ def test_a_full_pod_refuses_a_new_stream_with_resource_exhausted(
         handle = host.load(joe_plan)
         (architecture,) = host._architectures.values()
         scheduler = architecture.scheduler
-        held = scheduler.capacity()
-        assert held >= 1
+        predicted = scheduler.capacity()
+        held = max(predicted, host_module.MIN_ADMITTED_STREAMS)
         monkeypatch.setattr(scheduler, "live_streams", lambda: held)  # that many live streams
         with pytest.raises(StreamRefused) as refused:
             host.start_stream(handle, "Hello.", SynthesisParams(), StreamSink())
         assert refused.value.code == "RESOURCE_EXHAUSTED"
-        assert f"this server is full: {held} live streams of the {held} it holds" in str(
+        assert f"this server is full: {held} live streams of the {predicted} it holds" in str(
             refused.value
         )
         assert host.stats(handle).refused_streams == 1
@@ -219,5 +219,26 @@ def test_a_full_pod_refuses_a_new_stream_with_resource_exhausted(
         stats = host.stats(handle)
         assert stats.capacity_streams >= 1
         assert stats.load_ratio == pytest.approx(held / stats.capacity_streams)
+    finally:
+        host.close()
+
+
+def test_a_pod_takes_a_few_streams_whatever_it_predicts(joe_plan, monkeypatch) -> None:
+    """On a machine too busy to hold even a few streams in real time a pod still takes
+    MIN_ADMITTED_STREAMS: below that, it is never full."""
+    host = VoiceHost()
+    try:
+        handle = host.load(joe_plan)
+        (architecture,) = host._architectures.values()
+        scheduler = architecture.scheduler
+        monkeypatch.setattr(scheduler, "capacity", lambda now=None: 1)
+        live = host_module.MIN_ADMITTED_STREAMS - 1
+        monkeypatch.setattr(scheduler, "live_streams", lambda: live)
+        sink = Listener()
+        host.start_stream(handle, "Hello.", SynthesisParams(), sink)  # not refused
+        live = host_module.MIN_ADMITTED_STREAMS
+        with pytest.raises(StreamRefused):
+            host.start_stream(handle, "Hello.", SynthesisParams(), Listener())
+        assert sink.done.wait(30) and sink.error is None
     finally:
         host.close()
