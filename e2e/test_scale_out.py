@@ -8,9 +8,11 @@
 
 The scenarios use a voice of their own (`spread`, the joe voice under another name), so the
 other scenarios' voices are not touched. The client finds the voice's pods as it would in a
-cluster, through its headless Service (`status.podsEndpoint`); here, with no cluster DNS, the
-Service proxy's EndpointSlices answer the lookup, again every RESOLVE_TTL_S as DNS would.
-Local only: on kind the test process cannot reach pods but through one port-forward each.
+cluster, through its headless Service (`status.podsEndpoint`): the test process runs on the
+host, outside cluster DNS, so the Service's EndpointSlices (what CoreDNS answers a lookup of
+that name with; test_node.py checks that a pod's lookup does) answer it, again every
+RESOLVE_TTL_S as DNS would. Local only: on kind the test process cannot reach pods but
+through one port-forward each.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
     python -m autoscale.step [--sync-period 5] [--scrape-interval 5s] [--rate-window 30s] ...
 
-One installation per scenario (e2e/installation.py: the real control plane, the node agent's
-nodes with each pool pod on its own CPU, the chart installed with helm, the operator running)
+One installation per scenario (e2e/installation.py: the real control plane and a real node,
+the kubelet giving each pool pod the CPU shares its request asks for, the chart installed
+with helm, the operator running from its image)
 and, beside it, the real Prometheus (Debian's) scraping what the ServiceMonitors select, and
 the real prometheus-adapter serving the chart's rules as `custom.metrics.k8s.io` (adapter.py);
 the HPA controller is kube-controller-manager's own, with its sync period set by
@@ -319,8 +320,8 @@ def sentences() -> Iterator[str]:
 
 def voice_pods(installation: Installation, voice: str) -> Callable[[], Pods]:
     """Endpoint sources for clients of `voice`: the ready pods its headless Service lists, looked
-    up again every RESOLVE_TTL_S as a client's DNS lookups would be (the local cluster has no
-    cluster DNS: its Service proxy's EndpointSlices are what a lookup would answer)."""
+    up again every RESOLVE_TTL_S as a client's DNS lookups would be (this process runs on the
+    host, outside cluster DNS: the Service's EndpointSlices are what a lookup would answer)."""
     service = f"{voice}-tts-pods"
 
     def lookup(_: str) -> list[str]:
