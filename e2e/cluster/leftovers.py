@@ -32,6 +32,12 @@ CGROUP_ROOT = "/voxfleet-node"
 # plugin turns on for pods to reach Services.
 SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward")
 SAVED_SYSCTLS = STATE / "sysctls.json"
+# The node's pods share the CPU as one group against every process outside it, and a group
+# weighs as one busy process by default (1024). Outside it here run the suite's own clients
+# (up to eight `voxfleet say` processes at once, each as heavy as a pool pod while it starts),
+# which in a cluster would run on other machines: the node weighs as four busy processes per
+# CPU, so that its pods keep most of the CPU they would have on a machine of their own.
+NODE_CPU_WEIGHT_PER_CPU = 4096
 
 
 def cgroup_hierarchies() -> list[Path]:
@@ -65,13 +71,17 @@ def cgroup_pids(directory: Path) -> list[int]:
 
 def make_cgroup_root() -> None:
     """CGROUP_ROOT in every hierarchy (the kubelet wants its cgroup root to exist), with the
-    parent's CPUs and memory nodes in cpuset (a new v1 cpuset has none)."""
+    parent's CPUs and memory nodes in cpuset (a new v1 cpuset has none), and a CPU weight of
+    `NODE_CPU_WEIGHT_PER_CPU` per CPU."""
     for hierarchy in cgroup_hierarchies():
         top = hierarchy / CGROUP_ROOT.strip("/")
         top.mkdir(exist_ok=True)
         for name in ("cpuset.cpus", "cpuset.mems"):
             if (hierarchy / name).exists() and not (top / name).read_text().strip():
                 (top / name).write_text((hierarchy / name).read_text())
+        if (top / "cpu.shares").exists():
+            weight = NODE_CPU_WEIGHT_PER_CPU * len(os.sched_getaffinity(0))
+            (top / "cpu.shares").write_text(str(weight))
 
 
 def _shims() -> list[int]:
