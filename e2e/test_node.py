@@ -236,28 +236,38 @@ def test_a_container_over_its_memory_limit_is_oom_killed_and_restarted(
     assert status["lastState"]["terminated"]["exitCode"] == 137, status
 
 
-# Grows in touched 32 MiB steps inside the container's memory cgroup, and never lets go. It
-# gives up its own claim on being the OOM killer's victim first (oom_score_adj 0, as low as an
-# unprivileged process may set it; the kubelet gives a Burstable pod's processes 900 and more),
-# so the killer takes the pod's own processes, largest first (the voice host), and then its
-# main process: the pod is over its memory limit until the container is gone.
+# Grows in touched 8 MiB steps inside the container's memory cgroup until the kernel's OOM
+# killer has acted there (its oom_kill count rises), then lets go. It gives up its own claim
+# on being the victim first (oom_score_adj 0, as low as an unprivileged process may set it;
+# the kubelet gives a Burstable pod's processes 900 and more), so the killer takes the pod's
+# largest process, the voice host, as it would take a voice host that grew past the limit.
 POOL_HOG = """
-import time
+import json, os, time
 with open('/proc/self/oom_score_adj', 'w') as f:
     f.write('0')
-held = []
-while True:
-    held.append(bytearray(b'\\x01') * (32 << 20))
-    time.sleep(0.02)
+def oom_kills():
+    for path in ('/sys/fs/cgroup/memory.events', '/sys/fs/cgroup/memory/memory.oom_control'):
+        if os.path.exists(path):
+            for line in open(path):
+                if line.startswith('oom_kill '):
+                    return int(line.split()[1])
+    return 0
+before, held = oom_kills(), []
+while oom_kills() == before:
+    held.append(bytearray(b'\\x01') * (8 << 20))
+held.clear()
+print(json.dumps({'before': before, 'after': oom_kills()}))
 """
 
 
-def test_a_pool_pod_over_its_memory_limit_is_oom_killed_restarted_and_heals(
+def test_a_pool_pod_over_its_memory_limit_is_oom_killed_and_heals(
     installation: Installation, joe_voice: dict[str, Any]
 ) -> None:
-    """A pool pod's memory pushed past its limit: the kernel's OOM killer takes its
-    processes, the kubelet restarts its container (`OOMKilled`), the operator loads its
-    voices into it again, and joe speaks again through its Service, whole."""
+    """A pool pod's memory pushed past its limit: the kernel's OOM killer takes its largest
+    process, the voice host. Its supervisor starts a new one and loads the voices again; or,
+    where the killer also took the pod's main process before the memory was given back, the
+    kubelet restarts the container (`OOMKilled`) and the operator loads its voices into it
+    again. Either way joe speaks again through its Service, whole, and the pod serves it."""
     kubectl = installation.kubectl
     pod = next(p for p in pool_pods(installation) if serving(p, "joe"))["metadata"]["name"]
 
@@ -270,17 +280,17 @@ def test_a_pool_pod_over_its_memory_limit_is_oom_killed_restarted_and_heals(
     hog = kubectl.run(
         "exec", pod, "-c", "triton", "--", "python3", "-c", POOL_HOG, check=False, timeout=300
     )
-    assert hog.returncode != 0, "the hog outlived its container"
 
-    def restarted_after_oom() -> dict[str, Any] | None:
+    def oom_seen() -> str | None:
         status = triton_status()
         last = (status.get("lastState") or {}).get("terminated") or {}
         if status.get("restartCount", 0) > restarts and last.get("reason") == "OOMKilled":
-            return status
+            return "restarted"
+        if "the voice host exited with -9" in kubectl.run("logs", pod, "-c", "triton").stdout:
+            return "healed in place"
         return None
 
-    status = eventually(restarted_after_oom, timeout=120, what=f"{pod} OOM-killed, restarted")
-    assert status["lastState"]["terminated"]["exitCode"] == 137, status
+    how = eventually(oom_seen, timeout=120, what=f"{pod}'s voice host OOM-killed ({hog.stdout})")
 
     def speaks() -> Any:
         return stream(installation, joe_voice["status"]["endpoint"], "joe")
@@ -289,7 +299,7 @@ def test_a_pool_pod_over_its_memory_limit_is_oom_killed_restarted_and_heals(
     reference = piper_seconds(TEXT)
     assert abs(speech.audio_seconds - reference) <= 0.10 * reference, (speech, reference)
     installation.timings["oom_kill_to_speech_s"] = time.monotonic() - started
-    # The restarted pod serves joe again: the operator loaded it there.
+    installation.timings["oom_pod_restarted"] = float(how == "restarted")
     eventually(
         lambda: serving(kubectl.get("pod", pod), "joe"),
         timeout=240,
