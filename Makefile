@@ -8,7 +8,7 @@ TOOLS_STAMP := .tools/.installed
 CONTROL_PLANE_STAMP := .tools/.control-plane
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint e2e e2e-kind autoscale bench soak faults gpu-wheels clean
+.PHONY: setup images demo test lint e2e e2e-kind autoscale bench soak faults gpu-wheels clean
 
 setup: $(STAMP) $(TOOLS_STAMP) $(CONTROL_PLANE_STAMP)
 
@@ -23,11 +23,17 @@ $(TOOLS_STAMP): scripts/install-tools.sh
 	bash scripts/install-tools.sh .tools
 	touch $(TOOLS_STAMP)
 
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler and prometheus-adapter, built
-# from their Go modules (tools/*/go.mod, go.sum) into .tools/bin; needs Go and the module proxy.
-$(CONTROL_PLANE_STAMP): scripts/build-control-plane.sh $(wildcard tools/*/go.mod tools/*/go.sum)
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, CoreDNS
+# and prometheus-adapter, built from their Go modules (tools/*/go.mod, go.sum) into .tools/bin;
+# needs Go and the module proxy.
+$(CONTROL_PLANE_STAMP): scripts/build-control-plane.sh $(wildcard tools/*/go.mod tools/*/go.sum tools/*/*.go)
 	nice bash scripts/build-control-plane.sh .tools
 	touch $(CONTROL_PLANE_STAMP)
+
+# The images of docker/ as OCI archives in .tools/images, built without Docker (buildah over a
+# Debian bookworm base); cached by what goes into them, so a second run builds nothing.
+images:
+	nice python3 scripts/build-images.py
 
 demo: $(STAMP)
 	$(VENV)/bin/voxfleet demo -o demo.wav
@@ -38,21 +44,22 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
-test: setup lint
+test: setup lint images
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(VENV)/bin/pytest -q $(PYTEST_ARGS) tests
 	$(MAKE) e2e
 
-# The whole path, `kubectl apply` to audio, on a local cluster of real processes (docs/e2e.md).
-e2e: setup
+# The whole path, `kubectl apply` to audio, on a local cluster: the real control plane and a
+# real node (kubelet, containerd, runc, kube-proxy, CoreDNS) running the images (docs/e2e.md).
+e2e: setup images
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(VENV)/bin/pytest -q $(PYTEST_ARGS) e2e
 
 # The same suite on a kind cluster; needs Docker and kind, and stops at once without them.
-e2e-kind: setup
+e2e-kind: setup images
 	PATH="$(CURDIR)/.tools/bin:$$PATH" bash scripts/e2e-kind.sh
 
 # A load step on the local cluster and the autoscaling loop's response (docs/autoscaling.md).
 AUTOSCALE_ARGS ?=
-autoscale: setup
+autoscale: setup images
 	PATH="$(CURDIR)/.tools/bin:$$PATH" PYTHONPATH="$(CURDIR)/e2e:$(CURDIR)" $(VENV)/bin/python -m autoscale.step $(AUTOSCALE_ARGS)
 
 # The CPU sweep against its baselines: results/benchmarks-cpu.json, docs/img/benchmarks-cpu.png

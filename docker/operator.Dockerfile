@@ -1,26 +1,27 @@
 # syntax=docker/dockerfile:1
-# The voxfleet operator: the `voxfleet` command with the control plane's dependencies only
-# (kopf, pydantic, tritonclient's gRPC client for the repository API, prometheus-api-client for
-# the voices' status figures). No GPU, no Triton.
+# The voxfleet operator: the `voxfleet` command with its `operator` extra only (kopf,
+# pydantic, aiohttp, prometheus-api-client for the voices' status figures). No GPU, no Triton.
 #
-# Build from the repository root (BuildKit reads operator.Dockerfile.dockerignore):
+# Build from the repository root (BuildKit and buildah read operator.Dockerfile.dockerignore):
 #   docker build -f docker/operator.Dockerfile -t REGISTRY/voxfleet-operator:0.1.0 .
-# Not built in this project's CI: its machines have no Docker engine.
-FROM python:3.11-slim AS build
+# `make images` builds it without Docker, over a Debian bookworm base (docs/images.md).
+ARG BASE=python:3.11-slim-bookworm
+FROM ${BASE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY engines ./engines
 COPY operator ./operator
-# --no-deps, then the control plane's own list: the data plane's dependencies (onnxruntime,
-# piper-tts, nvidia-pytriton, ...) are hundreds of megabytes the operator never imports.
-RUN python -m venv /opt/voxfleet \
-    && /opt/voxfleet/bin/pip install --no-cache-dir --no-deps . \
-    && /opt/voxfleet/bin/pip install --no-cache-dir \
-        "kopf>=1.45,<1.46" "pydantic>=2.6" "pyyaml>=6" "aiohttp>=3.9" \
-        "tritonclient[grpc]>=2.50" "numpy>=1.24,<2" "prometheus-api-client>=0.5"
+# Only the operator's extra: the data plane's dependencies (onnxruntime, piper-tts,
+# nvidia-pytriton, ...) are hundreds of megabytes the operator never imports.
+RUN python3 -m venv /opt/voxfleet \
+    && /opt/voxfleet/bin/pip install --no-cache-dir --disable-pip-version-check ".[operator]"
 
-FROM python:3.11-slim
+FROM ${BASE}
 COPY --from=build /opt/voxfleet /opt/voxfleet
+# A name for the uid below: kopf (and Python's getpass) look the user up, and fail without one.
+RUN groupadd --gid 65532 nonroot \
+    && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp \
+        --shell /usr/sbin/nologin nonroot
 ENV PATH=/opt/voxfleet/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -1,26 +1,26 @@
 # syntax=docker/dockerfile:1
-# The speech API gateway (`voxfleet api`, docs/speech-api.md): the `voxfleet` command with
-# the gateway's dependencies only (Starlette, uvicorn, PyAV, soxr, gRPC). No Triton, no
-# onnxruntime: the gateway relays audio from the pools' pods.
+# The speech API gateway (`voxfleet api`, docs/speech-api.md): the `voxfleet` command with its
+# `gateway` extra only (Starlette, uvicorn, PyAV, soxr, gRPC). No Triton, no onnxruntime: the
+# gateway relays audio from the pools' pods.
 #
-# Build from the repository root (BuildKit reads speech-api.Dockerfile.dockerignore):
+# Build from the repository root (BuildKit and buildah read speech-api.Dockerfile.dockerignore):
 #   docker build -f docker/speech-api.Dockerfile -t REGISTRY/voxfleet-speech-api:0.1.0 .
-# Not built in this project's CI: its machines have no Docker engine.
-FROM python:3.11-slim AS build
+# `make images` builds it without Docker, over a Debian bookworm base (docs/images.md).
+ARG BASE=python:3.11-slim-bookworm
+FROM ${BASE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY engines ./engines
 COPY operator ./operator
-# --no-deps, then the gateway's own list: the data plane's other dependencies (onnxruntime,
-# piper-tts, nvidia-pytriton, ...) are hundreds of megabytes the gateway never imports.
-RUN python -m venv /opt/voxfleet \
-    && /opt/voxfleet/bin/pip install --no-cache-dir --no-deps . \
-    && /opt/voxfleet/bin/pip install --no-cache-dir \
-        "starlette>=0.40" "uvicorn>=0.30" "httptools>=0.6" "websockets>=13" "av>=12" \
-        "soxr>=0.4" "tritonclient[grpc]>=2.50" "numpy>=1.24,<2" "pydantic>=2.6" "pyyaml>=6"
+RUN python3 -m venv /opt/voxfleet \
+    && /opt/voxfleet/bin/pip install --no-cache-dir --disable-pip-version-check ".[gateway]"
 
-FROM python:3.11-slim
+FROM ${BASE}
 COPY --from=build /opt/voxfleet /opt/voxfleet
+# A name for the uid below: kopf (and Python's getpass) look the user up, and fail without one.
+RUN groupadd --gid 65532 nonroot \
+    && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp \
+        --shell /usr/sbin/nologin nonroot
 ENV PATH=/opt/voxfleet/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

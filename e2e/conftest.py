@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,11 +16,12 @@ TIMINGS_FILE = ROOT / "build" / "e2e-timings.json"
 
 
 def _local_cluster_missing() -> str | None:
+    """What this machine lacks to run the local cluster, in one line that says how to get it."""
     from e2e.cluster.controlplane import missing_binaries
+    from e2e.cluster.images import product_archives
+    from e2e.cluster.node import missing_image, node_missing
 
-    if os.geteuid() != 0:
-        return "the local cluster needs root (network and mount namespaces)"
-    for tool in ("kubectl", "helm", "ip", "unshare", "mount", "openssl"):
+    for tool in ("kubectl", "helm", "openssl"):
         if shutil.which(tool) is None:
             return f"{tool} is not on PATH (kubectl and helm come with `make setup`)"
     missing = missing_binaries()
@@ -30,7 +30,7 @@ def _local_cluster_missing() -> str | None:
             f"{', '.join(missing)} not built: run `make setup` (it builds the control "
             "plane from its Go modules)"
         )
-    return None
+    return node_missing() or missing_image(product_archives())
 
 
 def pytest_configure(config: pytest.Config) -> None:

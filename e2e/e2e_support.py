@@ -5,9 +5,9 @@ delete) and `helm` (install, upgrade, uninstall), and to voices only through `vo
 client at the address a voice's Service resolves to. The two backends differ in who runs the
 control plane and the pods, and in how a test reaches a Service or a pod:
 
-- local (default): the real control plane built by `make setup` and the node agent's nodes
-  (e2e/cluster/), the chart installed with `helm install`; Services are reached at their
-  cluster IPs through the node agent's Service proxy, pods at their IPs.
+- local (default): the real control plane and node built by `make setup` (e2e/cluster/),
+  running the images `make images` built, the chart installed with `helm install`; Services
+  are reached at their cluster IPs through kube-proxy, pods at their IPs.
 - kind (`VOXFLEET_E2E_KUBECONFIG` set, as scripts/e2e-kind.sh does): the chart is already
   installed by `helm install`; Services and pods are reached with `kubectl port-forward`.
 
@@ -161,7 +161,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @contextlib.contextmanager
 def port_forward(kubectl: Kubectl, target: str, port: int) -> Iterator[str]:
-    """`kubectl port-forward TARGET :PORT` (kind only): yields the local host:port."""
+    """`kubectl port-forward TARGET :PORT`: yields the local host:port."""
     local = free_port()
     process = subprocess.Popen(
         [

@@ -1,8 +1,9 @@
 """One installed voxfleet for the whole suite: a cluster, the chart, the operator running.
 
-`local_installation()` builds it here: the real control plane and the node agent's nodes
-(e2e/cluster/), and the chart installed with `helm install` as a user would, the operator
-running as the chart's own Deployment under its own ServiceAccount and RBAC.
+`local_installation()` builds it here: the real control plane and a real node (e2e/cluster/:
+kubelet, containerd and runc, kube-proxy, CoreDNS) running the images `make images` built, and
+the chart installed with `helm install` as a user would, the operator running as the chart's
+own Deployment, from its image, under its own ServiceAccount and RBAC.
 `kind_installation()` installs the same chart with `helm install` on a kind cluster that
 scripts/e2e-kind.sh made and loaded the images into. Scenarios see only `Installation`.
 """
@@ -47,7 +48,7 @@ class Installation:
     reach_service: Callable[[str], contextlib.AbstractContextManager[str]]
     # (pod name, container port) -> a "host:port" of that pod.
     reach_pod: Callable[[str, int], contextlib.AbstractContextManager[str]]
-    # Kill every process named `name` in a pod's container, as an OOM kill or a crash would.
+    # Kill every process named `name` in a pod's containers, as a crash would.
     kill_process: Callable[[str, str], int]
     # Logs of a pod's container (for failure messages).
     logs: Callable[[str, str], str]
@@ -209,8 +210,8 @@ def kind_installation() -> Iterator[Installation]:
 def local_installation(
     workdir: Path, hpa_sync_period_s: float = HPA_SYNC_PERIOD_S
 ) -> Iterator[Installation]:
-    """The control plane and the node agent's nodes here, and the chart installed with
-    `helm install` as a user installs it."""
+    """The control plane and a node here, and the chart installed with `helm install` as a
+    user installs it."""
     from e2e.cluster import LocalCluster
 
     cluster = LocalCluster(workdir / "cluster", hpa_sync_period_s=hpa_sync_period_s)

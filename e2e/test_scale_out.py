@@ -8,9 +8,11 @@
 
 The scenarios use a voice of their own (`spread`, the joe voice under another name), so the
 other scenarios' voices are not touched. The client finds the voice's pods as it would in a
-cluster, through its headless Service (`status.podsEndpoint`); here, with no cluster DNS, the
-Service proxy's EndpointSlices answer the lookup, again every RESOLVE_TTL_S as DNS would.
-Local only: on kind the test process cannot reach pods but through one port-forward each.
+cluster, through its headless Service (`status.podsEndpoint`): the test process runs on the
+host, outside cluster DNS, so the Service's EndpointSlices (what CoreDNS answers a lookup of
+that name with; test_node.py checks that a pod's lookup does) answer it, again every
+RESOLVE_TTL_S as DNS would. Local only: on kind the test process cannot reach pods but
+through one port-forward each.
 """
 
 from __future__ import annotations
@@ -134,7 +136,11 @@ def test_one_client_spreads_new_streams_over_a_pod_added_by_a_scale_out(
             after = {e: c.streams for e, c in client.balancer.counts().items()}
         finally:
             results = listeners.stop()
-    assert not [r for r in results if "error" in r], results
+    # While the one pod is full (three listeners can be more than it holds on a busy machine)
+    # it refuses a stream before its first audio, which is asked again: no failure.
+    refused = [r for r in results if r.get("error", "").startswith("RESOURCE_EXHAUSTED")]
+    assert not [r for r in results if "error" in r and r not in refused], results
+    installation.timings["scale_out_refused_streams"] = float(len(refused))
     new_streams = {e: after.get(e, 0) - before.get(e, 0) for e in (first, second)}
     # One client, new streams on both pods, neither left out.
     assert min(new_streams.values()) >= 0.3 * sum(new_streams.values()) > 0, new_streams
@@ -234,15 +240,28 @@ def test_a_pod_leaving_with_streams_in_flight_cuts_none(
             )
             gone_s = time.monotonic() - left_at
             eventually(
-                lambda: len([r for r in listeners.results if r["started"] > left_at + gone_s]) >= 2,
+                lambda: (
+                    len(
+                        [
+                            r
+                            for r in listeners.results
+                            if r["started"] > left_at + gone_s and "audio_seconds" in r
+                        ]
+                    )
+                    >= 2
+                ),
                 timeout=120,
-                what="streams after the pod left",
+                what="streams spoken after the pod left",
             )
         finally:
             results = listeners.stop()
-    errors = [r["error"] for r in results if "error" in r]
+    # A stream the one pod left refuses before its first audio, because it is full (four
+    # listeners may be more than it holds on a busy machine), is asked again; it is no cut.
+    refused = [r for r in results if r.get("error", "").startswith("RESOURCE_EXHAUSTED")]
+    errors = [r["error"] for r in results if "error" in r and r not in refused]
     assert not errors, f"{len(errors)} of {len(results)} streams failed: {errors[:3]}"
-    lengths = [r["audio_seconds"] for r in results]
+    installation.timings["scale_in_refused_streams"] = float(len(refused))
+    lengths = [r["audio_seconds"] for r in results if "audio_seconds" in r]
     short = [s for s in lengths if s < 0.9 * statistics.median(lengths)]
     assert not short, f"streams cut short: {short} (median {statistics.median(lengths):.2f} s)"
     assert in_flight is not None and in_flight.in_flight >= 1, (

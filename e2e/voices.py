@@ -14,6 +14,8 @@ from e2e_support import POOL, eventually
 from installation import Installation, describe
 from speech import TEXT, Speech, say, say_many
 
+from engines.contract import names
+
 GROUP = "voxfleet.io/v1alpha1"
 POOL_DEPLOYMENT = f"voxfleet-triton-{POOL}"
 POOL_PODS = f"app.kubernetes.io/name=voxfleet-triton,voxfleet.io/pool={POOL}"
@@ -71,12 +73,14 @@ def stream(installation: Installation, endpoint: str, name: str, text: str = TEX
 
 
 def model_stats(installation: Installation, pod: str) -> dict[str, int]:
-    """Successful requests per model, from the pod's own Triton metrics port."""
+    """Streams each voice accepted, from the pod's own metrics port (`voxfleet_streams_total`:
+    a stream the pod refused because it was full, which the client then asks again, is not
+    one; Triton's own request count has both)."""
     with installation.reach_pod(pod, 8002) as address:
         text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
     counts: dict[str, int] = {}
     for line in text.splitlines():
-        if line.startswith("nv_inference_request_success{"):
+        if line.startswith(f"{names.STREAMS_TOTAL}{{"):
             model = line.split('model="', 1)[1].split('"', 1)[0]
             counts[model] = counts.get(model, 0) + int(float(line.rsplit(" ", 1)[1]))
     return counts

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Builds the Kubernetes control plane the e2e suite and the integration tests run on, from the
-# projects' own Go modules, into DIR/bin (default .tools/bin):
-#   kube-apiserver, kube-controller-manager, kube-scheduler   k8s.io/kubernetes v1.35.4
+# Builds the Kubernetes control plane and node the e2e suite and the integration tests run on,
+# from the projects' own Go modules, into DIR/bin (default .tools/bin):
+#   kube-apiserver, kube-controller-manager, kube-scheduler,
+#   kubelet, kube-proxy                                       k8s.io/kubernetes v1.35.4
 #   etcd                                                      go.etcd.io/etcd/server/v3 v3.6.16
 #   prometheus-adapter                                        sigs.k8s.io/prometheus-adapter v0.12.0
+#   coredns (cluster DNS, run as a pod from an image)         github.com/coredns/coredns v1.15.0
+#   pause (the e2e node's pod sandbox)                        tools/pause, ours
 #
 # Each comes from a small module of ours under tools/ whose go.mod and go.sum are checked in, so
 # every machine builds the same sources. k8s.io/kubernetes cannot be built with `go install
@@ -27,6 +30,7 @@ set -euo pipefail
 KUBERNETES_VERSION="v1.35.4"
 ETCD_VERSION="v3.6.16"
 ADAPTER_VERSION="v0.12.0"
+COREDNS_VERSION="v1.15.0"
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 dir="${1:-.tools}"
@@ -98,6 +102,8 @@ generate_control_plane_module() {
         echo "	k8s.io/kubernetes/cmd/kube-apiserver"
         echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
         echo "	k8s.io/kubernetes/cmd/kube-scheduler"
+        echo "	k8s.io/kubernetes/cmd/kubelet"
+        echo "	k8s.io/kubernetes/cmd/kube-proxy"
         echo ")"
         echo
         echo "replace ("
@@ -168,14 +174,15 @@ build() {  # build NAME PACKAGE OUTPUT [LDFLAGS]
 }
 
 started=$SECONDS
-kube_binaries=(kube-apiserver kube-controller-manager kube-scheduler)
+kube_binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 need_kube=0
 for binary in "${kube_binaries[@]}"; do
     has_version "$bin/$binary" "Kubernetes $KUBERNETES_VERSION" -- --version || need_kube=1
 done
 if [ "$need_kube" = 1 ]; then
     need_go
-    module_current control-plane k8s.io/kubernetes "$KUBERNETES_VERSION" \
+    { module_current control-plane k8s.io/kubernetes "$KUBERNETES_VERSION" \
+        && grep -q 'k8s.io/kubernetes/cmd/kube-proxy' "$root/tools/control-plane/go.mod"; } \
         || generate_control_plane_module
     fetch_modules control-plane
     info="$(download "k8s.io/kubernetes@$KUBERNETES_VERSION" | json_field Info)"
@@ -189,7 +196,8 @@ if [ "$need_kube" = 1 ]; then
         ldflags+=" -X $package.buildDate=$release_time"
     done
     for binary in "${kube_binaries[@]}"; do
-        build control-plane "k8s.io/kubernetes/cmd/$binary" "$binary" "$ldflags"
+        has_version "$bin/$binary" "Kubernetes $KUBERNETES_VERSION" -- --version \
+            || build control-plane "k8s.io/kubernetes/cmd/$binary" "$binary" "$ldflags"
     done
 fi
 
@@ -212,5 +220,24 @@ if ! [ -x "$bin/prometheus-adapter" ] \
     echo "$ADAPTER_VERSION" >"$bin/.prometheus-adapter-version"
 fi
 
+# CoreDNS runs as a pod of the e2e cluster, from an image `make images` makes of this binary.
+if ! has_version "$bin/coredns" "CoreDNS-${COREDNS_VERSION#v}" -- -version; then
+    need_go
+    module_current coredns github.com/coredns/coredns "$COREDNS_VERSION" \
+        || generate_plain_module coredns github.com/coredns/coredns "$COREDNS_VERSION" \
+            github.com/coredns/coredns
+    fetch_modules coredns
+    build coredns github.com/coredns/coredns coredns
+fi
+
+# The pod sandbox's process of the e2e node (tools/pause, a program of ours, no dependencies).
+pause_source="$(cat "$root/tools/pause/go.mod" "$root/tools/pause/main.go" | sha256sum | cut -c1-16)"
+if ! [ -x "$bin/pause" ] || [ "$(cat "$bin/.pause-source" 2>/dev/null)" != "$pause_source" ]; then
+    need_go
+    build pause . pause
+    echo "$pause_source" >"$bin/.pause-source"
+fi
+
 say "$("$bin/kube-apiserver" --version), $("$bin/etcd" --version | head -n 1)," \
-    "prometheus-adapter $ADAPTER_VERSION in $bin ($((SECONDS - started)) s)"
+    "prometheus-adapter $ADAPTER_VERSION, CoreDNS $COREDNS_VERSION in $bin" \
+    "($((SECONDS - started)) s)"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # `make e2e-kind`: the e2e suite against a real Kubernetes cluster in kind.
 #
-# Creates a kind cluster, builds the operator image and the CPU Triton image from docker/,
-# loads them into the cluster, and runs the same scenarios as `make e2e`
-# (e2e/test_kubectl_to_audio.py) with VOXFLEET_E2E_KUBECONFIG pointing at the cluster: the
-# suite itself runs `helm install` with the suite's CPU-pool values (e2e/values-cpu.yaml)
-# and these images (VOXFLEET_E2E_HELM_SET), then `helm upgrade` and `helm uninstall`, as it
-# does on the local cluster. The cluster is deleted at the end, also when something fails.
+# Creates a kind cluster, loads the images `make images` built from docker/ (the OCI archives
+# in .tools/images, the same images `make e2e`'s node runs), and runs the same scenarios as
+# `make e2e` with VOXFLEET_E2E_KUBECONFIG pointing at the cluster: the suite itself runs
+# `helm install` with the suite's values (e2e/values-cpu.yaml, which name those images), then
+# `helm upgrade` and `helm uninstall`, as it does on the local cluster. The cluster is deleted
+# at the end, also when something fails.
 # What differs from `make e2e`: kind runs the control plane and the pods, and the suite
 # reaches Services and pods with `kubectl port-forward`.
 #
@@ -20,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cluster="${KIND_CLUSTER:-voxfleet-e2e}"
 namespace="voxfleet-e2e"
-tag="e2e"
+images=(.tools/images/operator.tar .tools/images/speech-api.tar .tools/images/triton-cpu.tar)
 
 missing=()
 for tool in docker kind helm kubectl; do
@@ -38,6 +38,13 @@ if ! docker info >/dev/null 2>&1; then
     exit 2
 fi
 
+for archive in "${images[@]}"; do
+    if ! [ -f "$archive" ]; then
+        echo "e2e-kind: $archive not found: run \`make images\` (\`make e2e-kind\` does)." >&2
+        exit 2
+    fi
+done
+
 work="$(mktemp -d)"
 cleanup() {
     status=$?
@@ -53,12 +60,10 @@ kind create cluster --name "$cluster" --wait 180s
 kind get kubeconfig --name "$cluster" >"$work/kubeconfig"
 export KUBECONFIG="$work/kubeconfig"
 
-docker build -f docker/operator.Dockerfile -t "voxfleet-operator:$tag" .
-docker build -f docker/triton-cpu.Dockerfile -t "voxfleet-triton-cpu:$tag" .
-kind load docker-image --name "$cluster" "voxfleet-operator:$tag" "voxfleet-triton-cpu:$tag"
+for archive in "${images[@]}"; do
+    kind load image-archive --name "$cluster" "$archive"
+done
 
 VOXFLEET_E2E_KUBECONFIG="$work/kubeconfig" VOXFLEET_E2E_NAMESPACE="$namespace" \
     VOXFLEET_E2E_RELEASE=voxfleet \
-    VOXFLEET_E2E_TRITON_IMAGE="voxfleet-triton-cpu:$tag" \
-    VOXFLEET_E2E_HELM_SET="operator.image.repository=voxfleet-operator,operator.image.tag=$tag,tritonImage.repository=voxfleet-triton-cpu,tritonImage.tag=$tag" \
-    .venv/bin/pytest e2e/test_kubectl_to_audio.py -q ${PYTEST_ARGS:-}
+    .venv/bin/pytest e2e -q ${PYTEST_ARGS:-}

@@ -6,6 +6,8 @@
 #   prometheus, promtool  from Debian's `prometheus` package, unpacked (no service, no user)
 #   node/node_modules     @kubernetes-models/prometheus-operator: the Prometheus Operator's
 #                         CRD schemas (ServiceMonitor) as validators, for tests/integration/chart
+# and, from Debian, what the e2e suite's node runs pods with: containerd, runc, the CNI plugins,
+# iptables and conntrack (installed, not started: the suite starts its own containerd).
 # Idempotent: a tool whose wanted version is already in place is left alone. Runs as root
 # with no prompts; the only network it needs is the npm registry and Debian's archive.
 set -euo pipefail
@@ -95,6 +97,12 @@ if ! { [ -f "$models" ] && grep -qF "\"version\": \"${PROMETHEUS_MODELS_NPM##*@}
     mkdir -p "$dir/node"
     npm install --silent --no-audit --no-fund --no-save --prefix "$dir/node" "$PROMETHEUS_MODELS_NPM"
 fi
+
+need containerd containerd
+need runc runc
+need iptables iptables
+need conntrack conntrack
+[ -x /usr/lib/cni/bridge ] || apt_install containernetworking-plugins
 
 for tool in helm3 helm kubectl prometheus promtool; do
     [ -x "$bin/$tool" ] || { echo "install-tools: $tool missing from $bin" >&2; exit 1; }

@@ -12,7 +12,7 @@
 - it serves on a loopback port with a certificate for `prometheus-adapter.kube-system.svc`;
   the APIServices `v1beta1` and `v1beta2.custom.metrics.k8s.io` point at the Service
   `kube-system/prometheus-adapter`, of type ExternalName (`localhost`), which the API
-  server's aggregation layer resolves and dials itself: no Service proxy is in the path.
+  server's aggregation layer resolves and dials itself: kube-proxy is not in the path.
 
 So the real HPA controller reads the chart's metrics as in a cluster: its request goes to
 the kube-apiserver, through the aggregation layer, to the adapter, which queries

@@ -2,8 +2,9 @@
 
     python -m autoscale.step [--sync-period 5] [--scrape-interval 5s] [--rate-window 30s] ...
 
-One installation per scenario (e2e/installation.py: the real control plane, the node agent's
-nodes with each pool pod on its own CPU, the chart installed with helm, the operator running)
+One installation per scenario (e2e/installation.py: the real control plane and a real node,
+the kubelet giving each pool pod the CPU shares its request asks for, the chart installed
+with helm, the operator running from its image)
 and, beside it, the real Prometheus (Debian's) scraping what the ServiceMonitors select, and
 the real prometheus-adapter serving the chart's rules as `custom.metrics.k8s.io` (adapter.py);
 the HPA controller is kube-controller-manager's own, with its sync period set by
@@ -147,8 +148,9 @@ def ms(seconds: float | None) -> float | None:
 
 def pod_metrics(address: str) -> dict[str, float]:
     """A pool pod's own view of its load, from its Triton metrics port: the real-time streams
-    it holds (predicted from its calls' costs), its load ratio (the largest of its voices' series, which
-    all carry the pod's), and its live and refused streams (summed over its voices)."""
+    it holds (predicted from its calls' costs), its load ratio (the largest of its voices'
+    series, which all carry the pod's), and its live and refused streams (summed over its
+    voices)."""
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=3) as response:
         text = response.read().decode()
     found = {"capacity": 0.0, "load": 0.0, "live": 0.0, "refused": 0.0}
@@ -319,8 +321,8 @@ def sentences() -> Iterator[str]:
 
 def voice_pods(installation: Installation, voice: str) -> Callable[[], Pods]:
     """Endpoint sources for clients of `voice`: the ready pods its headless Service lists, looked
-    up again every RESOLVE_TTL_S as a client's DNS lookups would be (the local cluster has no
-    cluster DNS: its Service proxy's EndpointSlices are what a lookup would answer)."""
+    up again every RESOLVE_TTL_S as a client's DNS lookups would be (this process runs on the
+    host, outside cluster DNS: the Service's EndpointSlices are what a lookup would answer)."""
     service = f"{voice}-tts-pods"
 
     def lookup(_: str) -> list[str]:

@@ -7,7 +7,8 @@ and kube-scheduler, the binaries `make setup` builds from their Go modules into 
         plane.kubeconfig("system:node:n1", ("system:nodes",))   # any other identity
         plane.check()                          # raises ControlPlaneError if a process died
 
-Every process listens on 127.0.0.1 only, on ports chosen free (or given), with certificates
+Every process listens on 127.0.0.1 only (the API server also on the node's address when it has
+one: `advertise_address`), on ports chosen free (or given), with certificates
 made for this run (pki.py). A port in use, a binary missing, or a process that exits is a
 `ControlPlaneError` that names the process and, for an exit, shows the last lines of its log;
 waits for readiness end as soon as a process dies, never at a timeout alone.
@@ -80,8 +81,8 @@ class ControlPlane:
     "kube-controller-manager", "kube-scheduler"); the others are chosen free.
     `apiserver_flags`, `controller_manager_flags`: extra flags, appended.
     `advertise_address`: where the `kubernetes` Service's endpoints point (pods reach the API
-    server there; it must be forwarded to the loopback port, as the node agent's host does).
-    Without it no endpoints are written: the API server refuses loopback endpoints.
+    server there, so it then listens on every address, not only on loopback). Without it no
+    endpoints are written: the API server refuses loopback endpoints.
     """
 
     def __init__(
@@ -295,9 +296,21 @@ class ControlPlane:
             "apiserver", "kube-apiserver", server_names=(*addresses, *API_NAMES), client=False
         )
         if self.advertise_address:
-            advertise = [f"--advertise-address={self.advertise_address}"]
+            # Pods reach it there, through the `kubernetes` Service (kube-proxy).
+            advertise = [
+                f"--advertise-address={self.advertise_address}",
+                "--bind-address=0.0.0.0",
+            ]
         else:
-            advertise = ["--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none"]
+            advertise = [
+                "--advertise-address=127.0.0.1",
+                "--bind-address=127.0.0.1",
+                "--endpoint-reconciler-type=none",
+            ]
+        # What it shows of a node's kubelet (logs, exec, port-forward) it asks as this user.
+        kubelet_client = pki.cluster.issue(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
+        )
         proxy_client = pki.front_proxy.issue("front-proxy-client", "front-proxy-client")
         port = self.ports["kube-apiserver"]
         process = self._launch(
@@ -308,7 +321,6 @@ class ControlPlane:
                 f"--etcd-cafile={pki.etcd.cert}",
                 f"--etcd-certfile={self.etcd_client.cert}",
                 f"--etcd-keyfile={self.etcd_client.key}",
-                "--bind-address=127.0.0.1",
                 *advertise,
                 f"--secure-port={port}",
                 f"--tls-cert-file={serving.cert}",
@@ -328,6 +340,9 @@ class ControlPlane:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={proxy_client.cert}",
                 f"--proxy-client-key-file={proxy_client.key}",
+                f"--kubelet-client-certificate={kubelet_client.cert}",
+                f"--kubelet-client-key={kubelet_client.key}",
+                "--kubelet-preferred-address-types=InternalIP",
                 "--profiling=false",
                 *self.apiserver_flags,
             ],

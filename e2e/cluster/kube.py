@@ -1,9 +1,9 @@
-"""The node agent's access to the API server: the official Python client's asyncio variant
-(`kubernetes.aio`), with objects as plain dicts.
+"""The suite's own access to the API server (the claims provisioner's, the operator tests'):
+the official Python client's asyncio variant (`kubernetes.aio`), with objects as plain dicts.
 
 `Kube` sends requests through `kubernetes.aio.client.ApiClient` (its TLS, its credentials
 from a kubeconfig, its Retry-After handling) to paths built from `RESOURCES`, and answers
-JSON as dicts, which is what the pod runtime works on. `Informer` keeps a dict of the objects
+JSON as dicts. `Informer` keeps a dict of the objects
 of one list (with a label or field selector) up to date with a watch, as client-go's
 informers do: it lists, watches from the list's resourceVersion, resumes after the server
 ends the watch, and lists again when the server answers 410 Gone (the resourceVersion has

@@ -1,8 +1,8 @@
 """The control plane's certificates and keys, made with the `openssl` command for one run.
 
 As kubeadm lays them out: a cluster CA that signs every serving certificate and every client
-identity (the API server's, the controller manager's, the scheduler's, one per node, the
-Service proxy's, the suite's administrator), an etcd CA of its own, a front-proxy CA for the
+identity (the API server's, the controller manager's, the scheduler's, the kubelet's and
+kube-proxy's, the suite's administrator), an etcd CA of its own, a front-proxy CA for the
 API aggregation layer (requests the API server forwards to an aggregated API such as the
 custom metrics adapter), and the service-account key pair that signs and checks tokens.
 Keys are EC P-256, certificates valid for a week. Nothing here is used outside one run.

@@ -3,7 +3,7 @@
 For every PersistentVolumeClaim that is Pending, names no volume and asks for no storage
 class (the chart's engine cache, the suite's voices claim), it creates a PersistentVolume
 pre-bound to the claim (`claimRef`) whose hostPath is a directory of the run,
-`<workdir>/claims/<namespace>/<claim>`, with the claim's access modes and size; the
+`<workdir>/claims/<namespace>/<claim>` (mode 0777), with the claim's access modes and size; the
 controller manager's PersistentVolume binder binds the two, and the scheduler then places
 the claim's pods (it holds back a pod whose claim is unbound). When a claim is deleted its
 volume is Released; the provisioner deletes it (reclaim policy Delete, as its annotation
@@ -76,6 +76,9 @@ class Provisioner:
                 continue
             directory = self.workdir / "claims" / meta["namespace"] / meta["name"]
             directory.mkdir(parents=True, exist_ok=True)
+            # Writable by the pods' unprivileged users: a hostPath volume is not chowned to
+            # the pod's fsGroup, as local provisioners leave it.
+            directory.chmod(0o777)
             try:
                 await self.kube.create("PersistentVolume", None, volume_for(claim, directory))
             except ApiError as error:

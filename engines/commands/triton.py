@@ -24,8 +24,10 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from engines.pod.voice_host.process import HostOptions
+if TYPE_CHECKING:  # the pod's code is imported when a pod runs, not to parse the command line
+    from engines.pod.voice_host.process import HostOptions
 
 BACKEND_DIRECTORY_ARG = "--backend-directory"
 HOST_MEMORY_ARG = "--voice-host-memory-mib"
@@ -35,6 +37,8 @@ HOST_THREADS_ARG = "--voice-host-cpu-threads"
 def split_host_options(args: list[str]) -> tuple[HostOptions, list[str]]:
     """The voice host's options (`--voice-host-...=N`) and tritonserver's arguments, apart;
     ValueError for a voice host option without a whole number."""
+    from engines.pod.voice_host.process import HostOptions
+
     values = {HOST_MEMORY_ARG: 0, HOST_THREADS_ARG: 0}
     rest = []
     for arg in args:

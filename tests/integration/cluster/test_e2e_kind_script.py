@@ -67,6 +67,7 @@ def test_with_a_stopped_docker_engine_it_creates_no_cluster(tmp_path: Path) -> N
 def test_the_script_is_what_make_e2e_kind_runs() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert (
-        'e2e-kind: setup\n\tPATH="$(CURDIR)/.tools/bin:$$PATH" bash scripts/e2e-kind.sh' in makefile
+        'e2e-kind: setup images\n\tPATH="$(CURDIR)/.tools/bin:$$PATH" bash scripts/e2e-kind.sh'
+        in makefile
     )
     assert os.access(SCRIPT, os.X_OK)

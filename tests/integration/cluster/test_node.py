@@ -1,0 +1,170 @@
+"""The e2e suite's node (e2e/cluster/node.py) on this machine: what a machine lacks is named at
+once, in one line that says how to get it, and a run killed with SIGKILL leaves nothing that
+the next run trips over (e2e/cluster/leftovers.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e.cluster import LocalCluster, NodeError, leftovers
+from e2e.cluster.controlplane import missing_binaries
+from e2e.cluster.images import Archive, missing_product_images, product_archives
+from e2e.cluster.node import BRIDGE, missing_image, node_missing
+
+ROOT = Path(__file__).resolve().parents[3]
+TRITON_IMAGE = "voxfleet-triton-cpu:e2e"
+
+
+def test_without_containerd_the_node_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    message = node_missing()
+    assert message is not None
+    assert message.startswith("containerd is not on PATH: `apt-get install containerd runc")
+    assert "\n" not in message
+
+
+def test_without_runc_the_node_names_runc(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for tool in ("containerd", "containerd-shim-runc-v2", "ctr"):
+        found = shutil.which(tool)
+        if found is None:
+            pytest.skip(f"{tool} is not installed (make setup installs it)")
+        (tmp_path / tool).symlink_to(found)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    message = node_missing()
+    assert message is not None and message.startswith("runc is not on PATH"), message
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a read-only file system (root)")
+def test_without_cgroup_write_access_the_node_says_so(tmp_path: Path) -> None:
+    if node_missing() is not None:
+        pytest.skip(f"this machine cannot run the node at all: {node_missing()}")
+    cgroups = tmp_path / "cgroup"
+    cgroups.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(cgroups)], check=True)
+    try:
+        (cgroups / "memory").mkdir()
+        subprocess.run(["mount", "-o", "remount,ro", str(cgroups)], check=True)
+        message = node_missing(cgroups=cgroups)
+    finally:
+        subprocess.run(["umount", str(cgroups)], check=True)
+    assert message is not None
+    assert message.startswith(f"cannot create a cgroup ({cgroups}/memory/"), message
+    assert "Read-only file system" in message and "write access" in message
+
+
+def test_a_missing_image_is_named_with_the_command_that_builds_it(tmp_path: Path) -> None:
+    message = missing_image(product_archives(tmp_path))
+    assert message == (
+        f"the image voxfleet-operator:e2e is missing ({tmp_path}/operator.tar not found): "
+        "run `make images`, which builds docker/'s images without Docker"
+    )
+
+
+needs_node = pytest.mark.skipif(
+    bool(node_missing() or missing_binaries() or missing_product_images()),
+    reason="needs root, containerd and runc, `make setup` and `make images`",
+)
+
+
+@needs_node
+def test_a_missing_image_stops_the_cluster_before_anything_starts(tmp_path: Path) -> None:
+    started = time.monotonic()
+    cluster = LocalCluster(tmp_path, archives=[Archive("voxfleet-none:e2e", tmp_path / "no.tar")])
+    with pytest.raises(NodeError, match=r"voxfleet-none:e2e is missing .* run `make images`"):
+        cluster.start()
+    assert time.monotonic() - started < 10
+    assert not (tmp_path / "control-plane" / "logs").exists()  # no process was started
+
+
+SLEEPER = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "sleeper", "namespace": "default"},
+    "spec": {
+        "terminationGracePeriodSeconds": 0,
+        "containers": [
+            {
+                "name": "sleep",
+                "image": TRITON_IMAGE,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["python3", "-c", "import time; time.sleep(100000)"],
+            }
+        ],
+    },
+}
+
+FIRST_RUN = textwrap.dedent(
+    """
+    import sys, time
+    from e2e.cluster import LocalCluster
+    cluster = LocalCluster(sys.argv[1]).start()
+    cluster.kubectl("apply", "-f", "-", input=sys.argv[2])
+    phase = ("get", "pod", "sleeper", "-o", "jsonpath={.status.phase}")
+    while cluster.kubectl(*phase) != "Running":
+        time.sleep(0.5)
+    print("running", flush=True)
+    time.sleep(100000)
+    """
+)
+
+
+def host_state() -> dict[str, object]:
+    """What a node leaves on the host when it is not cleaned up."""
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    saved = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
+    chains = "\n".join(line for line in saved.splitlines() if line.startswith(":"))
+    mounts = Path("/proc/self/mountinfo").read_text()
+    return {
+        "cgroups": [str(p) for p in leftovers.node_cgroups()],
+        "bridge": f" {BRIDGE}:" in links,
+        "kube_chains": sorted({line.split()[0] for line in chains.splitlines() if "KUBE-" in line}),
+        "mounts": sum(str(leftovers.STATE) in line for line in mounts.splitlines()),
+        "sysctls": {n: Path(f"/proc/sys/{n}").read_text().strip() for n in leftovers.SYSCTLS},
+    }
+
+
+@needs_node
+def test_a_killed_run_leaves_nothing_the_next_run_trips_over(tmp_path: Path) -> None:
+    before = host_state()
+    env = dict(os.environ, PATH=f"{ROOT / '.tools' / 'bin'}:{os.environ['PATH']}")
+    env["PYTHONPATH"] = str(ROOT)
+    manifest = json.dumps(SLEEPER)
+    first = subprocess.Popen(
+        [sys.executable, "-c", FIRST_RUN, str(tmp_path / "first"), manifest],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        assert first.stdout is not None
+        line = first.stdout.readline()
+        assert line.strip() == "running", first.stderr.read() if first.stderr else ""
+    finally:
+        first.kill()
+        first.wait()
+    # Killed: containerd, the kubelet and kube-proxy died with it, the pod did not.
+    left = host_state()
+    assert left["cgroups"] and left["bridge"] and left["kube_chains"], left
+    # The next run starts, runs the same pod, and leaves the host as it found it.
+    with LocalCluster(tmp_path / "second") as cluster:
+        cluster.kubectl("apply", "-f", "-", input=manifest)
+        deadline = time.monotonic() + 120
+        while cluster.kubectl("get", "pod", "sleeper", "-o", "jsonpath={.status.phase}") != (
+            "Running"
+        ):
+            assert time.monotonic() < deadline, cluster.kubectl("describe", "pod", "sleeper")
+            time.sleep(0.5)
+    assert host_state() == before
