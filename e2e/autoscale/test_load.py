@@ -102,5 +102,5 @@ def test_the_load_follows_the_pods_own_measure() -> None:
     assert measured_capacity(timeline, since_s=10.0) == 8
     assert load_levels(8) == (4, 12)
     assert load_levels(1) == (1, 2)
-    with pytest.raises(AssertionError, match="measured no capacity"):
+    with pytest.raises(AssertionError, match="reported no capacity"):
         measured_capacity(timeline[:1], since_s=0.0)
