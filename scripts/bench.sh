@@ -93,7 +93,7 @@ wait_ready() {  # name, grpc port
 }
 
 # Build the voice's engines once, before two servers race to do it.
-"$PY" -c 'from engines.pod.local_serving import plan_local_voices; plan_local_voices(["joe"])'
+"$PY" -c 'from engines.commands.local_serving import plan_local_voices; plan_local_voices(["joe"])'
 
 # The gateway streams from the voxfleet server, so that one needs starting for either.
 if wants voxfleet || wants voxfleet-api; then

@@ -44,7 +44,7 @@ print(*ports)
 PYEOF
 )
 
-"$PY" -c 'from engines.pod.local_serving import plan_local_voices; plan_local_voices(["joe"])'
+"$PY" -c 'from engines.commands.local_serving import plan_local_voices; plan_local_voices(["joe"])'
 mkdir -p "$OUT"
 FILES=()
 for run in $(seq 1 "$RUNS"); do
