@@ -32,7 +32,6 @@ import math
 import platform
 import random
 import re
-import struct
 import sys
 import tempfile
 import time
@@ -46,6 +45,7 @@ from typing import Any
 import psutil
 
 from engines.bench.faults import Server, start, stop
+from engines.client import wire
 from engines.contract import names
 from engines.text.corpus import load_corpus
 
@@ -57,29 +57,14 @@ WORDS = (1, 4)  # each request speaks the first 1 to 4 words of a corpus sentenc
 _LIVE = re.compile(rf"^{names.LIVE_STREAMS}\{{[^}}]*\}} ([0-9.e+-]+)$", re.M)
 
 
-def _bytes_tensor(request: Any, name: str, values: list[bytes]) -> None:
-    tensor = request.inputs.add()
-    tensor.name, tensor.datatype = name, "BYTES"
-    tensor.shape.extend([len(values)])
-    request.raw_input_contents.append(b"".join(struct.pack("<I", len(v)) + v for v in values))
-
-
-def _scalar_tensor(request: Any, name: str, datatype: str, value: float) -> None:
-    tensor = request.inputs.add()
-    tensor.name, tensor.datatype = name, datatype
-    tensor.shape.extend([1])
-    packed = struct.pack("<i", int(value)) if datatype == "INT32" else struct.pack("<f", value)
-    request.raw_input_contents.append(packed)
-
-
 def _text(values: list[bytes]) -> Callable[[Any], None]:
-    return lambda request: _bytes_tensor(request, names.TEXT, values)
+    return lambda request: wire.add_bytes_input(request, names.TEXT, values)
 
 
 def _with_scalar(name: str, datatype: str, value: float) -> Callable[[Any], None]:
     def add(request: Any) -> None:
-        _bytes_tensor(request, names.TEXT, [b"Hello there."])
-        _scalar_tensor(request, name, datatype, value)
+        wire.add_bytes_input(request, names.TEXT, [b"Hello there."])
+        wire.add_scalar_input(request, name, value, datatype)
 
     return add
 
@@ -129,15 +114,11 @@ class SoakClient:
         await self._channel.close()
 
     def request(self, text: str | None, bad: str | None) -> Any:
-        from tritonclient.grpc import service_pb2
-
-        request = service_pb2.ModelInferRequest(model_name=self.model)
-        request.parameters["triton_enable_empty_final_response"].bool_param = True
-        if bad is not None:
-            BAD_INPUTS[bad](request)
-        else:
+        if bad is None:
             assert text is not None
-            _bytes_tensor(request, names.TEXT, [text.encode("utf-8")])
+            return wire.speech_request(self.model, text, request_id="")
+        request = wire.new_request(self.model)
+        BAD_INPUTS[bad](request)
         return request
 
     async def stream(
@@ -167,17 +148,17 @@ class SoakClient:
             async for response in call:
                 if response.error_message:
                     return "error", response.error_message
-                parameters = response.infer_response.parameters
+                chunk = wire.decode_response(response.infer_response)
                 if at_end:
                     assert hang_up_after is not None
-                    responses += bool(response.infer_response.raw_output_contents)
-                    final = parameters["triton_final_response"].bool_param
+                    responses += bool(chunk.samples.size)
+                    final = chunk.final
                     if responses >= hang_up_after or final:
                         call.cancel()
                         return "cancelled", f"{responses} audio responses, final {final}"
                     continue
                 responses += 1
-                if parameters["triton_final_response"].bool_param:
+                if chunk.final:
                     return "completed", f"{responses} responses"
                 if hang_up_after is not None and responses >= hang_up_after:
                     call.cancel()
