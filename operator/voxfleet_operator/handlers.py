@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
@@ -36,8 +35,6 @@ from voxfleet_operator.spec import GROUP, PLURAL, VERSION
 logger = logging.getLogger(__name__)
 
 RESOURCE = (GROUP, VERSION, PLURAL)
-RESYNC_SECONDS_ENV = "VOXFLEET_RESYNC_SECONDS"
-DEFAULT_RESYNC_SECONDS = 30.0
 # A failed pass is tried again after these delays, the last one repeating; a success resets
 # the count (kopf keeps it per handler and per object, and resets it when a handler succeeds).
 RETRY_DELAYS_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -103,18 +100,6 @@ async def _back_off(runtime: Runtime, retry: int, error: Exception) -> None:
     raise kopf.TemporaryError(
         f"{type(error).__name__}: {error} (retry {retry + 1})", delay=delay
     ) from error
-
-
-def resync_seconds() -> float:
-    """How often every voice is re-checked for drift (a deleted or edited child comes back)."""
-    raw = os.environ.get(RESYNC_SECONDS_ENV) or str(DEFAULT_RESYNC_SECONDS)
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{RESYNC_SECONDS_ENV} must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"{RESYNC_SECONDS_ENV} must be positive, got {value}")
-    return value
 
 
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -429,8 +414,9 @@ OWN_LABELS = {"app.kubernetes.io/managed-by": MANAGED_BY}
 
 
 def build_registry(resync: float | None = None) -> kopf.OperatorRegistry:
-    """A kopf registry with every voxfleet handler; `resync` defaults to the environment's."""
-    interval = resync if resync is not None else resync_seconds()
+    """A kopf registry with every voxfleet handler; `resync` (the drift timer's interval)
+    defaults to the environment's (`VOXFLEET_RESYNC_SECONDS`)."""
+    interval = resync if resync is not None else load_config().resync_seconds
     registry = kopf.OperatorRegistry()
     kopf.on.login(registry=registry)(login)
     kopf.on.startup(registry=registry)(startup)
