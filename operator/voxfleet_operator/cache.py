@@ -7,6 +7,10 @@ not watch Secrets) is read again after `ttl_seconds`. A child the cache does not
 from the API once (a miss), so a deleted child is simply a miss, and the next pass creates it.
 Lists of pool pods come from one LIST per namespace, then from pod events, listed again every
 `ttl_seconds` so that a missed event cannot leave a ghost for long.
+
+Beside each object the cache keeps its baseline: the object as the operator last wrote it
+(the API server's answer), or as it first saw it. What differs from it was changed by
+someone else since (children.foreign_edits).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class ObjectCache:
         self.watched: set[str] = set()
         self._clock = clock
         self._objects: dict[Key, tuple[float, dict[str, Any]]] = {}
+        self._baselines: dict[Key, dict[str, Any]] = {}
         # namespace -> when its pods were last listed; the pods themselves are in _objects.
         self._pods_listed: dict[str, float] = {}
         # Objects a read found missing: asked again only after an event or a write names them.
@@ -49,12 +54,15 @@ class ObjectCache:
             return None
         seen, obj = entry
         if plural not in self.watched and self._clock() - seen > self.ttl_seconds:
-            del self._objects[(plural, namespace, name)]
+            self.forget(plural, namespace, name)
             return None
         return obj
 
-    def seen(self, plural: str, obj: Mapping[str, Any]) -> bool:
-        """Keep `obj` unless the cache holds it or a newer version; True when kept."""
+    def seen(self, plural: str, obj: Mapping[str, Any], written: bool = False) -> bool:
+        """Keep `obj` unless the cache holds it or a newer version; True when kept.
+
+        `written`: `obj` is the API server's answer to the operator's own write, its new
+        baseline. An object seen first is its own baseline."""
         meta = obj.get("metadata") or {}
         key = (plural, meta.get("namespace") or "", meta.get("name") or "")
         entry = self._objects.get(key)
@@ -63,12 +71,18 @@ class ObjectCache:
             if old is not None and new is not None and new <= old:
                 return False
         self._objects[key] = (self._clock(), dict(obj))
+        if written or key not in self._baselines:
+            self._baselines[key] = dict(obj)
         self._absent.discard(key)
         return True
 
+    def baseline(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object as the operator last wrote it or first saw it; None if unknown."""
+        return self._baselines.get((plural, namespace, name))
+
     def mark_absent(self, plural: str, namespace: str, name: str) -> None:
         """The API said there is no such object (a read found none, or we deleted it)."""
-        self._objects.pop((plural, namespace, name), None)
+        self.forget(plural, namespace, name)
         self._absent.add((plural, namespace, name))
 
     def known_absent(self, plural: str, namespace: str, name: str) -> bool:
@@ -76,6 +90,7 @@ class ObjectCache:
 
     def forget(self, plural: str, namespace: str, name: str) -> None:
         self._objects.pop((plural, namespace, name), None)
+        self._baselines.pop((plural, namespace, name), None)
 
     def pods_listed(self, namespace: str) -> bool:
         listed = self._pods_listed.get(namespace)
@@ -84,7 +99,7 @@ class ObjectCache:
     def replace_pods(self, namespace: str, pods: list[dict[str, Any]]) -> None:
         """A fresh LIST of the namespace's pool pods replaces whatever was cached."""
         for key in [k for k in self._objects if k[0] == "pods" and k[1] == namespace]:
-            del self._objects[key]
+            self.forget(*key)
         for pod in pods:
             self.seen("pods", pod)
         self._pods_listed[namespace] = self._clock()
