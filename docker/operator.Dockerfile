@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # The voxfleet operator: the `voxfleet` command with the control plane's dependencies only
-# (kopf, pydantic, tritonclient's gRPC client for the repository API, prometheus-api-client for
-# the voices' status figures). No GPU, no Triton.
+# (kopf, the official Kubernetes client for its children, pydantic, tritonclient's gRPC client
+# for the repository API, prometheus-api-client for the voices' status figures). No GPU, no
+# Triton.
 #
 # Build from the repository root (BuildKit reads operator.Dockerfile.dockerignore):
 #   docker build -f docker/operator.Dockerfile -t REGISTRY/voxfleet-operator:0.1.0 .
@@ -16,7 +17,7 @@ COPY operator ./operator
 RUN python -m venv /opt/voxfleet \
     && /opt/voxfleet/bin/pip install --no-cache-dir --no-deps . \
     && /opt/voxfleet/bin/pip install --no-cache-dir \
-        "kopf>=1.45,<1.46" "pydantic>=2.6" "pyyaml>=6" "aiohttp>=3.9" \
+        "kopf>=1.45,<1.46" "kubernetes>=37" "pydantic>=2.6" "pyyaml>=6" "aiohttp>=3.9" \
         "tritonclient[grpc]>=2.50" "numpy>=1.24,<2" "prometheus-api-client>=0.5"
 
 FROM python:3.11-slim
