@@ -1,12 +1,12 @@
 """The operator's view of its children, from watch events and its own writes.
 
 A converged pass reads nothing from the API: a child the cache holds is compared as cached.
-Kinds the operator watches (`watched`) stay fresh through their events and never expire; a
-kind it does not watch (the key Secret: RBAC lets the operator read that one Secret by name,
-not watch Secrets) is read again after `ttl_seconds`. A child the cache does not hold is read
-from the API once (a miss), so a deleted child is simply a miss, and the next pass creates it.
-Lists of pool pods come from one LIST per namespace, then from pod events, listed again every
-`ttl_seconds` so that a missed event cannot leave a ghost for long.
+Kinds the operator watches (`watched`, filled at start from what it watches) stay fresh
+through their events and never expire; a kind it does not watch (the engine-cache claim) is
+read again after `ttl_seconds`. A child the cache does not hold is read from the API once (a
+miss), so a deleted child is simply a miss, and the next pass creates it. Lists of pool pods
+come from one LIST per namespace, then from pod events, listed again every `ttl_seconds` so
+that a missed event cannot leave a ghost for long.
 
 Beside each object the cache keeps its baseline: the object as the operator last wrote it
 (the API server's answer), or as it first saw it. What differs from it was changed by
@@ -16,7 +16,7 @@ someone else since (children.foreign_edits).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 DEFAULT_TTL_SECONDS = 300.0
@@ -34,11 +34,12 @@ def _version(obj: Mapping[str, Any]) -> int | None:
 class ObjectCache:
     def __init__(
         self,
-        ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        ttl_seconds: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        watched: Iterable[str] = (),
     ) -> None:
-        self.ttl_seconds = ttl_seconds
-        self.watched: set[str] = set()
+        self.ttl_seconds = DEFAULT_TTL_SECONDS if ttl_seconds is None else ttl_seconds
+        self.watched: set[str] = set(watched)
         self._clock = clock
         self._objects: dict[Key, tuple[float, dict[str, Any]]] = {}
         self._baselines: dict[Key, dict[str, Any]] = {}

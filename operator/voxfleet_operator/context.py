@@ -103,7 +103,7 @@ class Runtime:
         return self.voice_locks.setdefault((namespace, name), asyncio.Lock())
 
     async def key_secret(self, namespace: str) -> dict[str, Any] | None:
-        """The namespace's repository-key Secret (cached, read again every few minutes)."""
+        """The namespace's repository-key Secret (cached, and kept fresh by its watch)."""
         cached = self.cache.lookup(SECRETS.plural, namespace, REPOSITORY_KEY_SECRET)
         if cached is not None:
             return cached

@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import kopf
 
+from voxfleet_operator.cache import ObjectCache
 from voxfleet_operator.config import load_config
 from voxfleet_operator.context import (
     JOBS,
@@ -125,6 +126,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         f"{k}={v}" for k, v in POOL_PODS_LABELS.items()
     )
     settings.watching.label_selectors["batch", "v1", "jobs"] = VOICE_LABEL
+    # The one Secret the operator may read, by name: RBAC grants its watch by that name only.
+    settings.watching.field_selectors["", "v1", "secrets"] = (
+        f"metadata.name={REPOSITORY_KEY_SECRET}"
+    )
     # kopf's delays after its own failures (a status or annotation patch refused during an
     # outage): the same schedule as the handlers'.
     settings.queueing.error_delays = list(RETRY_DELAYS_SECONDS)
@@ -134,6 +139,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         # No keep-alive to Triton pods: an idle connection would hold a stopping pod's
         # HTTP server open until Triton's exit timeout.
         http=aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)),
+        # Kept fresh by the watches below: never read again on a timer.
+        cache=ObjectCache(watched=WATCHED_PLURALS),
     )
 
 
@@ -225,16 +232,19 @@ async def engine_job_changed(
     voice_bodies: kopf.Index[Any, Any] | None = None,
     **_: Any,
 ) -> None:
-    """A finished engine build moves its voice on now, not at the next drift pass."""
+    """A finished engine build moves its voice on now, not at the next drift pass; a Job
+    deleted before it built its engines (running, or failed) is made again now: until it
+    is, the voice's pool pods have nothing to load."""
     _remember(memo.runtime, JOBS.plural, type, body)
-    if type == "DELETED":
-        return  # a finished Job deleted is no news to its voice, whose status has the key
     conditions = (body.get("status") or {}).get("conditions") or []
-    finished = any(
-        c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions
-    )
+    ended = {str(c.get("type")) for c in conditions if c.get("status") == "True"} & {
+        "Complete",
+        "Failed",
+    }
+    # A built Job deleted is no news to its voice, whose status has the engine key.
+    wanted = "Complete" not in ended if type == "DELETED" else bool(ended)
     voice = (body.metadata.labels or {}).get(VOICE_LABEL)
-    if finished and voice and namespace and not memo.runtime.closed:
+    if wanted and voice and namespace and not memo.runtime.closed:
         await _reconcile_named(memo.runtime, namespace, [voice], voices_by_namespace, voice_bodies)
 
 
@@ -400,9 +410,9 @@ def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo | No
     )
 
 
-# The children the operator watches to repair them at once; Secrets are not among them (RBAC
-# lets the operator read one Secret by name, not watch Secrets) and Jobs and pods have their
-# own handlers above. kopf watches ServiceMonitors only while their API is served.
+# The children the operator watches to repair them at once; Jobs and pods have their own
+# handlers above, and the key Secret is watched by its name (it may be someone else's, without
+# our labels). kopf watches ServiceMonitors only while their API is served.
 WATCHED_CHILDREN = (
     ("apps", "v1", "deployments"),
     ("", "v1", "services"),
@@ -411,6 +421,16 @@ WATCHED_CHILDREN = (
     ("monitoring.coreos.com", "v1", "servicemonitors"),
 )
 OWN_LABELS = {"app.kubernetes.io/managed-by": MANAGED_BY}
+# What the cache may keep without reading it again (its watch keeps it fresh). Not the
+# ServiceMonitors: their watch ends with their API, which may go away.
+WATCHED_PLURALS = (
+    "deployments",
+    "services",
+    "horizontalpodautoscalers",
+    "poddisruptionbudgets",
+    "jobs",
+    "secrets",
+)
 
 
 def build_registry(resync: float | None = None) -> kopf.OperatorRegistry:
@@ -438,4 +458,5 @@ def build_registry(resync: float | None = None) -> kopf.OperatorRegistry:
     )
     for group, version, plural in WATCHED_CHILDREN:
         kopf.on.event(group, version, plural, labels=OWN_LABELS, registry=registry)(child_changed)
+    kopf.on.event("", "v1", "secrets", registry=registry)(child_changed)
     return registry
