@@ -39,6 +39,7 @@ RESOURCE = (GROUP, VERSION, PLURAL)
 # A failed pass is tried again after these delays, the last one repeating; a success resets
 # the count (kopf keeps it per handler and per object, and resets it when a handler succeeds).
 RETRY_DELAYS_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)
+KOPF_REQUEST_BACKOFFS_SECONDS = (1.0, 1.0, 2.0, 3.0, 5.0, 5.0, 5.0, 5.0)
 
 
 def retry_delay_seconds(retry: int) -> float:
@@ -133,6 +134,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # kopf's delays after its own failures (a status or annotation patch refused during an
     # outage): the same schedule as the handlers'.
     settings.queueing.error_delays = list(RETRY_DELAYS_SECONDS)
+    # kopf retries each of its own requests up to 8 times; at most 5 s apart (not up to 21 s),
+    # so that its writes go through within seconds of an outage's end.
+    settings.networking.error_backoffs = KOPF_REQUEST_BACKOFFS_SECONDS
     memo.runtime = Runtime(
         config=load_config(),
         client=await KubeClient.connect(),
