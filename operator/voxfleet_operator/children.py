@@ -17,9 +17,9 @@ rendered. Three departures make a write:
   patch before the apply, guarded by the object's resourceVersion.
 
 Never a departure: metadata beyond the operator's own labels, annotations and owners (other
-tools' labels, the server's bookkeeping), status, the HPA's `spec.replicas`, and what the API
-server filled in when the object was written (defaults, a Service's cluster IP): that is in
-the baseline.
+tools' labels, the server's bookkeeping, a pod template's `kubectl rollout restart` stamp),
+status, the HPA's `spec.replicas`, and what the API server filled in when the object was
+written (defaults, a Service's cluster IP): that is in the baseline.
 """
 
 from __future__ import annotations
@@ -190,7 +190,9 @@ def foreign_edits(
 
 
 def _edits(base: Any, now: Any, want: Any, path: Path, ops: list[dict[str, Any]]) -> None:
-    if path in NOT_OURS:
+    if path in NOT_OURS or path[-1] == "metadata":
+        # A pod template's labels and annotations are other tools' too, as the object's are
+        # (`kubectl rollout restart` stamps one); the rendered ones are the apply's.
         return
     if base is _ABSENT:
         if want is _ABSENT:

@@ -191,6 +191,14 @@ def test_server_defaults_and_the_hpas_replicas_are_no_departure() -> None:
     assert foreign_edits(_live(), scaled, POD_TEMPLATE) == []
 
 
+def test_a_rollout_restart_is_not_undone() -> None:
+    restarted = _live()
+    template = restarted["spec"]["template"]  # type: ignore[index]
+    template["metadata"]["annotations"] = {"kubectl.kubernetes.io/restartedAt": "now"}
+    assert foreign_edits(_live(), restarted, POD_TEMPLATE) == []
+    assert in_line(POD_TEMPLATE, restarted)
+
+
 def test_fields_added_to_the_gpu_pods_are_put_back_as_they_were() -> None:
     live = _live(hostNetwork=True, serviceAccountName="admin")
     pod = live["spec"]["template"]["spec"]  # type: ignore[index]
