@@ -377,6 +377,7 @@ async def delete(
     """Unload the voice and re-own (or delete) the shared pool; its own children go by GC."""
     runtime: Runtime = memo.runtime
     runtime.deleted.add(body.metadata.uid or "")
+    runtime.statuses.pop((namespace or "", name), None)
     pool_name = (body.get("spec") or {}).get("pool")
     try:
         pool = runtime.config.pools.get(pool_name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from voxfleet_operator.children import departures, foreign_edits, in_line, with_owners
 from voxfleet_operator.status import Cond, build_status, status_changed
 
@@ -228,3 +230,39 @@ def test_elements_are_removed_from_the_end_so_indices_hold() -> None:
         e["path"] for e in foreign_edits(base, live, {"spec": {"tolerations": [{"key": "a"}]}})
     ]
     assert paths == ["/spec/tolerations/2", "/spec/tolerations/1"]
+
+
+async def test_a_pass_on_a_voice_older_than_its_last_status_write_writes_nothing() -> None:
+    """kopf can hand a pass the voice as it was before the previous pass wrote its status:
+    the engines built, that pass must not flip EngineReady again (a new transition time) and
+    write it once more."""
+    from voxfleet_operator.context import Runtime
+    from voxfleet_operator.reconcile import write_status
+
+    class Client:
+        def __init__(self) -> None:
+            self.writes: list[dict[str, Any]] = []
+
+        async def patch(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            self.writes.append(args[3])
+            meta = {"namespace": "tts", "name": "joe", "resourceVersion": "12"}
+            return {"metadata": meta, "status": args[3]["status"]}
+
+    rt = Runtime.__new__(Runtime)  # only the client and the statuses are used here
+    rt.client = Client()  # type: ignore[assignment]
+    rt.statuses = {}
+    building = [Cond("EngineReady", False, "Building", "Job j")]
+    built = [Cond("EngineReady", True, "EnginesBuilt", "Job j built engines k")]
+    old = build_status(None, phase="Building", conditions=building, generation=1, now="t1")
+    stale = {"metadata": {"name": "joe", "namespace": "tts", "resourceVersion": "10"}}
+    stale["status"] = old
+    ready = build_status(old, phase="Pending", conditions=built, generation=1, now="t2")
+    assert await write_status(rt, stale, ready)
+
+    body = rt.with_latest_status(stale)
+    again = build_status(
+        body.get("status"), phase="Pending", conditions=built, generation=1, now="t3"
+    )
+    assert again["conditions"][0]["lastTransitionTime"] == "t2"
+    assert not await write_status(rt, body, again)
+    assert len(rt.client.writes) == 1  # type: ignore[attr-defined]
