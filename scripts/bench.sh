@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make bench`: start every server the benchmark needs, run the short sweep, write the raw
-# results to results/benchmarks-cpu.json and the plot to docs/img/benchmarks-cpu.png, rewrite
+# results to results/benchmarks-cpu.json.gz and the plot to docs/img/benchmarks-cpu.png, rewrite
 # the generated part of docs/benchmarks.md (table, plot, date, machine; the hand-written
 # analysis and GPU sections are kept), stop the servers.
 #
@@ -140,8 +140,8 @@ if [[ "$MARKDOWN" != none ]]; then EXTRA+=(--markdown "$MARKDOWN"); fi
   --url "127.0.0.1:$VOX" --nobatch-url "127.0.0.1:$NOBATCH" --naive-url "127.0.0.1:$NAIVE" \
   --api-url "http://127.0.0.1:$API" --systems "$SYSTEMS" \
   --concurrency "${BENCH_CONCURRENCY:-auto}" --duration "${BENCH_DURATION:-10}" \
-  --json "$RESULTS/benchmarks-cpu.json" --plot "$IMG/benchmarks-cpu.png" "${EXTRA[@]}"
+  --json "$RESULTS/benchmarks-cpu.json.gz" --plot "$IMG/benchmarks-cpu.png" "${EXTRA[@]}"
 
 stop_servers
-echo "bench: wrote $IMG/benchmarks-cpu.png, $RESULTS/benchmarks-cpu.json" >&2
+echo "bench: wrote $IMG/benchmarks-cpu.png, $RESULTS/benchmarks-cpu.json.gz" >&2
 if [[ "$MARKDOWN" != none ]]; then echo "bench: rewrote $MARKDOWN" >&2; fi

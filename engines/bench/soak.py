@@ -7,7 +7,7 @@ throughput). The length sets the pace: side by side on one machine, 1,200-reques
 9.7 and 9.8 requests a second with 1 to 4 words against 6.4 and 6.5 with 2 to 6
 (docs/reliability.md). A fifth of the streams are hung up at a random point (before or after
 the first audio), one in twenty carries a bad input that the server must refuse. Writes
-results/reliability.json.
+results/reliability.json.gz.
 
 A stream that the server's process takes with it (the connection breaks: tritonserver died
 and `voxfleet serve` restarts it) is an unexpected error, counted again in
@@ -20,7 +20,7 @@ requests at the soak's own concurrency (so the start already holds that many str
 set), then every `--rss-every-s` seconds by process (`rss_timeline`): growth that levels off
 is a working set, growth that keeps its slope is a leak.
 
-    python -m engines.bench.soak --requests 10000 --out results/reliability.json
+    python -m engines.bench.soak --requests 10000 --out results/reliability.json.gz
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from typing import Any
 import psutil
 
 from engines.bench.faults import Server, start, stop
+from engines.bench.results import write_json
 from engines.client import wire
 from engines.contract import names
 from engines.text.corpus import load_corpus
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rss-every-s", type=float, default=60.0, help="memory timeline step")
     parser.add_argument("--seed", type=int, default=13)
-    parser.add_argument("--out", type=Path, default=Path("results/reliability.json"))
+    parser.add_argument("--out", type=Path, default=Path("results/reliability.json.gz"))
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="voxfleet-soak-"))
@@ -352,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         "server_log": str(server.log),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(json.dumps(result, indent=2))
     return 0 if result["goals_met"] else 1
 
