@@ -62,18 +62,18 @@ AUTOSCALE_ARGS ?=
 autoscale: setup images
 	PATH="$(CURDIR)/.tools/bin:$$PATH" PYTHONPATH="$(CURDIR)/e2e:$(CURDIR)" $(VENV)/bin/python -m autoscale.step $(AUTOSCALE_ARGS)
 
-# The CPU sweep against its baselines: results/benchmarks-cpu.json, docs/img/benchmarks-cpu.png
+# The CPU sweep against its baselines: results/benchmarks-cpu.json.gz, docs/img/benchmarks-cpu.png
 # and the generated part of docs/benchmarks.md.
 bench: setup
 	PATH="$(CURDIR)/.tools/bin:$$PATH" bash scripts/bench.sh
 
 # Not part of `make test`: 10,000 requests with hang-ups and bad input (docs/reliability.md).
 soak: setup
-	$(PY) -m engines.bench.soak --out results/reliability.json
+	$(PY) -m engines.bench.soak --out results/reliability.json.gz
 
 # Stop, heal and overload timings on fresh servers (docs/reliability.md).
 faults: setup
-	$(PY) -m engines.bench.faults stop heal overload --runs 3 --out results/reliability-faults.json
+	$(PY) -m engines.bench.faults stop heal overload --runs 3 --out results/reliability-faults.json.gz
 
 # The wheels a GPU machine without a registry needs for tests/gpu/, in parts of at most 60 MiB
 # to carry one a call (.whl/part-N; docs/gpu.md).

@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# The voxfleet operator: the `voxfleet` command with its `operator` extra only (kopf,
-# pydantic, aiohttp, prometheus-api-client for the voices' status figures). No GPU, no Triton.
+# The voxfleet operator: the `voxfleet` command with its `operator` extra only (kopf, the
+# official Kubernetes client for its children, pydantic, tritonclient's gRPC client for the
+# repository API, prometheus-api-client for the voices' status figures). No GPU, no Triton.
 #
 # Build from the repository root (BuildKit and buildah read operator.Dockerfile.dockerignore):
 #   docker build -f docker/operator.Dockerfile -t REGISTRY/voxfleet-operator:0.1.0 .

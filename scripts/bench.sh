@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make bench`: start every server the benchmark needs, run the short sweep, write the raw
-# results to results/benchmarks-cpu.json and the plot to docs/img/benchmarks-cpu.png, rewrite
+# results to results/benchmarks-cpu.json.gz and the plot to docs/img/benchmarks-cpu.png, rewrite
 # the generated part of docs/benchmarks.md (table, plot, date, machine; the hand-written
 # analysis and GPU sections are kept), stop the servers.
 #
@@ -93,7 +93,7 @@ wait_ready() {  # name, grpc port
 }
 
 # Build the voice's engines once, before two servers race to do it.
-"$PY" -c 'from engines.pod.local_serving import plan_local_voices; plan_local_voices(["joe"])'
+"$PY" -c 'from engines.commands.local_serving import plan_local_voices; plan_local_voices(["joe"])'
 
 # The gateway streams from the voxfleet server, so that one needs starting for either.
 if wants voxfleet || wants voxfleet-api; then
@@ -140,8 +140,8 @@ if [[ "$MARKDOWN" != none ]]; then EXTRA+=(--markdown "$MARKDOWN"); fi
   --url "127.0.0.1:$VOX" --nobatch-url "127.0.0.1:$NOBATCH" --naive-url "127.0.0.1:$NAIVE" \
   --api-url "http://127.0.0.1:$API" --systems "$SYSTEMS" \
   --concurrency "${BENCH_CONCURRENCY:-auto}" --duration "${BENCH_DURATION:-10}" \
-  --json "$RESULTS/benchmarks-cpu.json" --plot "$IMG/benchmarks-cpu.png" "${EXTRA[@]}"
+  --json "$RESULTS/benchmarks-cpu.json.gz" --plot "$IMG/benchmarks-cpu.png" "${EXTRA[@]}"
 
 stop_servers
-echo "bench: wrote $IMG/benchmarks-cpu.png, $RESULTS/benchmarks-cpu.json" >&2
+echo "bench: wrote $IMG/benchmarks-cpu.png, $RESULTS/benchmarks-cpu.json.gz" >&2
 if [[ "$MARKDOWN" != none ]]; then echo "bench: rewrote $MARKDOWN" >&2; fi

@@ -3,7 +3,7 @@
 # for each run, a new `voxfleet serve --voice joe` and a new `voxfleet api` in front of it;
 # then `python -m engines.bench.gateway paired` (listeners sending each sentence both ways,
 # directly and through the gateway) and `python -m engines.bench.speech_socket` (the WebSocket:
-# first audio after a sentence ends, clear). Raw JSON goes to results/, then the summary.
+# first audio after a sentence ends, clear). Raw JSON goes to results/ (gzip-compressed), then the summary.
 #
 # Knobs (environment): RUNS (3), LEVELS (concurrency levels, "1,12"), DURATION (seconds per
 # level, 60), TRIALS (WebSocket trials per run, 20; 0: none), OUT (results), TAG (file name
@@ -44,7 +44,7 @@ print(*ports)
 PYEOF
 )
 
-"$PY" -c 'from engines.pod.local_serving import plan_local_voices; plan_local_voices(["joe"])'
+"$PY" -c 'from engines.commands.local_serving import plan_local_voices; plan_local_voices(["joe"])'
 mkdir -p "$OUT"
 FILES=()
 for run in $(seq 1 "$RUNS"); do
@@ -63,15 +63,16 @@ for run in $(seq 1 "$RUNS"); do
     fi
     sleep 1
   done
-  file="$OUT/gateway-overhead-$TAG-run$run.json"
+  file="$OUT/gateway-overhead-$TAG-run$run.json.gz"
   "$PY" -m engines.bench.gateway paired --grpc-url "127.0.0.1:$GRPC" \
     --api-url "http://127.0.0.1:$API" --concurrency "$LEVELS" --duration "$DURATION" --json "$file"
   if ((TRIALS > 0)); then
     "$PY" -m engines.bench.speech_socket --url "http://127.0.0.1:$API" --trials "$TRIALS" \
-      --json "$OUT/gateway-socket-$TAG-run$run.json"
+      --json "$OUT/gateway-socket-$TAG-run$run.json.gz"
   fi
   FILES+=("$file")
   stop_servers
 done
-"$PY" -m engines.bench.gateway summary "${FILES[@]}" >"$OUT/gateway-overhead-$TAG-summary.json"
-echo "gateway-overhead: wrote ${FILES[*]} and $OUT/gateway-overhead-$TAG-summary.json" >&2
+"$PY" -m engines.bench.gateway summary "${FILES[@]}" | gzip -9 -n \
+  >"$OUT/gateway-overhead-$TAG-summary.json.gz"
+echo "gateway-overhead: wrote ${FILES[*]} and $OUT/gateway-overhead-$TAG-summary.json.gz" >&2

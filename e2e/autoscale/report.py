@@ -1,4 +1,4 @@
-"""What `make autoscale` writes: results/autoscaling.json, the timeline plot (docs/img/), and
+"""What `make autoscale` writes: results/autoscaling.json.gz, the timeline plot (docs/img/), and
 the measured numbers of docs/autoscaling.md.
 
 Also usable alone on an existing JSON: `python -m autoscale.step --report-only`.
@@ -6,10 +6,11 @@ Also usable alone on an existing JSON: `python -m autoscale.step --report-only`.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
+
+from engines.bench.results import stem, write_json
 
 SAMPLE_SECONDS = 3.0
 # The pool scenario runs with each client layout (e2e/autoscale/load.py).
@@ -158,7 +159,9 @@ def _fmt(value: Any, unit: str = "") -> str:
 
 
 def markdown(
-    results: dict[str, Any], json_link: str = "autoscaling.json", plot_link: str = "autoscaling.png"
+    results: dict[str, Any],
+    json_link: str = "autoscaling.json.gz",
+    plot_link: str = "autoscaling.png",
 ) -> str:
     """The measured numbers for docs/autoscaling.md (between its markers), linking the raw
     JSON and the plot by the given paths (relative to the page)."""
@@ -300,13 +303,13 @@ def _max_lead_ms(results: dict[str, Any]) -> int:
 def write(
     results: dict[str, Any], out: Path, doc: Path | None = None, plot_path: Path | None = None
 ) -> None:
-    """The JSON to `out`, the plot to `plot_path` and the numbers into `doc`, where it exists
-    (by default both beside `out`, with its name)."""
-    doc = doc or out.with_suffix(".md")
-    plot_path = plot_path or out.with_suffix(".png")
+    """The JSON to `out` (gzip-compressed for a `.gz` name), the plot to `plot_path` and the
+    numbers into `doc`, where it exists (by default both beside `out`, with its name; git
+    leaves plots in results/ out: a run's plot is drawn again from its JSON)."""
+    doc = doc or out.with_name(stem(out) + ".md")
+    plot_path = plot_path or out.with_name(stem(out) + ".png")
     results["goals"] = goals(results)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    write_json(out, results)
     plot_path.parent.mkdir(parents=True, exist_ok=True)
     plot(results, plot_path)
     if doc.exists():

@@ -26,7 +26,7 @@ Scenarios:
 - per_voice: `joe` and `joe-fast` on one pool, both `autoscaling.perVoice`, only joe loaded:
   joe's own HPA scales joe to 2 pods because of the step, joe-fast stays on 1.
 
-Writes results/autoscaling.json, docs/img/autoscaling.png and the measured block of
+Writes results/autoscaling.json.gz, docs/img/autoscaling.png and the measured block of
 docs/autoscaling.md, which explains them. `--calibrate` instead runs levels of listeners on
 one pod (`--calibrate-levels`) and reports what clients saw beside what the pod measured.
 """
@@ -62,6 +62,7 @@ from autoscale.controllers import AutoscalingWatch, ScaleEvent, current_metrics_
 from autoscale.load import Clients, Phase, Pods, TimedRecord, run_phases
 from autoscale.prometheus import PrometheusServer
 from autoscale.report import SAMPLE_SECONDS, write
+from engines.bench.results import read_json
 from engines.bench.systems import BalancedTritonSystem
 from engines.bench.timeline import analyse_stream
 from engines.client.balancing import ResolvedEndpoints
@@ -828,18 +829,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--out",
         type=Path,
-        help="the raw JSON (default results/autoscaling.json, with the plot in docs/img/ and the "
-        "numbers in docs/autoscaling.md); elsewhere, the plot and any page go beside it",
+        help="the raw JSON (default results/autoscaling.json.gz, with the plot in docs/img/ and "
+        "the numbers in docs/autoscaling.md); elsewhere, the plot and any page go beside it",
     )
     args = parser.parse_args(argv)
     doc: Path | None = None
     plot_path: Path | None = None
     if args.out is None:
-        args.out = ROOT / "results" / "autoscaling.json"
+        args.out = ROOT / "results" / "autoscaling.json.gz"
         doc, plot_path = ROOT / "docs" / "autoscaling.md", ROOT / "docs" / "img" / "autoscaling.png"
     targets = Targets(args.slo_ms, args.load_target_percent, args.max_lead_ms)
     if args.report_only:
-        write(json.loads(args.out.read_text()), args.out, doc, plot_path)
+        write(read_json(args.out), args.out, doc, plot_path)
         return 0
     if shutil.which("kubectl") is None or shutil.which("helm") is None:
         raise SystemExit("kubectl and helm must be on PATH (.tools/bin after `make setup`)")

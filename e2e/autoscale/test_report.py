@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from autoscale.report import BEGIN, END, goals, markdown, write
+from engines.bench.results import read_json
 
 
 def pool(
@@ -133,13 +134,16 @@ def test_the_block_names_the_voices_lead_limit() -> None:
 
 
 def test_write_links_raw_data_and_plot_kept_outside_the_docs(tmp_path: Path) -> None:
-    # `make autoscale`: the JSON in results/, the plot in docs/img/, the page in docs/.
+    # `make autoscale`: the JSON in results/ (compressed), the plot in docs/img/, the page in
+    # docs/.
     doc = tmp_path / "docs" / "autoscaling.md"
     doc.parent.mkdir()
     doc.write_text(f"# Autoscaling\n\n{BEGIN}\nold numbers\n{END}\n")
-    out, plot_path = tmp_path / "results" / "autoscaling.json", doc.parent / "img" / "a.png"
+    out, plot_path = tmp_path / "results" / "autoscaling.json.gz", doc.parent / "img" / "a.png"
     write(results(pool=pool(45.0, 1500.0, 0)), out, doc, plot_path)
     text = doc.read_text()
-    assert "Raw data: [../results/autoscaling.json](../results/autoscaling.json)." in text
+    assert "Raw data: [../results/autoscaling.json.gz](../results/autoscaling.json.gz)." in text
     assert "![timeline](img/a.png)" in text
-    assert out.exists() and plot_path.stat().st_size > 10_000
+    assert plot_path.stat().st_size > 10_000
+    # What `--report-only` reads back.
+    assert read_json(out)["pool"] == results(pool=pool(45.0, 1500.0, 0))["pool"]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from engines.bench.results import read_json, write_json
 from engines.bench.stats import BALANCED_SYSTEM, SPEECH_API_SYSTEM, SYSTEMS
 from engines.commands.arguments import positive_seconds, seconds
 
@@ -224,7 +224,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     if args.from_json:
         try:
-            result = json.loads(args.from_json.read_text("utf-8"))
+            result = read_json(args.from_json)
         except (OSError, ValueError) as error:
             print(f"voxfleet bench: cannot read results {args.from_json}: {error}", file=sys.stderr)
             return 1
@@ -443,8 +443,7 @@ def _write_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
     runs = [RunSummary.from_json(run) for run in result["runs"]]
     limit = result["machine"].get("limit_streams")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(_json_safe(result), indent=2) + "\n", encoding="utf-8")
+        write_json(args.json, _json_safe(result))
     if args.plot:
         from engines.bench.plot import plot_runs
 

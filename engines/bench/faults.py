@@ -9,7 +9,7 @@
             it has played out, playback starting at first audio); then the control, M
             listeners and nothing refused, for the server's own underruns at that load.
 
-    python -m engines.bench.faults stop heal overload --runs 3 --out results/reliability-faults.json
+    python -m engines.bench.faults stop heal overload --runs 3  # results/reliability-faults.json.gz
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Any
 import psutil
 
 from engines.bench.loadgen import run_closed_loop
+from engines.bench.results import write_json
 from engines.bench.stats import percentile
 from engines.bench.systems import BenchSystemError, TritonSystem
 from engines.bench.timeline import analyse_stream
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overload-seconds", type=float, default=60)
     parser.add_argument("--listeners", type=int, help="default: twice --max-streams")
     parser.add_argument("--retry-after-s", type=float, default=0.25, help="a refused client")
-    parser.add_argument("--out", type=Path, default=Path("results/reliability-faults.json"))
+    parser.add_argument("--out", type=Path, default=Path("results/reliability-faults.json.gz"))
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="voxfleet-faults-"))
     report: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -346,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(json.dumps(report[f"overload_{args.max_streams}_control"]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     return 0
 
 

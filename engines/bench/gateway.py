@@ -16,8 +16,8 @@ sentence twice, directly and through the gateway (in turns which goes first), so
 the same sentences, the same server load and the same background. The commands:
 
     python -m engines.bench.gateway paired --grpc-url H:P --api-url http://H:P \
-        --concurrency 1,12 --duration 60 --json results/F.json
-    python -m engines.bench.gateway summary results/F1.json results/F2.json ...
+        --concurrency 1,12 --duration 60 --json results/F.json.gz
+    python -m engines.bench.gateway summary results/F1.json.gz results/F2.json.gz ...
 
 `summary` takes `voxfleet bench --json` files and `paired` files alike, and prints each
 run's figures with their median and worst over the runs.
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.bench.resources import ProcessTree, find_listening_process
+from engines.bench.results import read_json, write_json
 from engines.bench.stats import SPEECH_API_SYSTEM, RunSummary, gateway_overhead
 
 PCM_RATE = 24000
@@ -108,7 +109,7 @@ def summarise(paths: Sequence[Path]) -> dict[str, Any]:
     CPU) over the runs."""
     per_run = []
     for path in paths:
-        result = json.loads(path.read_text("utf-8"))
+        result = read_json(path)
         if "levels" in result:  # a paired run
             levels = result["levels"]
         else:
@@ -264,8 +265,7 @@ def _paired(args: Any) -> int:
             file=sys.stderr,
         )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+        write_json(args.json, result, default=str)
     return 0
 
 

@@ -7,7 +7,7 @@ Counts the outcomes and tritonserver's restarts (from the supervisor's log). Wit
 end in a response of its own after the last audio, such hang-ups crashed tritonserver 2.51
 with SIGSEGV about once in 1,000 requests (docs/reliability.md).
 
-    python -m engines.bench.hangups --requests 6000 --out results/reliability-hangups.json
+    python -m engines.bench.hangups --requests 6000 --out results/reliability-hangups.json.gz
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.bench.faults import Server, start, stop
+from engines.bench.results import write_json
 from engines.bench.soak import LOST_BACKOFF_S, SoakClient, server_restarts
 
 TEXTS = ("The", "We", "It is a", "Would", "Your appointment", "Turning the volume up.")
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(result, indent=2)
     print(text)
     if args.out is not None:
-        args.out.write_text(text + "\n")
+        write_json(args.out, result)
     return 1 if result["server_restarts"] or set(result["outcomes"]) - {"cancelled"} else 0
 
 

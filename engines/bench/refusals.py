@@ -1,7 +1,7 @@
 """A full server and a client that ignores its refusals: how fast refusals come, and whether the
 streams it admitted notice the hammering.
 
-    python -m engines.bench.refusals --runs 3 --out results/refusals.json
+    python -m engines.bench.refusals --runs 3 --out results/refusals.json.gz
 
 Each run on a freshly started `voxfleet serve` (CPU, the joe voice, no `--max-streams`: the
 server refuses past the capacity it predicts, engines/streaming/capacity.py):
@@ -41,6 +41,7 @@ import psutil
 
 from engines.bench.faults import start, stop
 from engines.bench.loadgen import run_closed_loop
+from engines.bench.results import write_json
 from engines.bench.stats import is_refusal, percentile
 from engines.bench.systems import BenchSystemError, TritonSystem
 from engines.bench.timeline import Chunk, StreamRecord, analyse_stream
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-listeners", type=int, default=4)
     parser.add_argument("--warmup-seconds", type=float, default=20.0)
     parser.add_argument("--hammer-factor", type=float, default=10.0)
-    parser.add_argument("--out", type=Path, default=Path("results/refusals.json"))
+    parser.add_argument("--out", type=Path, default=Path("results/refusals.json.gz"))
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="voxfleet-refusals-"))
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     report["refusal_ms_max"] = {"median": statistics.median(worst), "worst": max(worst)}
     report["refusal_ms_p99"] = {"median": statistics.median(p99), "worst": max(p99)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     return 0
 
 

@@ -7,7 +7,7 @@ throughput). The length sets the pace: side by side on one machine, 1,200-reques
 9.7 and 9.8 requests a second with 1 to 4 words against 6.4 and 6.5 with 2 to 6
 (docs/reliability.md). A fifth of the streams are hung up at a random point (before or after
 the first audio), one in twenty carries a bad input that the server must refuse. Writes
-results/reliability.json.
+results/reliability.json.gz.
 
 A stream that the server's process takes with it (the connection breaks: tritonserver died
 and `voxfleet serve` restarts it) is an unexpected error, counted again in
@@ -20,7 +20,7 @@ requests at the soak's own concurrency (so the start already holds that many str
 set), then every `--rss-every-s` seconds by process (`rss_timeline`): growth that levels off
 is a working set, growth that keeps its slope is a leak.
 
-    python -m engines.bench.soak --requests 10000 --out results/reliability.json
+    python -m engines.bench.soak --requests 10000 --out results/reliability.json.gz
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import math
 import platform
 import random
 import re
-import struct
 import sys
 import tempfile
 import time
@@ -46,6 +45,8 @@ from typing import Any
 import psutil
 
 from engines.bench.faults import Server, start, stop
+from engines.bench.results import write_json
+from engines.client import wire
 from engines.contract import names
 from engines.text.corpus import load_corpus
 
@@ -57,29 +58,14 @@ WORDS = (1, 4)  # each request speaks the first 1 to 4 words of a corpus sentenc
 _LIVE = re.compile(rf"^{names.LIVE_STREAMS}\{{[^}}]*\}} ([0-9.e+-]+)$", re.M)
 
 
-def _bytes_tensor(request: Any, name: str, values: list[bytes]) -> None:
-    tensor = request.inputs.add()
-    tensor.name, tensor.datatype = name, "BYTES"
-    tensor.shape.extend([len(values)])
-    request.raw_input_contents.append(b"".join(struct.pack("<I", len(v)) + v for v in values))
-
-
-def _scalar_tensor(request: Any, name: str, datatype: str, value: float) -> None:
-    tensor = request.inputs.add()
-    tensor.name, tensor.datatype = name, datatype
-    tensor.shape.extend([1])
-    packed = struct.pack("<i", int(value)) if datatype == "INT32" else struct.pack("<f", value)
-    request.raw_input_contents.append(packed)
-
-
 def _text(values: list[bytes]) -> Callable[[Any], None]:
-    return lambda request: _bytes_tensor(request, names.TEXT, values)
+    return lambda request: wire.add_bytes_input(request, names.TEXT, values)
 
 
 def _with_scalar(name: str, datatype: str, value: float) -> Callable[[Any], None]:
     def add(request: Any) -> None:
-        _bytes_tensor(request, names.TEXT, [b"Hello there."])
-        _scalar_tensor(request, name, datatype, value)
+        wire.add_bytes_input(request, names.TEXT, [b"Hello there."])
+        wire.add_scalar_input(request, name, value, datatype)
 
     return add
 
@@ -129,15 +115,11 @@ class SoakClient:
         await self._channel.close()
 
     def request(self, text: str | None, bad: str | None) -> Any:
-        from tritonclient.grpc import service_pb2
-
-        request = service_pb2.ModelInferRequest(model_name=self.model)
-        request.parameters["triton_enable_empty_final_response"].bool_param = True
-        if bad is not None:
-            BAD_INPUTS[bad](request)
-        else:
+        if bad is None:
             assert text is not None
-            _bytes_tensor(request, names.TEXT, [text.encode("utf-8")])
+            return wire.speech_request(self.model, text, request_id="")
+        request = wire.new_request(self.model)
+        BAD_INPUTS[bad](request)
         return request
 
     async def stream(
@@ -167,17 +149,17 @@ class SoakClient:
             async for response in call:
                 if response.error_message:
                     return "error", response.error_message
-                parameters = response.infer_response.parameters
+                chunk = wire.decode_response(response.infer_response)
                 if at_end:
                     assert hang_up_after is not None
-                    responses += bool(response.infer_response.raw_output_contents)
-                    final = parameters["triton_final_response"].bool_param
+                    responses += bool(chunk.samples.size)
+                    final = chunk.final
                     if responses >= hang_up_after or final:
                         call.cancel()
                         return "cancelled", f"{responses} audio responses, final {final}"
                     continue
                 responses += 1
-                if parameters["triton_final_response"].bool_param:
+                if chunk.final:
                     return "completed", f"{responses} responses"
                 if hang_up_after is not None and responses >= hang_up_after:
                     call.cancel()
@@ -306,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rss-every-s", type=float, default=60.0, help="memory timeline step")
     parser.add_argument("--seed", type=int, default=13)
-    parser.add_argument("--out", type=Path, default=Path("results/reliability.json"))
+    parser.add_argument("--out", type=Path, default=Path("results/reliability.json.gz"))
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="voxfleet-soak-"))
@@ -371,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         "server_log": str(server.log),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(json.dumps(result, indent=2))
     return 0 if result["goals_met"] else 1
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engines.bench.results import write_json
 from engines.bench.stats import percentile
 
 REPLY = (
@@ -129,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(run(args.url, args.voice, args.trials, args.tokens_per_second))
     result["date_utc"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        write_json(args.json, result)
     for key, values in result["summary"].items():
         print(f"{key}: p50 {values['p50']:.1f}, p95 {values['p95']:.1f}, max {values['max']:.1f}")
     return 0

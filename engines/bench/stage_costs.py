@@ -75,7 +75,7 @@ def measure_stage_costs(
 
 def measure_voice_stage_costs(voice: str = "joe") -> list[dict[str, Any]]:
     """Stage costs of a voice's onnxruntime engines (built into the engine cache if needed)."""
-    from engines.pod.local_serving import plan_local_voices
+    from engines.commands.local_serving import plan_local_voices
     from engines.runtimes import load_stages
 
     plan = plan_local_voices([voice])[0]

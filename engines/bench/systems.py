@@ -22,13 +22,10 @@ import asyncio
 import math
 import os
 import random
-import struct
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-
-import numpy as np
 
 from engines.bench.resources import ProcessTree, find_listening_process, own_process, pod_of
 from engines.client.balancing import (
@@ -40,6 +37,8 @@ from engines.client.balancing import (
     stream_balanced,
 )
 from engines.client.tts import PRUNE_INTERVAL_S, STREAM_CLOSE_TIMEOUT_S, client_endpoints
+from engines.client.wire import decode_response, speech_request
+from engines.contract import names
 
 # Audio responses of long sentences exceed gRPC's 4 MiB default only for unusually long text,
 # but a benchmark should never fail on a limit the server does not have.
@@ -102,39 +101,6 @@ class PiperSystem:
             self._pool = None
 
 
-def _text_request(model: str, text: str, shape: list[int], final_flag: bool) -> Any:
-    from tritonclient.grpc import service_pb2
-
-    encoded = text.encode("utf-8")
-    request = service_pb2.ModelInferRequest(model_name=model)
-    tensor = request.inputs.add()
-    tensor.name = "TEXT"
-    tensor.datatype = "BYTES"
-    tensor.shape.extend(shape)
-    # Triton's BYTES wire format: each element is a 4-byte little-endian length, then the bytes.
-    request.raw_input_contents.append(struct.pack("<I", len(encoded)) + encoded)
-    if final_flag:
-        request.parameters["triton_enable_empty_final_response"].bool_param = True
-    return request
-
-
-def _audio_of(response: Any) -> tuple[int, int]:
-    """(samples, sample_rate) of a ModelInferResponse with AUDIO INT16 and SAMPLE_RATE INT32."""
-    samples = 0
-    rate = 0
-    for index, output in enumerate(response.outputs):
-        raw = (
-            response.raw_output_contents[index]
-            if index < len(response.raw_output_contents)
-            else b""
-        )
-        if output.name == "AUDIO":
-            samples = len(raw) // 2
-        elif output.name == "SAMPLE_RATE" and len(raw) >= 4:
-            rate = int(np.frombuffer(raw[:4], dtype="<i4")[0])
-    return samples, rate
-
-
 class TritonSystem:
     """A model behind a running tritonserver, streamed (decoupled) or unary."""
 
@@ -181,12 +147,13 @@ class TritonSystem:
         if not ready.ready:
             raise BenchSystemError(f"{self.name}: model {self.model!r} at {self.url} is not ready")
         inputs = {tensor.name: list(tensor.shape) for tensor in metadata.inputs}
-        if "TEXT" not in inputs:
+        if names.TEXT not in inputs:
             raise BenchSystemError(
-                f"{self.name}: model {self.model!r} has no TEXT input (inputs: {sorted(inputs)})"
+                f"{self.name}: model {self.model!r} has no {names.TEXT} input "
+                f"(inputs: {sorted(inputs)})"
             )
         # A model with a batch dimension reports TEXT as [-1, 1]; one request is then [1, 1].
-        self._shape = [1, 1] if len(inputs["TEXT"]) == 2 else [1]
+        self._shape = [1, 1] if len(inputs[names.TEXT]) == 2 else [1]
 
     async def server_version(self) -> str:
         from tritonclient.grpc import service_pb2
@@ -203,17 +170,18 @@ class TritonSystem:
             async for chunk in self._stream(text):
                 yield chunk
         else:
-            response = await self._stub.ModelInfer(
-                _text_request(self.model, text, self._shape, final_flag=False)
+            request = speech_request(
+                self.model, text, request_id="", text_shape=self._shape, final_response=False
             )
-            yield _audio_of(response)
+            answer = decode_response(await self._stub.ModelInfer(request))
+            yield answer.samples.size, answer.sample_rate
 
     async def _stream(
         self, text: str, model: str | None = None, stub: Any = None
     ) -> AsyncIterator[tuple[int, int]]:
         import grpc
 
-        request = _text_request(model or self.model, text, self._shape, final_flag=True)
+        request = speech_request(model or self.model, text, request_id="", text_shape=self._shape)
         finished = asyncio.Event()
 
         async def requests() -> AsyncIterator[Any]:
@@ -229,12 +197,10 @@ class TritonSystem:
                 if response.error_message:
                     message = response.error_message
                     raise BenchSystemError(message, status_of(message)[0])
-                infer = response.infer_response
-                samples, rate = _audio_of(infer)
-                if samples:
-                    yield samples, rate
-                flags = infer.parameters
-                if "triton_final_response" in flags and flags["triton_final_response"].bool_param:
+                chunk = decode_response(response.infer_response)
+                if chunk.samples.size:
+                    yield chunk.samples.size, chunk.sample_rate
+                if chunk.final:
                     complete = True
                     return
             raise BenchSystemError("the stream closed without a final response")

@@ -27,10 +27,8 @@ close the server does not answer within STREAM_CLOSE_TIMEOUT_S is cancelled afte
 from __future__ import annotations
 
 import ipaddress
-import struct
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -47,6 +45,7 @@ from engines.client.balancing import (
     status_of,
     stream_balanced_sync,
 )
+from engines.client.wire import decode_response, speech_request
 from engines.contract import names
 
 
@@ -123,56 +122,6 @@ def client_endpoints(address: str) -> list[str]:
     if not found or all(ipaddress.ip_address(h).is_loopback for h in hosts):
         return [address]
     return found
-
-
-def speech_request(
-    voice: str,
-    text: str | bytes,
-    speaker_id: int | None = None,
-    length_scale: float | None = None,
-    noise_scale: float | None = None,
-    noise_w: float | None = None,
-) -> Any:
-    """A ModelInferRequest of the stream model, asking for the empty final response."""
-    from tritonclient.grpc import service_pb2
-
-    request = service_pb2.ModelInferRequest(model_name=voice, id=uuid.uuid4().hex)
-    raw = text if isinstance(text, bytes) else text.encode("utf-8")
-    tensor = request.inputs.add()
-    tensor.name, tensor.datatype = "TEXT", "BYTES"
-    tensor.shape.append(1)
-    # Triton's BYTES wire format: a 4-byte little-endian length, then the bytes.
-    contents = [struct.pack("<I", len(raw)) + raw]
-    for name, value, datatype, np_type in (
-        ("SPEAKER_ID", speaker_id, "INT32", np.int32),
-        ("LENGTH_SCALE", length_scale, "FP32", np.float32),
-        ("NOISE_SCALE", noise_scale, "FP32", np.float32),
-        ("NOISE_W", noise_w, "FP32", np.float32),
-    ):
-        if value is not None:
-            tensor = request.inputs.add()
-            tensor.name, tensor.datatype = name, datatype
-            tensor.shape.append(1)
-            contents.append(np.array([value], dtype=np_type).tobytes())
-    request.raw_input_contents.extend(contents)
-    request.parameters["triton_enable_empty_final_response"].bool_param = True
-    return request
-
-
-def _audio_of(response: Any) -> tuple[int, np.ndarray | None, bool]:
-    """(sample rate, int16 samples or None, final) of one ModelInferResponse."""
-    rate, audio = 0, None
-    for index, output in enumerate(response.outputs):
-        if index >= len(response.raw_output_contents):
-            continue
-        raw = response.raw_output_contents[index]
-        if output.name == "AUDIO":
-            audio = np.frombuffer(raw, dtype="<i2")
-        elif output.name == "SAMPLE_RATE" and len(raw) >= 4:
-            rate = int(np.frombuffer(raw[:4], dtype="<i4")[0])
-    flags = response.parameters
-    final = "triton_final_response" in flags and flags["triton_final_response"].bool_param
-    return rate, audio, final
 
 
 def _close_call(call: Any, complete: bool, finished: threading.Event) -> None:
@@ -281,11 +230,11 @@ class TtsClient:
             for response in call:
                 if response.error_message:
                     raise _message_error(response.error_message)
-                rate, audio, final = _audio_of(response.infer_response)
+                chunk = decode_response(response.infer_response)
                 # Set before the last chunk is handed out: a caller may stop there.
-                complete = final
-                if audio is not None and audio.size:
-                    yield rate, audio
+                complete = chunk.final
+                if chunk.samples.size:
+                    yield chunk.sample_rate, chunk.samples
                 if complete:
                     return
             raise SynthesisError("the stream closed without a final response", "INTERNAL")
@@ -311,7 +260,14 @@ class TtsClient:
 
         `on_sent` is called once, just before the first attempt's request goes out, so that
         timings include any refusal on the way. `timeout_s` bounds the whole stream."""
-        request = speech_request(voice, text, speaker_id, length_scale, noise_scale, noise_w)
+        request = speech_request(
+            voice,
+            text,
+            speaker_id=speaker_id,
+            length_scale=length_scale,
+            noise_scale=noise_scale,
+            noise_w=noise_w,
+        )
         deadline = time.monotonic() + timeout_s
         sent = [on_sent]
 

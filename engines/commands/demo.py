@@ -13,7 +13,7 @@ REFERENCE_SENTENCE = (
 
 def handle(args: argparse.Namespace) -> int:
     from engines.client.tts import SynthesisError, synthesize, write_wav
-    from engines.pod.local_serving import local_server, plan_local_voices
+    from engines.commands.local_serving import local_server, plan_local_voices
 
     print("voxfleet demo: building engines (cached after the first run)…", file=sys.stderr)
     plan = plan_local_voices([args.voice])

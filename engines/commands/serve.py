@@ -77,8 +77,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 def plan_from_args(args: argparse.Namespace):  # -> list[ServingPlan], imported lazily
     from dataclasses import replace
 
+    from engines.commands.local_serving import plan_local_voices
     from engines.contract.plan import ServingPlan, WindowConfig
-    from engines.pod.local_serving import plan_local_voices
 
     # Each of these options sets the WindowConfig field of its name where it is given.
     given = {
@@ -102,8 +102,8 @@ def plan_from_args(args: argparse.Namespace):  # -> list[ServingPlan], imported 
 
 def handle(args: argparse.Namespace) -> int:
     from engines.build.engine_build import EngineBuildError
+    from engines.commands.local_serving import local_server
     from engines.contract.plan import check_mps
-    from engines.pod.local_serving import local_server
     from engines.pod.mps import MpsDaemon
     from engines.pod.supervisor import Supervisor, TritonEndpoints
     from engines.pod.triton_server import EXIT_TIMEOUT_SECONDS, TritonError, server_env

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from engines.client.balancing import status_of
+from engines.client.wire import decode_response, speech_request
 from engines.contract import names
 from engines.gateway.errors import UpstreamError
 
@@ -50,43 +50,6 @@ def _call_error(error: Any) -> UpstreamError:
     return UpstreamError(text, status)
 
 
-def speech_request(voice: str, text: str, length_scale: float | None) -> Any:
-    from tritonclient.grpc import service_pb2
-
-    request = service_pb2.ModelInferRequest(model_name=voice)
-    encoded = text.encode("utf-8")
-    tensor = request.inputs.add()
-    tensor.name, tensor.datatype = names.TEXT, "BYTES"
-    tensor.shape.append(1)
-    # Triton's BYTES wire format: a 4-byte little-endian length, then the bytes.
-    request.raw_input_contents.append(struct.pack("<I", len(encoded)) + encoded)
-    if length_scale is not None:
-        scale = request.inputs.add()
-        scale.name, scale.datatype = names.LENGTH_SCALE, "FP32"
-        scale.shape.append(1)
-        request.raw_input_contents.append(struct.pack("<f", length_scale))
-    request.parameters["triton_enable_empty_final_response"].bool_param = True
-    return request
-
-
-def _audio_of(response: Any) -> Audio | None:
-    samples = b""
-    rate = 0
-    for index, output in enumerate(response.outputs):
-        raw = (
-            response.raw_output_contents[index]
-            if index < len(response.raw_output_contents)
-            else b""
-        )
-        if output.name == names.AUDIO:
-            samples = raw
-        elif output.name == names.SAMPLE_RATE and len(raw) >= 4:
-            rate = struct.unpack("<i", raw[:4])[0]
-    if not samples or not rate:
-        return None
-    return Audio(np.frombuffer(samples, dtype="<i2"), rate)
-
-
 class Upstreams:
     """gRPC channels to the voices' endpoints, one per endpoint, made on first use."""
 
@@ -111,7 +74,7 @@ class Upstreams:
         """The audio of `text` in `voice` from `endpoint`, chunk by chunk as it comes."""
         import grpc
 
-        request = speech_request(voice, text, length_scale)
+        request = speech_request(voice, text, length_scale=length_scale)
         finished = asyncio.Event()
 
         async def requests() -> AsyncIterator[Any]:
@@ -125,14 +88,10 @@ class Upstreams:
             async for response in call:
                 if response.error_message:
                     raise error_of(response.error_message)
-                infer = response.infer_response
-                audio = _audio_of(infer)
-                flags = infer.parameters
-                complete = (
-                    "triton_final_response" in flags and flags["triton_final_response"].bool_param
-                )
-                if audio is not None:
-                    yield audio
+                chunk = decode_response(response.infer_response)
+                complete = chunk.final
+                if chunk.samples.size and chunk.sample_rate:
+                    yield Audio(chunk.samples, chunk.sample_rate)
                 if complete:
                     return
             raise UpstreamError("the stream closed without a final response", "UNAVAILABLE")

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import signal
 import subprocess
@@ -47,7 +46,7 @@ import psutil
 from engines.contract import names
 from engines.contract.repository import MODEL_SOURCE, instance_count, stream_model_source
 from engines.pod.mps import MpsDaemon
-from engines.pod.processes import ended_with_this_process
+from engines.pod.processes import end_process_group, ended_with_this_process, exit_status
 from engines.pod.voice_host.process import HostOptions, VoiceHostError, VoiceHostProcess
 
 STUB_NAME = "triton_python_backend_stub"
@@ -225,7 +224,7 @@ class Supervisor:
         """Wait for tritonserver's own readiness; False if it exited or the time ran out."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not self._stop.is_set():
-            if self.process is None or self.process.poll() is not None:
+            if self.process is None or exit_status(self.process) is not None:
                 return False
             if self._http("GET", "/v2/health/ready") == 200:
                 return True
@@ -233,15 +232,13 @@ class Supervisor:
         return False
 
     def _kill_triton(self) -> None:
+        """Kill tritonserver and every process of its group, its backend stubs with it, even
+        where it exited by itself: a stub can outlive its server (processes.py says how)."""
         process = self.process
         if process is None:
             return
-        if process.poll() is None:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        process.wait(timeout=30)
+        if process.returncode is None:
+            end_process_group(process)
         self._remove_shared_memory()
 
     def _remove_shared_memory(self) -> None:
@@ -427,7 +424,7 @@ class Supervisor:
         self.drain_file.touch()
         deadline = time.monotonic() + self.endpoints.exit_timeout_s
         idle_since: float | None = None
-        while self.process is not None and self.process.poll() is None:
+        while self.process is not None and exit_status(self.process) is None:
             now = time.monotonic()
             state.last_tick = now  # still live while it drains
             if now >= deadline:
@@ -446,12 +443,8 @@ class Supervisor:
         process = self.process
         if process is None:
             return 0
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self._kill_triton()
+        if process.returncode is None:
+            end_process_group(process, signal.SIGINT, STOP_TIMEOUT_S)
         self._remove_shared_memory()
         self.host.stop()
         return 0
@@ -468,7 +461,7 @@ class Supervisor:
                 if self.path == names.READY_PATH:
                     ok, text = state.ready, state.reason
                     process = supervisor.process
-                    if ok and (process is None or process.poll() is not None):
+                    if ok and (process is None or exit_status(process) is not None):
                         # Not only at the next poll (every 0.1 s): no listener is sent to a
                         # server whose tritonserver has already gone.
                         ok, text = False, "tritonserver is not running"
@@ -579,7 +572,7 @@ class Supervisor:
         try:
             while not self._stop.is_set():
                 self.state.last_tick = time.monotonic()
-                code = self.process.poll()
+                code = exit_status(self.process)
                 if code is not None:
                     if not self._heal(f"tritonserver exited with {code}", None):
                         return self._give_up()

@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from engines.pod.processes import ended_with_this_process
+from engines.pod.processes import end_process_group, ended_with_this_process, exit_status
 
 # Triton waits this long for in-flight requests at shutdown; callers stopping the server give
 # it a little more before killing it.
@@ -155,10 +155,10 @@ class TritonServer:
         deadline = time.monotonic() + timeout_s
         url = f"{self.http_url}/v2/health/ready"
         while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise TritonError(
-                    f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}"
-                )
+            code = None if self.process is None else exit_status(self.process)
+            if code is not None:
+                self.stop()  # what it left in its process group goes with it
+                raise TritonError(f"tritonserver exited with {code}:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(url, timeout=2) as response:
                     if response.status == 200:
@@ -176,15 +176,11 @@ class TritonServer:
             return "(no log)"
 
     def stop(self, timeout_s: float = EXIT_TIMEOUT_SECONDS + 5) -> None:
+        """SIGINT (Triton's graceful stop), up to `timeout_s` to exit, then SIGKILL to what is
+        left of its process group: its backend stubs never outlive it."""
         try:
-            if self.process is None or self.process.poll() is not None:
-                return
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+            if self.process is not None and self.process.returncode is None:
+                end_process_group(self.process, signal.SIGINT, timeout_s)
         finally:
             self.host.stop()
 
@@ -197,7 +193,10 @@ class TritonServer:
         previous = signal.signal(signal.SIGTERM, interrupt)
         try:
             assert self.process is not None, "start() the server first"
-            return self.process.wait()
+            while (code := exit_status(self.process)) is None:
+                time.sleep(0.2)
+            self.stop()  # it exited by itself: what it left in its group goes too
+            return code
         except KeyboardInterrupt:
             self.stop()
             return 0

@@ -1,18 +1,22 @@
 """The operator's view of its children, from watch events and its own writes.
 
 A converged pass reads nothing from the API: a child the cache holds is compared as cached.
-Kinds the operator watches (`watched`) stay fresh through their events and never expire; a
-kind it does not watch (the key Secret: RBAC lets the operator read that one Secret by name,
-not watch Secrets) is read again after `ttl_seconds`. A child the cache does not hold is read
-from the API once (a miss), so a deleted child is simply a miss, and the next pass creates it.
-Lists of pool pods come from one LIST per namespace, then from pod events, listed again every
-`ttl_seconds` so that a missed event cannot leave a ghost for long.
+Kinds the operator watches (`watched`, filled at start from what it watches) stay fresh
+through their events and never expire; a kind it does not watch (the engine-cache claim) is
+read again after `ttl_seconds`. A child the cache does not hold is read from the API once (a
+miss), so a deleted child is simply a miss, and the next pass creates it. Lists of pool pods
+come from one LIST per namespace, then from pod events, listed again every `ttl_seconds` so
+that a missed event cannot leave a ghost for long.
+
+Beside each object the cache keeps its baseline: the object as the operator last wrote it
+(the API server's answer), or as it first saw it. What differs from it was changed by
+someone else since (children.foreign_edits).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 DEFAULT_TTL_SECONDS = 300.0
@@ -30,13 +34,15 @@ def _version(obj: Mapping[str, Any]) -> int | None:
 class ObjectCache:
     def __init__(
         self,
-        ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        ttl_seconds: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        watched: Iterable[str] = (),
     ) -> None:
-        self.ttl_seconds = ttl_seconds
-        self.watched: set[str] = set()
+        self.ttl_seconds = DEFAULT_TTL_SECONDS if ttl_seconds is None else ttl_seconds
+        self.watched: set[str] = set(watched)
         self._clock = clock
         self._objects: dict[Key, tuple[float, dict[str, Any]]] = {}
+        self._baselines: dict[Key, dict[str, Any]] = {}
         # namespace -> when its pods were last listed; the pods themselves are in _objects.
         self._pods_listed: dict[str, float] = {}
         # Objects a read found missing: asked again only after an event or a write names them.
@@ -49,12 +55,15 @@ class ObjectCache:
             return None
         seen, obj = entry
         if plural not in self.watched and self._clock() - seen > self.ttl_seconds:
-            del self._objects[(plural, namespace, name)]
+            self.forget(plural, namespace, name)
             return None
         return obj
 
-    def seen(self, plural: str, obj: Mapping[str, Any]) -> bool:
-        """Keep `obj` unless the cache holds it or a newer version; True when kept."""
+    def seen(self, plural: str, obj: Mapping[str, Any], written: bool = False) -> bool:
+        """Keep `obj` unless the cache holds it or a newer version; True when kept.
+
+        `written`: `obj` is the API server's answer to the operator's own write, its new
+        baseline. An object seen first is its own baseline."""
         meta = obj.get("metadata") or {}
         key = (plural, meta.get("namespace") or "", meta.get("name") or "")
         entry = self._objects.get(key)
@@ -63,12 +72,18 @@ class ObjectCache:
             if old is not None and new is not None and new <= old:
                 return False
         self._objects[key] = (self._clock(), dict(obj))
+        if written or key not in self._baselines:
+            self._baselines[key] = dict(obj)
         self._absent.discard(key)
         return True
 
+    def baseline(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object as the operator last wrote it or first saw it; None if unknown."""
+        return self._baselines.get((plural, namespace, name))
+
     def mark_absent(self, plural: str, namespace: str, name: str) -> None:
         """The API said there is no such object (a read found none, or we deleted it)."""
-        self._objects.pop((plural, namespace, name), None)
+        self.forget(plural, namespace, name)
         self._absent.add((plural, namespace, name))
 
     def known_absent(self, plural: str, namespace: str, name: str) -> bool:
@@ -76,6 +91,7 @@ class ObjectCache:
 
     def forget(self, plural: str, namespace: str, name: str) -> None:
         self._objects.pop((plural, namespace, name), None)
+        self._baselines.pop((plural, namespace, name), None)
 
     def pods_listed(self, namespace: str) -> bool:
         listed = self._pods_listed.get(namespace)
@@ -84,7 +100,7 @@ class ObjectCache:
     def replace_pods(self, namespace: str, pods: list[dict[str, Any]]) -> None:
         """A fresh LIST of the namespace's pool pods replaces whatever was cached."""
         for key in [k for k in self._objects if k[0] == "pods" and k[1] == namespace]:
-            del self._objects[key]
+            self.forget(*key)
         for pod in pods:
             self.seen("pods", pod)
         self._pods_listed[namespace] = self._clock()

@@ -36,7 +36,8 @@ def _render_pools(args: argparse.Namespace) -> tuple[Any, str, str | None, Any]:
         pools_from_values,
         speech_api_from_values,
     )
-    from voxfleet_operator.pools import POOLS_FILE_ENV, PoolsConfigError, load_pools
+    from voxfleet_operator.config import POOLS_FILE_ENV
+    from voxfleet_operator.pools import PoolsConfigError, load_pools
     from voxfleet_operator.speech_api import SpeechApiConfig, SpeechApiConfigError
 
     if args.values and args.pools:
@@ -73,7 +74,7 @@ def _render_pools(args: argparse.Namespace) -> tuple[Any, str, str | None, Any]:
 def render_command(args: argparse.Namespace) -> int:
     import yaml
 
-    from voxfleet_operator.config import DEFAULT_ENGINE_CACHE_PVC, ENGINE_CACHE_PVC_ENV
+    from voxfleet_operator.config import engine_cache_pvc
     from voxfleet_operator.pools import PoolsConfigError
     from voxfleet_operator.render import render_voices
     from voxfleet_operator.status import NOT_A_TTSVOICE
@@ -125,12 +126,7 @@ def render_command(args: argparse.Namespace) -> int:
         if not key:
             print(f"voxfleet render: {args.repository_key_file} is empty", file=sys.stderr)
             return 2
-    claim = (
-        args.engine_cache_pvc
-        or values_claim
-        or os.environ.get(ENGINE_CACHE_PVC_ENV)
-        or DEFAULT_ENGINE_CACHE_PVC
-    )
+    claim = args.engine_cache_pvc or values_claim or engine_cache_pvc(os.environ)
     objects = render_voices(
         voices,
         pools,

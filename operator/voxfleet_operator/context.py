@@ -82,6 +82,8 @@ class Runtime:
     memory_pods: dict[tuple[str, str], int] = field(default_factory=dict)
     # Per-voice figures from Prometheus for the status (None: no URL configured).
     voice_metrics: VoiceMetricsReader | None = None
+    # (namespace, voice) -> (resourceVersion, status) of the operator's last status write.
+    statuses: dict[tuple[str, str], tuple[int, dict[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.voice_metrics is None and self.config.prometheus_url:
@@ -94,6 +96,28 @@ class Runtime:
             return empty_status()
         return await self.voice_metrics.voice_status(namespace, voice)
 
+    def with_latest_status(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """`body` with the status the operator last wrote where `body` is older than that
+        write: kopf's index can hand a pass the voice as it was before the previous pass
+        wrote its status, and a status built on that would move a condition's
+        lastTransitionTime, and be written, for nothing."""
+        meta = body.get("metadata") or {}
+        written = self.statuses.get((str(meta.get("namespace")), str(meta.get("name"))))
+        if written is None:
+            return body
+        version = resource_version(body)
+        if version is not None and version >= written[0]:
+            return body
+        return {**body, "status": written[1]}
+
+    def status_written(self, answer: Mapping[str, Any]) -> None:
+        """Remember the voice's status as the API server answered a status write."""
+        meta = answer.get("metadata") or {}
+        version = resource_version(answer)
+        if version is not None:
+            key = (str(meta.get("namespace")), str(meta.get("name")))
+            self.statuses[key] = (version, dict(answer.get("status") or {}))
+
     def lock(self, namespace: str) -> asyncio.Lock:
         return self.locks.setdefault(namespace, asyncio.Lock())
 
@@ -103,7 +127,7 @@ class Runtime:
         return self.voice_locks.setdefault((namespace, name), asyncio.Lock())
 
     async def key_secret(self, namespace: str) -> dict[str, Any] | None:
-        """The namespace's repository-key Secret (cached, read again every few minutes)."""
+        """The namespace's repository-key Secret (cached, and kept fresh by its watch)."""
         cached = self.cache.lookup(SECRETS.plural, namespace, REPOSITORY_KEY_SECRET)
         if cached is not None:
             return cached
@@ -162,6 +186,12 @@ class Runtime:
         available = await self.client.exists(SERVICE_MONITOR_API)
         self._service_monitor = (now, available)
         return available
+
+
+def resource_version(obj: Mapping[str, Any]) -> int | None:
+    """An object's resourceVersion as a number (opaque in general: None where it is not)."""
+    raw = (obj.get("metadata") or {}).get("resourceVersion")
+    return int(raw) if isinstance(raw, str) and raw.isdigit() else None
 
 
 def secret_key(secret: Mapping[str, Any] | None) -> str | None:

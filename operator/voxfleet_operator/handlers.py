@@ -7,13 +7,13 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import aiohttp
 import kopf
 
+from voxfleet_operator.cache import ObjectCache
 from voxfleet_operator.config import load_config
 from voxfleet_operator.context import (
     JOBS,
@@ -36,11 +36,10 @@ from voxfleet_operator.spec import GROUP, PLURAL, VERSION
 logger = logging.getLogger(__name__)
 
 RESOURCE = (GROUP, VERSION, PLURAL)
-RESYNC_SECONDS_ENV = "VOXFLEET_RESYNC_SECONDS"
-DEFAULT_RESYNC_SECONDS = 30.0
 # A failed pass is tried again after these delays, the last one repeating; a success resets
 # the count (kopf keeps it per handler and per object, and resets it when a handler succeeds).
 RETRY_DELAYS_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)
+KOPF_REQUEST_BACKOFFS_SECONDS = (1.0, 1.0, 2.0, 3.0, 5.0, 5.0, 5.0, 5.0)
 
 
 def retry_delay_seconds(retry: int) -> float:
@@ -105,18 +104,6 @@ async def _back_off(runtime: Runtime, retry: int, error: Exception) -> None:
     ) from error
 
 
-def resync_seconds() -> float:
-    """How often every voice is re-checked for drift (a deleted or edited child comes back)."""
-    raw = os.environ.get(RESYNC_SECONDS_ENV) or str(DEFAULT_RESYNC_SECONDS)
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{RESYNC_SECONDS_ENV} must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"{RESYNC_SECONDS_ENV} must be positive, got {value}")
-    return value
-
-
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # Progress and diff-base live in annotations, never in status: status is the public API
     # (and a CRD with a typed status schema would prune kopf's fields anyway).
@@ -140,15 +127,24 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         f"{k}={v}" for k, v in POOL_PODS_LABELS.items()
     )
     settings.watching.label_selectors["batch", "v1", "jobs"] = VOICE_LABEL
+    # The one Secret the operator may read, by name: RBAC grants its watch by that name only.
+    settings.watching.field_selectors["", "v1", "secrets"] = (
+        f"metadata.name={REPOSITORY_KEY_SECRET}"
+    )
     # kopf's delays after its own failures (a status or annotation patch refused during an
     # outage): the same schedule as the handlers'.
     settings.queueing.error_delays = list(RETRY_DELAYS_SECONDS)
+    # kopf retries each of its own requests up to 8 times; at most 5 s apart (not up to 21 s),
+    # so that its writes go through within seconds of an outage's end.
+    settings.networking.error_backoffs = KOPF_REQUEST_BACKOFFS_SECONDS
     memo.runtime = Runtime(
         config=load_config(),
         client=await KubeClient.connect(),
         # No keep-alive to Triton pods: an idle connection would hold a stopping pod's
         # HTTP server open until Triton's exit timeout.
         http=aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)),
+        # Kept fresh by the watches below: never read again on a timer.
+        cache=ObjectCache(watched=WATCHED_PLURALS),
     )
 
 
@@ -240,16 +236,19 @@ async def engine_job_changed(
     voice_bodies: kopf.Index[Any, Any] | None = None,
     **_: Any,
 ) -> None:
-    """A finished engine build moves its voice on now, not at the next drift pass."""
+    """A finished engine build moves its voice on now, not at the next drift pass; a Job
+    deleted before it built its engines (running, or failed) is made again now: until it
+    is, the voice's pool pods have nothing to load."""
     _remember(memo.runtime, JOBS.plural, type, body)
-    if type == "DELETED":
-        return  # a finished Job deleted is no news to its voice, whose status has the key
     conditions = (body.get("status") or {}).get("conditions") or []
-    finished = any(
-        c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions
-    )
+    ended = {str(c.get("type")) for c in conditions if c.get("status") == "True"} & {
+        "Complete",
+        "Failed",
+    }
+    # A built Job deleted is no news to its voice, whose status has the engine key.
+    wanted = "Complete" not in ended if type == "DELETED" else bool(ended)
     voice = (body.metadata.labels or {}).get(VOICE_LABEL)
-    if finished and voice and namespace and not memo.runtime.closed:
+    if wanted and voice and namespace and not memo.runtime.closed:
         await _reconcile_named(memo.runtime, namespace, [voice], voices_by_namespace, voice_bodies)
 
 
@@ -378,6 +377,7 @@ async def delete(
     """Unload the voice and re-own (or delete) the shared pool; its own children go by GC."""
     runtime: Runtime = memo.runtime
     runtime.deleted.add(body.metadata.uid or "")
+    runtime.statuses.pop((namespace or "", name), None)
     pool_name = (body.get("spec") or {}).get("pool")
     try:
         pool = runtime.config.pools.get(pool_name)
@@ -415,9 +415,9 @@ def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo | No
     )
 
 
-# The children the operator watches to repair them at once; Secrets are not among them (RBAC
-# lets the operator read one Secret by name, not watch Secrets) and Jobs and pods have their
-# own handlers above. kopf watches ServiceMonitors only while their API is served.
+# The children the operator watches to repair them at once; Jobs and pods have their own
+# handlers above, and the key Secret is watched by its name (it may be someone else's, without
+# our labels). kopf watches ServiceMonitors only while their API is served.
 WATCHED_CHILDREN = (
     ("apps", "v1", "deployments"),
     ("", "v1", "services"),
@@ -426,11 +426,22 @@ WATCHED_CHILDREN = (
     ("monitoring.coreos.com", "v1", "servicemonitors"),
 )
 OWN_LABELS = {"app.kubernetes.io/managed-by": MANAGED_BY}
+# What the cache may keep without reading it again (its watch keeps it fresh). Not the
+# ServiceMonitors: their watch ends with their API, which may go away.
+WATCHED_PLURALS = (
+    "deployments",
+    "services",
+    "horizontalpodautoscalers",
+    "poddisruptionbudgets",
+    "jobs",
+    "secrets",
+)
 
 
 def build_registry(resync: float | None = None) -> kopf.OperatorRegistry:
-    """A kopf registry with every voxfleet handler; `resync` defaults to the environment's."""
-    interval = resync if resync is not None else resync_seconds()
+    """A kopf registry with every voxfleet handler; `resync` (the drift timer's interval)
+    defaults to the environment's (`VOXFLEET_RESYNC_SECONDS`)."""
+    interval = resync if resync is not None else load_config().resync_seconds
     registry = kopf.OperatorRegistry()
     kopf.on.login(registry=registry)(login)
     kopf.on.startup(registry=registry)(startup)
@@ -452,4 +463,5 @@ def build_registry(resync: float | None = None) -> kopf.OperatorRegistry:
     )
     for group, version, plural in WATCHED_CHILDREN:
         kopf.on.event(group, version, plural, labels=OWN_LABELS, registry=registry)(child_changed)
+    kopf.on.event("", "v1", "secrets", registry=registry)(child_changed)
     return registry

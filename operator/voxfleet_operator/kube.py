@@ -1,13 +1,15 @@
-"""A small async Kubernetes API client for the operator's children.
+"""The operator's client for its children: the official Kubernetes client's asyncio variant.
 
 kopf talks to the API for the TTSVoice objects themselves; children (Jobs, Deployments,
-Services, ...) go through this client, which uses the same credentials kopf would (the
-in-cluster service account, else the kubeconfig). It speaks JSON merge patches only: the
-operator owns every field it renders, and lists are replaced whole.
+Services, ...) go through `kubernetes.aio`'s `ApiClient` (its configuration loaders, TLS,
+authentication and connection pool), addressed by path from `PLURALS`, as plain dicts. The
+operator writes its children with server-side apply under the field manager
+`voxfleet-operator` (`FIELD_MANAGER`), so that the API server records which fields are its.
 
 Transient answers (HTTP 429 and 5xx, a refused or dropped connection) are retried a few
-times with back-off, `Retry-After` honoured; `ApiHealth` remembers an outage and probes the
-API until it answers again, so that callers backing off can retry as soon as it does.
+times with back-off, `Retry-After` honoured: the library's own retries leave out PATCH and
+POST, nearly all the operator's writes. `ApiHealth` remembers an outage and probes the API
+until it answers again, so that callers backing off can retry as soon as it does.
 """
 
 from __future__ import annotations
@@ -16,17 +18,23 @@ import asyncio
 import contextlib
 import json
 import logging
-import ssl
-import tempfile
-from collections.abc import Mapping
+import os
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+from kubernetes.aio import client as kube_client
+from kubernetes.aio import config as kube_config
+from kubernetes.aio.client.exceptions import ApiException
 
 logger = logging.getLogger(__name__)
 
+FIELD_MANAGER = "voxfleet-operator"
+APPLY_PATCH = "application/apply-patch+yaml"
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 CONFLICT_RETRIES = 5
 # Delays before each retry of a transient failure inside one call; after the last, the call
 # fails and the caller's own back-off (handlers.py) takes over.
@@ -35,6 +43,7 @@ TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 # A Retry-After longer than this is cut short: the caller's back-off covers longer waits.
 MAX_RETRY_AFTER_SECONDS = 10.0
 PROBE_INTERVAL_SECONDS = 1.0
+REQUEST_TIMEOUT_SECONDS = 30.0
 
 
 class ApiError(Exception):
@@ -87,14 +96,14 @@ class ApiHealth:
     def mark_up(self) -> None:
         self._up.set()
 
-    def mark_down(self, probe: Any) -> None:
+    def mark_down(self, probe: Callable[[], Awaitable[Any]]) -> None:
         if self._up.is_set():
             self.outages += 1
         self._up.clear()
         if self._probe is None or self._probe.done():
             self._probe = asyncio.create_task(self._run_probe(probe))
 
-    async def _run_probe(self, probe: Any) -> None:
+    async def _run_probe(self, probe: Callable[[], Awaitable[Any]]) -> None:
         while self.down:
             await asyncio.sleep(PROBE_INTERVAL_SECONDS)
             try:
@@ -146,6 +155,8 @@ class Resource:
         return base
 
 
+# The kinds the operator reads and writes. Their paths are fixed, so no discovery is asked
+# for at start (the ServiceMonitor API may come and go while the operator runs).
 PLURALS: dict[tuple[str, str], Resource] = {
     ("batch/v1", "Job"): Resource("batch", "v1", "jobs"),
     ("apps/v1", "Deployment"): Resource("apps", "v1", "deployments"),
@@ -174,72 +185,60 @@ def resource_of(obj: Mapping[str, Any]) -> Resource:
         ) from None
 
 
+async def login(configuration: kube_client.Configuration) -> None:
+    """The pod's service account (its token read again every minute by the client), else the
+    kubeconfig (`$KUBECONFIG` as it is now, else ~/.kube/config), into `configuration`."""
+    try:
+        kube_config.load_incluster_config(client_configuration=configuration)
+    except kube_config.ConfigException:
+        await kube_config.load_kube_config(
+            config_file=os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config"),
+            client_configuration=configuration,
+            persist_config=False,
+        )
+
+
 class KubeClient:
-    """JSON over HTTPS to the API server; one aiohttp session for the operator's lifetime."""
+    """Plain-dict verbs over `kubernetes.aio`'s ApiClient, with retries (module doc)."""
 
     def __init__(
-        self, session: aiohttp.ClientSession, server: str, authorization: str | None = None
+        self,
+        api: kube_client.ApiClient,
+        relogin: Callable[[kube_client.Configuration], Awaitable[None]] | None = login,
     ) -> None:
-        self._session = session
-        self._server = server.rstrip("/")
-        self._authorization = authorization
+        self.api = api
+        self._relogin = relogin
         self.requests = 0
         self.health = ApiHealth()
         self._patched_path: str | None = None
 
     @classmethod
     async def connect(cls) -> KubeClient:
-        """Log in the way kopf does: the service account in a pod, else the kubeconfig."""
-        info = _login()
-        headers = {"Accept": "application/json"}
-        context: ssl.SSLContext | bool = True
-        if info.server.startswith("https"):
-            context = ssl.create_default_context()
-            if info.insecure:
-                context.check_hostname = False
-                context.verify_mode = ssl.CERT_NONE
-            if info.ca_path:
-                context.load_verify_locations(cafile=str(info.ca_path))
-            elif info.ca_data:
-                data = info.ca_data.decode() if isinstance(info.ca_data, bytes) else info.ca_data
-                context.load_verify_locations(cadata=data)
-            cert, key = info.certificate_path, info.private_key_path
-            if info.certificate_data and info.private_key_data:
-                cert, key = _to_file(info.certificate_data), _to_file(info.private_key_data)
-            if cert and key:
-                context.load_cert_chain(str(cert), str(key))
-        auth = None
-        if info.username and info.password:
-            auth = aiohttp.BasicAuth(info.username, info.password)
-        session = aiohttp.ClientSession(
-            headers=headers,
-            auth=auth,
-            connector=aiohttp.TCPConnector(ssl=context, limit=32),
-            timeout=aiohttp.ClientTimeout(total=30),
-        )
-        return cls(session, info.server, _authorization(info))
+        configuration = kube_client.Configuration()
+        await login(configuration)
+        return cls(kube_client.ApiClient(configuration))
 
     async def close(self) -> None:
         await self.health.close()
-        await self._session.close()
+        await self.api.close()
 
     async def _call(
         self,
         method: str,
         path: str,
         body: Any = None,
-        params: Mapping[str, str] | None = None,
+        query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
     ) -> Any:
         delays = iter(TRANSIENT_RETRY_SECONDS)
         renewed = False
         while True:
             try:
-                result = await self._call_once(method, path, body, params, content_type)
+                result = await self._call_once(method, path, body, query, content_type)
             except ApiError as error:
-                # Service-account tokens are short-lived and rotated on disk: read them again.
-                if error.status == 401 and not renewed and self._authorization is not None:
-                    self._authorization = _authorization(_login())
+                # A token read from a kubeconfig is not renewed by the client: read it again.
+                if error.status == 401 and not renewed and self._relogin is not None:
+                    await self._relogin(self.api.configuration)
                     renewed = True
                     continue
                 if error.status not in TRANSIENT_STATUSES:
@@ -262,7 +261,7 @@ class KubeClient:
                     self._patched_path = path
                 return result
 
-    def _probe_for(self, method: str, path: str) -> Any:
+    def _probe_for(self, method: str, path: str) -> Callable[[], Awaitable[Any]]:
         """A request that repeats nothing but tells whether `method path` would work now.
 
         A failed write is probed with an empty merge patch (it changes nothing, but goes the
@@ -271,9 +270,7 @@ class KubeClient:
         """
         target = path if method == "PATCH" else self._patched_path
         if method != "GET" and target is not None:
-            return lambda: self._call_once(
-                "PATCH", target, {}, None, "application/merge-patch+json"
-            )
+            return lambda: self._call_once("PATCH", target, {}, None, MERGE_PATCH)
         return lambda: self._call_once("GET", path, None, {"limit": "1"}, "application/json")
 
     async def _call_once(
@@ -281,30 +278,30 @@ class KubeClient:
         method: str,
         path: str,
         body: Any,
-        params: Mapping[str, str] | None,
+        query: Mapping[str, str] | None,
         content_type: str,
     ) -> Any:
         self.requests += 1
-        headers = {"Authorization": self._authorization} if self._authorization else {}
-        kwargs: dict[str, Any] = {"params": dict(params or {}), "headers": headers}
+        headers = {"Accept": "application/json"}
         if body is not None:
-            kwargs["data"] = json.dumps(body)
             headers["Content-Type"] = content_type
-        async with self._session.request(method, self._server + path, **kwargs) as response:
-            if response.status >= 400:
-                try:
-                    status = await response.json(content_type=None)
-                    reason = str(status.get("reason", response.reason))
-                    message = str(status.get("message", ""))
-                except Exception:
-                    reason, message = str(response.reason), (await response.text())[:500]
-                raise ApiError(
-                    response.status,
-                    reason,
-                    message,
-                    retry_after_seconds(response.headers.get("Retry-After")),
-                )
-            return await response.json(content_type=None)
+        request = await self.api.param_serialize(
+            method,
+            path,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = await self.api.call_api(*request, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+            data = await response.read()
+        except ApiException as error:
+            raise _api_error(int(error.status or 0), str(error.reason), error.body, None) from None
+        if response.status >= 400:
+            retry_after = retry_after_seconds(response.headers.get("Retry-After"))
+            raise _api_error(response.status, str(response.reason), data, retry_after)
+        return json.loads(data) if data else None
 
     async def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -318,38 +315,56 @@ class KubeClient:
     async def list(
         self, resource: Resource, namespace: str | None, label_selector: str | None = None
     ) -> list[dict[str, Any]]:
-        params = {"labelSelector": label_selector} if label_selector else None
-        result = await self._call("GET", resource.path(namespace), params=params)
+        query = {"labelSelector": label_selector} if label_selector else None
+        result = await self._call("GET", resource.path(namespace), query=query)
         items: list[dict[str, Any]] = result.get("items") or []
-        if label_selector:
-            # Not every API emulator filters by label; filtering again is harmless.
-            items = [i for i in items if _selector_matches(label_selector, i)]
         return items
 
     async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         resource = resource_of(obj)
         namespace = obj["metadata"].get("namespace")
-        created: dict[str, Any] = await self._call("POST", resource.path(namespace), dict(obj))
+        created: dict[str, Any] = await self._call(
+            "POST", resource.path(namespace), dict(obj), {"fieldManager": FIELD_MANAGER}
+        )
         return created
+
+    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply of `obj` (created where missing): the API server makes the
+        object hold every field of `obj`, taking those another writer set (force), and
+        removes the fields this manager applied before and `obj` no longer has."""
+        resource = resource_of(obj)
+        meta = obj["metadata"]
+        applied: dict[str, Any] = await self._call(
+            "PATCH",
+            resource.path(meta.get("namespace"), meta["name"]),
+            dict(obj),
+            {"fieldManager": FIELD_MANAGER, "force": "true"},
+            APPLY_PATCH,
+        )
+        return applied
 
     async def patch(
         self,
         resource: Resource,
         namespace: str,
         name: str,
-        patch: Mapping[str, Any],
+        patch: Any,
         subresource: str | None = None,
+        content_type: str = MERGE_PATCH,
     ) -> dict[str, Any]:
+        """A merge patch (or, with `content_type` JSON_PATCH, a list of JSON-patch
+        operations) under this operator's field manager."""
         path = resource.path(namespace, name) + (f"/{subresource}" if subresource else "")
+        body = list(patch) if content_type == JSON_PATCH else dict(patch)
         for attempt in range(CONFLICT_RETRIES):
             try:
                 patched: dict[str, Any] = await self._call(
-                    "PATCH", path, dict(patch), content_type="application/merge-patch+json"
+                    "PATCH", path, body, {"fieldManager": FIELD_MANAGER}, content_type
                 )
                 return patched
             except ApiError as error:
-                # A merge patch without resourceVersion only conflicts when the server is
-                # racing another writer of the same object; try again after a moment.
+                # A patch without resourceVersion only conflicts when the server is racing
+                # another writer of the same object; try again after a moment.
                 if error.status != 409 or attempt == CONFLICT_RETRIES - 1:
                     raise
                 await asyncio.sleep(0.05 * 2**attempt)
@@ -382,43 +397,17 @@ class KubeClient:
         return True
 
 
-def _login() -> Any:
-    import kopf
-
-    settings = kopf.OperatorSettings()
-    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-        settings=settings
-    )
-    if info is None:
-        raise RuntimeError("no Kubernetes credentials: neither a service account nor a kubeconfig")
-    return info
-
-
-def _authorization(info: Any) -> str | None:
-    return f"{info.scheme or 'Bearer'} {info.token}" if info.token else None
-
-
-def _selector_matches(selector: str, obj: Mapping[str, Any]) -> bool:
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    for term in selector.split(","):
-        if "=" in term:
-            key, value = term.split("=", 1)
-            if labels.get(key.rstrip("=")) != value:
-                return False
-        elif term and term not in labels:
-            return False
-    return True
-
-
-def _to_file(data: str | bytes) -> str:
-    import base64
-
-    raw = data if isinstance(data, bytes) else data.encode()
+def _api_error(
+    status: int, reason: str, body: bytes | str | None, retry_after: float | None
+) -> ApiError:
+    """An ApiError from an answer's status and body (a Status object, as a rule)."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else (body or "")
+    message = text[:500]
     try:
-        raw = base64.b64decode(raw, validate=True)
+        answer = json.loads(text)
+        if isinstance(answer, dict):
+            reason = str(answer.get("reason") or reason)
+            message = str(answer.get("message", ""))
     except ValueError:
         pass
-    handle = tempfile.NamedTemporaryFile(delete=False, suffix=".pem")
-    handle.write(raw)
-    handle.close()
-    return handle.name
+    return ApiError(status, reason, message, retry_after)

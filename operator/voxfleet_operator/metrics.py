@@ -29,7 +29,6 @@ from engines.contract import names
 
 logger = logging.getLogger(__name__)
 
-PROMETHEUS_URL_ENV = "VOXFLEET_PROMETHEUS_URL"
 # How long an answer serves every voice of its namespace.
 DEFAULT_TTL_S = 10.0
 # How long one query may take, and how many times a failed one is tried again.

@@ -38,7 +38,6 @@ from pydantic.alias_generators import to_camel
 
 from engines.contract.plan import RUNTIME_NAMES, RuntimeInfo, check_mps, runtime_info
 
-POOLS_FILE_ENV = "VOXFLEET_POOLS_FILE"
 DEFAULT_TRITON_IMAGE = "ghcr.io/voxfleet/triton:0.1.0"
 
 
@@ -203,11 +202,11 @@ def parse_pools(data: Any, source: str = "pools config") -> PoolsConfig:
 
 
 def load_pools(path: str | os.PathLike[str] | None = None) -> PoolsConfig:
-    """Pools from `path`, else from `$VOXFLEET_POOLS_FILE`, else the built-in T4 pool."""
-    chosen = path if path is not None else os.environ.get(POOLS_FILE_ENV) or None
-    if chosen is None:
+    """Pools from the YAML file `path` (the chart's `VOXFLEET_POOLS_FILE`), else the built-in
+    T4 pool."""
+    if path is None:
         return default_pools_config()
-    file = Path(chosen)
+    file = Path(path)
     try:
         text = file.read_text()
     except OSError as error:

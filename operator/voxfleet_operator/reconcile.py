@@ -58,9 +58,10 @@ async def write_status(rt: Runtime, body: Mapping[str, Any], new_status: dict[st
     if not status_changed(body.get("status"), new_status):
         return False
     meta = body["metadata"]
-    await rt.client.patch(
+    answer = await rt.client.patch(
         TTSVOICES, meta["namespace"], meta["name"], {"status": new_status}, subresource="status"
     )
+    rt.status_written(answer)
     return True
 
 
@@ -102,6 +103,7 @@ async def reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) ->
 
 
 async def _reconcile_voice(rt: Runtime, body: Mapping[str, Any], peers: Peers) -> dict[str, Any]:
+    body = rt.with_latest_status(body)
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     generation = meta.get("generation")

@@ -4,17 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
-
-from voxfleet_operator.config import WATCH_NAMESPACES_ENV
-
-
-def watched_namespaces(cli: list[str] | None) -> list[str]:
-    if cli:
-        return cli
-    raw = os.environ.get(WATCH_NAMESPACES_ENV, "")
-    return [n.strip() for n in raw.split(",") if n.strip()]
 
 
 def run_operator(
@@ -28,17 +18,17 @@ def run_operator(
 
     # Fail before connecting anywhere when the configuration is wrong, with the reason.
     try:
-        load_config()
-        registry = build_registry()
+        config = load_config()
     except (ConfigError, PoolsConfigError, ValueError) as error:
         print(f"voxfleet operator: {error}", file=sys.stderr)
         return 2
+    registry = build_registry(config.resync_seconds)
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    watched = watched_namespaces(namespaces)
+    watched = namespaces or list(config.watch_namespaces)
     asyncio.run(
         kopf.operator(
             registry=registry,

@@ -17,7 +17,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-SPEECH_API_FILE_ENV = "VOXFLEET_SPEECH_API_FILE"
 DEFAULT_SPEECH_API_IMAGE = "ghcr.io/voxfleet/speech-api:0.1.0"
 
 

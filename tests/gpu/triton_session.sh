@@ -47,7 +47,7 @@ PYTRITON=$(python3 -c 'import importlib.util; print(importlib.util.find_spec("py
 }
 python3 -c 'import pytriton' 2>/dev/null || : >"$PYTRITON/__init__.py"
 export VOXFLEET_CACHE=/tmp/voxfleet-cache
-python3 -c 'from engines.contract.plan import ServingPlan; from engines.pod.local_serving import plan_local_voices; plan_local_voices(["joe"], None, ServingPlan("template", "", runtime="torch-cuda"))' || exit 1
+python3 -c 'from engines.contract.plan import ServingPlan; from engines.commands.local_serving import plan_local_voices; plan_local_voices(["joe"], None, ServingPlan("template", "", runtime="torch-cuda"))' || exit 1
 # The servers' output (tritonserver's log included) is this run's $OUT/triton-*.log; any log
 # file a server wrote into its work directory is this run's too (TMPDIR above).
 keep_logs() {

@@ -37,15 +37,16 @@ operator code path that needs it.
   resources: ["servicemonitors"]
   verbs: ["create", "get", "list", "watch", "patch", "delete"]
 # The namespace's own repository key (the operator makes it at random) for the pool's Triton
-# pods and the operator's load calls. Creating cannot be narrowed to a name in RBAC; reading
-# and changing are limited to that one Secret, so the operator can never read other Secrets.
+# pods and the operator's load calls. Creating cannot be narrowed to a name in RBAC; reading,
+# watching (a watch asks for that name) and changing are limited to that one Secret, so the
+# operator can never read other Secrets.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create"]
 - apiGroups: [""]
   resources: ["secrets"]
   resourceNames: ["voxfleet-repository-key"]
-  verbs: ["get", "patch", "delete"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 {{- if .Values.speechApi.enabled }}
 # The speech API gateway's voice table: one ConfigMap per namespace, `voxfleet-speech-api`.
 # Creating cannot be narrowed to a name; reading and changing are that one object's.

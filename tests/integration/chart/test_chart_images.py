@@ -18,6 +18,7 @@ PROVIDERS = {
     "pydantic": "pydantic",
     "yaml": "pyyaml",
     "aiohttp": "aiohttp",
+    "kubernetes": "kubernetes",
     "tritonclient": "tritonclient[grpc]",
     "google": "tritonclient[grpc]",  # protobuf, a dependency of tritonclient[grpc]
     "numpy": "numpy",

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.pod.local_serving import local_server, plan_local_voices
+from engines.commands.local_serving import local_server, plan_local_voices
 from engines.pod.triton_server import TritonServer
 
 

@@ -64,8 +64,15 @@ class Served:
         return sum(float(value) for value in found) if found else None
 
     def stubs(self) -> list[psutil.Process]:
-        children = psutil.Process(self.process.pid).children(recursive=True)
-        return [child for child in children if child.name() == "triton_python_backend_stub"]
+        """The backend stubs running now (one that ends while they are listed is not)."""
+        found = []
+        for child in psutil.Process(self.process.pid).children(recursive=True):
+            try:
+                if child.name() == "triton_python_backend_stub":
+                    found.append(child)
+            except psutil.NoSuchProcess:
+                continue
+        return found
 
     def wait_for(self, condition: Callable[[], bool], timeout_s: float) -> float | None:
         """Seconds until `condition` held, or None."""

@@ -17,7 +17,7 @@ import pytest
 from engines.bench.naive import build_naive_repository, write_files
 from engines.bench.systems import PiperSystem, TritonSystem
 from engines.cli import main
-from engines.pod.local_serving import local_server, plan_local_voices
+from engines.commands.local_serving import local_server, plan_local_voices
 from engines.pod.triton_server import TritonServer
 
 pytestmark = pytest.mark.triton

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engines.client.tts import StreamResult, SynthesisError, synthesize
-from engines.pod.local_serving import local_server, plan_local_voices
+from engines.commands.local_serving import local_server, plan_local_voices
 from engines.pod.triton_server import TritonServer
 from engines.pod.voice_host.process import HostOptions
 

@@ -18,10 +18,10 @@ import pytest
 from supervised import Served, running, serve_command, talk_in_background
 
 from engines.client.tts import StreamResult, SynthesisError, stream_tts, synthesize
+from engines.commands.local_serving import plan_local_voices
 from engines.contract import names
 from engines.contract.plan import ServingPlan
 from engines.contract.repository import load_request
-from engines.pod.local_serving import plan_local_voices
 from engines.pod.triton_server import free_port
 
 pytestmark = pytest.mark.triton

@@ -11,7 +11,7 @@ import pytest
 
 from engines.bench.systems import TritonSystem
 from engines.client.tts import stream_tts, synthesize
-from engines.pod.local_serving import local_server, plan_local_voices
+from engines.commands.local_serving import local_server, plan_local_voices
 
 pytestmark = pytest.mark.triton
 

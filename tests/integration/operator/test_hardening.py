@@ -32,6 +32,7 @@ pytestmark = [
 ]
 
 DEPLOYMENT = ("apps/v1", "deployments", "voxfleet-triton-t4")
+KEY_SECRET = "voxfleet-repository-key"
 HPA = ("autoscaling/v2", "horizontalpodautoscalers", "voxfleet-triton-t4")
 
 
@@ -114,6 +115,62 @@ async def test_added_fields_and_deleted_children_are_repaired_on_events(
         f"{deleted_deployment:.2f} s"
     )
     assert max(edited, deleted_service, deleted_hpa, deleted_deployment) < 2.0
+
+
+async def test_a_deleted_build_job_and_key_secret_come_back_on_events(
+    api: Api, slow_timer: None
+) -> None:
+    """Until they are back, the voice's engines are not built and new pool pods cannot start
+    (their Triton takes the key from the Secret): they come back as fast as other children."""
+    await api.create(*VOICES, voice("joe"))
+    (job,) = await eventually(lambda: jobs_of(api, "joe"))  # building: no Job controller here
+    await eventually(lambda: api.get("v1", "secrets", KEY_SECRET))
+
+    async def replaced(plural: str, name: str, uid: str) -> bool:
+        live = await api.get("v1" if plural == "secrets" else "batch/v1", plural, name)
+        return live is not None and live["metadata"]["uid"] != uid
+
+    name = job["metadata"]["name"]
+    await api.delete("batch/v1", "jobs", name)
+    deleted_job = await _timed(lambda: replaced("jobs", name, job["metadata"]["uid"]))
+    secret = await api.get("v1", "secrets", KEY_SECRET)
+    assert secret is not None
+    await api.delete("v1", "secrets", KEY_SECRET)
+    deleted_secret = await _timed(
+        lambda: replaced("secrets", KEY_SECRET, secret["metadata"]["uid"])
+    )
+    print(
+        f"\nrestored with a 600 s drift timer: deleted build Job {deleted_job:.2f} s, "
+        f"deleted key Secret {deleted_secret:.2f} s"
+    )
+    assert max(deleted_job, deleted_secret) < 2.0
+
+
+async def test_a_converged_operator_reads_no_watched_child_again(
+    api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the operator watches stays fresh through its events: not read again when the
+    cache's time-to-live (5 minutes, here 0.5 s) runs out. Pool pods are listed again."""
+    from voxfleet_operator import cache
+
+    assert api.faults is not None
+    monkeypatch.setattr(cache, "DEFAULT_TTL_SECONDS", 0.5)
+    await _with_claim(api)
+    async with running_operator(tmp_path, resync_seconds=0.5):
+        await api.create(*VOICES, voice("joe"))
+        (job,) = await eventually(lambda: jobs_of(api, "joe"))
+        await finish_job(api, job, succeeded=True)
+        await eventually(lambda: _engines_built(api, "joe"))
+        await asyncio.sleep(1.0)
+        served_before = len(api.faults.served)
+        await asyncio.sleep(3.0)  # six drift passes, six times the time-to-live
+        served = api.faults.served[served_before:]
+    reads = [s for s in served if not s.endswith("/pods")]
+    assert reads == [], f"a converged operator read {reads}"
+
+
+async def _engines_built(api: Api, name: str) -> bool:
+    return condition(await status_of(api, name), "EngineReady").get("status") == "True"
 
 
 WRITES = frozenset({"POST", "PATCH", "PUT", "DELETE"})

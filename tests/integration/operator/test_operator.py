@@ -482,7 +482,7 @@ async def test_voice_is_loaded_onto_ready_pool_pods_through_the_keyed_api(
                 status = await status_of(api, "joe")
                 return condition(status, "EngineReady").get("status") == "True"
 
-            await eventually(engine_ready, timeout=5)
+            await eventually(engine_ready, timeout=15)
             for name, ready in (("pod-ready", True), ("pod-starting", False)):
                 await api.create("v1", "pods", pool_pod(name, triton.http_port, ready))
 
@@ -491,7 +491,7 @@ async def test_voice_is_loaded_onto_ready_pool_pods_through_the_keyed_api(
                 available = condition(status, "Available")
                 return status if available.get("reason") == "LoadFailed" else None
 
-            status = await eventually(load_failed, timeout=5)
+            status = await eventually(load_failed, timeout=15)
             pod = await api.get("v1", "pods", "pod-ready")
     message = condition(status, "Available")["message"]
     assert message.startswith("pod pod-ready: ")

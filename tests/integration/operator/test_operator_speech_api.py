@@ -86,10 +86,18 @@ async def test_the_gateway_follows_the_namespaces_voices(
         return found if found and set(found["voices"]) == {"amy", "joe"} else None
 
     await eventually(both, timeout=10)
-    after = await api.get("apps/v1", "deployments", GATEWAY)
-    assert after is not None and after["spec"] == deployment["spec"]
-    owners = {r["uid"] for r in after["metadata"]["ownerReferences"]}
-    assert owners == {joe["metadata"]["uid"], amy["metadata"]["uid"]}
+    uids = {joe["metadata"]["uid"], amy["metadata"]["uid"]}
+
+    async def owned_by_both() -> dict[str, Any] | None:
+        # Written after the table, in the same pass.
+        found = await api.get("apps/v1", "deployments", GATEWAY)
+        owners = {
+            r["uid"] for r in ((found or {}).get("metadata") or {}).get("ownerReferences", [])
+        }
+        return found if owners == uids else None
+
+    after = await eventually(owned_by_both, timeout=10)
+    assert after["spec"] == deployment["spec"]
 
     # Deleted, the gateway comes back.
     await api.delete("apps/v1", "deployments", GATEWAY)

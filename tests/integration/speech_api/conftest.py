@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from gateway import running_gateway
 
-from engines.pod.local_serving import local_server, plan_local_voices
+from engines.commands.local_serving import local_server, plan_local_voices
 from engines.pod.triton_server import TritonServer
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from engines.bench.cli import _json_safe, _write_outputs
-from engines.cli import build_parser
+from engines.cli import build_parser, main
 
 
 @pytest.mark.parametrize(
@@ -105,22 +106,29 @@ def test_json_plot_and_page_are_written(tmp_path: Path) -> None:
 
 
 def test_the_page_links_results_and_plot_kept_outside_its_folder(tmp_path: Path) -> None:
-    # `make bench`: the page in docs/, the plot in docs/img/, the raw JSON in results/.
+    # `make bench`: the page in docs/, the plot in docs/img/, the raw JSON in results/,
+    # compressed; the page can be written again from it.
+    raw = tmp_path / "results" / "b.json.gz"
+    page_path = tmp_path / "docs" / "benchmarks.md"
     args = build_parser().parse_args(
         [
             "bench",
             "--json",
-            str(tmp_path / "results" / "b.json"),
+            str(raw),
             "--plot",
             str(tmp_path / "docs" / "img" / "b.png"),
             "--markdown",
-            str(tmp_path / "docs" / "benchmarks.md"),
+            str(page_path),
         ]
     )
     _write_outputs(args, _small_result())
-    page = (tmp_path / "docs" / "benchmarks.md").read_text()
+    page = page_path.read_text()
     assert "](img/b.png)" in page
-    assert "[`../results/b.json`](../results/b.json)" in page
+    assert "[`../results/b.json.gz`](../results/b.json.gz)" in page
+    assert gzip.decompress(raw.read_bytes()).startswith(b'{"')
+    page_path.unlink()
+    assert main(["bench", "--from-json", str(raw), "--markdown", str(page_path)]) == 0
+    assert "[`../results/b.json.gz`](../results/b.json.gz)" in page_path.read_text()
 
 
 def test_json_has_no_nan() -> None:

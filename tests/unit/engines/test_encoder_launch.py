@@ -15,7 +15,8 @@ from engines.contract.plan import ENCODER_LAUNCHES, ServingPlan, WindowConfig
 def _serve_plan(monkeypatch: pytest.MonkeyPatch, *options: str) -> ServingPlan:
     # The voice's engines are not built here: the plan template is what the options decide.
     monkeypatch.setattr(
-        "engines.pod.local_serving.plan_local_voices", lambda voices, cache, template: [template]
+        "engines.commands.local_serving.plan_local_voices",
+        lambda voices, cache, template: [template],
     )
     args = cli.build_parser().parse_args(["serve", "--voice", "joe", *options])
     (plan,) = plan_from_args(args)

@@ -47,14 +47,6 @@ def test_an_unknown_runtime_names_the_registered_ones(tmp_path: Path) -> None:
         load_pools(path)
 
 
-def test_env_var_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = write(tmp_path, "defaultPool: a\npools: [{name: a, maxPods: 9}]\n")
-    monkeypatch.setenv("VOXFLEET_POOLS_FILE", str(path))
-    assert load_pools().get(None).max_pods == 9
-    monkeypatch.delenv("VOXFLEET_POOLS_FILE")
-    assert load_pools().get(None).name == "t4"  # built-in single T4 pool
-
-
 @pytest.mark.parametrize(
     ("text", "message"),
     [
