@@ -39,13 +39,13 @@ demo: $(STAMP)
 	$(VENV)/bin/voxfleet demo -o demo.wav
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check engines operator tests e2e scripts
+	$(VENV)/bin/ruff check engines operator tests e2e lab scripts
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
 test: setup lint images
-	PATH="$(CURDIR)/.tools/bin:$$PATH" $(VENV)/bin/pytest -q $(PYTEST_ARGS) tests
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(VENV)/bin/pytest -q $(PYTEST_ARGS) tests lab
 	$(MAKE) e2e
 
 # The whole path, `kubectl apply` to audio, on a local cluster: the real control plane and a
@@ -60,7 +60,7 @@ e2e-kind: setup images
 # A load step on the local cluster and the autoscaling loop's response (docs/autoscaling.md).
 AUTOSCALE_ARGS ?=
 autoscale: setup images
-	PATH="$(CURDIR)/.tools/bin:$$PATH" PYTHONPATH="$(CURDIR)/e2e:$(CURDIR)" $(VENV)/bin/python -m autoscale.step $(AUTOSCALE_ARGS)
+	PATH="$(CURDIR)/.tools/bin:$$PATH" PYTHONPATH="$(CURDIR)/e2e:$(CURDIR)" $(VENV)/bin/python -m lab.autoscale.step $(AUTOSCALE_ARGS)
 
 # The CPU sweep against its baselines: results/benchmarks-cpu.json.gz, docs/img/benchmarks-cpu.png
 # and the generated part of docs/benchmarks.md.
@@ -69,11 +69,11 @@ bench: setup
 
 # Not part of `make test`: 10,000 requests with hang-ups and bad input (docs/reliability.md).
 soak: setup
-	$(PY) -m engines.bench.soak --out results/reliability.json.gz
+	$(PY) -m lab.soak --out results/reliability.json.gz
 
 # Stop, heal and overload timings on fresh servers (docs/reliability.md).
 faults: setup
-	$(PY) -m engines.bench.faults stop heal overload --runs 3 --out results/reliability-faults.json.gz
+	$(PY) -m lab.faults stop heal overload --runs 3 --out results/reliability-faults.json.gz
 
 # The wheels a GPU machine without a registry needs for tests/gpu/, in parts of at most 60 MiB
 # to carry one a call (.whl/part-N; docs/gpu.md).

@@ -17,9 +17,9 @@ TIMINGS_FILE = ROOT / "build" / "e2e-timings.json"
 
 def _local_cluster_missing() -> str | None:
     """What this machine lacks to run the local cluster, in one line that says how to get it."""
-    from e2e.cluster.controlplane import missing_binaries
-    from e2e.cluster.images import product_archives
-    from e2e.cluster.node import missing_image, node_missing
+    from cluster.controlplane import missing_binaries
+    from cluster.images import product_archives
+    from cluster.node import missing_image, node_missing
 
     for tool in ("kubectl", "helm", "openssl"):
         if shutil.which(tool) is None:

@@ -212,7 +212,7 @@ def local_installation(
 ) -> Iterator[Installation]:
     """The control plane and a node here, and the chart installed with `helm install` as a
     user installs it."""
-    from e2e.cluster import LocalCluster
+    from cluster import LocalCluster
 
     cluster = LocalCluster(workdir / "cluster", hpa_sync_period_s=hpa_sync_period_s)
     cluster.start()

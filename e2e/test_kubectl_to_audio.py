@@ -396,9 +396,9 @@ def test_the_pool_hpa_reads_the_charts_metrics_through_the_real_adapter(
     """The autoscaling loop's plumbing, real end to end: Prometheus scrapes the pool pods
     the ServiceMonitor selects, prometheus-adapter serves the chart's rules through the API
     server's aggregation layer, and the controller manager's HPA controller reads them."""
-    from autoscale.adapter import MetricsAdapter, adapter_config_from_chart
-    from autoscale.controllers import AutoscalingWatch, current_metrics_milli
-    from autoscale.prometheus import PrometheusServer
+    from hpa.adapter import MetricsAdapter, adapter_config_from_chart
+    from hpa.controllers import AutoscalingWatch, current_metrics_milli
+    from hpa.prometheus import PrometheusServer
 
     kubectl = installation.kubectl
     config = adapter_config_from_chart("helm", "--set", "prometheusAdapter.rules.rateWindow=30s")

@@ -183,7 +183,7 @@ def test_a_full_pod_refuses_at_once_and_the_retry_is_spoken_by_the_other(
     assert refused.value.code == "RESOURCE_EXHAUSTED"
     assert "this server is full" in str(refused.value)
     # At once: far sooner than a stream's first audio (the 50 ms goal is a benchmark's,
-    # engines/bench/refusals.py, not a timed test's).
+    # lab/refusals.py, not a timed test's).
     assert took < 1.0, f"the refusal took {took:.3f} s"
     assert all(result.audio_seconds > 0.5 for result in spoken)
     assert counts[full].refusals >= 1, counts  # round-robin asked the full pod too ...

@@ -2,7 +2,7 @@
 # The speech API gateway against direct gRPC, on fresh servers (docs/speech-api.md):
 # for each run, a new `voxfleet serve --voice joe` and a new `voxfleet api` in front of it;
 # then `python -m engines.bench.gateway paired` (listeners sending each sentence both ways,
-# directly and through the gateway) and `python -m engines.bench.speech_socket` (the WebSocket:
+# directly and through the gateway) and `python -m lab.speech_socket` (the WebSocket:
 # first audio after a sentence ends, clear). Raw JSON goes to results/ (gzip-compressed), then the summary.
 #
 # Knobs (environment): RUNS (3), LEVELS (concurrency levels, "1,12"), DURATION (seconds per
@@ -67,7 +67,7 @@ for run in $(seq 1 "$RUNS"); do
   "$PY" -m engines.bench.gateway paired --grpc-url "127.0.0.1:$GRPC" \
     --api-url "http://127.0.0.1:$API" --concurrency "$LEVELS" --duration "$DURATION" --json "$file"
   if ((TRIALS > 0)); then
-    "$PY" -m engines.bench.speech_socket --url "http://127.0.0.1:$API" --trials "$TRIALS" \
+    "$PY" -m lab.speech_socket --url "http://127.0.0.1:$API" --trials "$TRIALS" \
       --json "$OUT/gateway-socket-$TAG-run$run.json.gz"
   fi
   FILES+=("$file")

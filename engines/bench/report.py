@@ -21,7 +21,7 @@ ANALYSIS_END = "<!-- analysis:end -->"
 # The speech API gateway's figures, from fresh-server runs of scripts/gateway-overhead.sh.
 SPEECH_API_BEGIN = "<!-- speech-api:begin -->"
 SPEECH_API_END = "<!-- speech-api:end -->"
-# The refusal benchmark's section (engines/bench/refusals.py), kept as written.
+# The refusal benchmark's section (lab/refusals.py), kept as written.
 REFUSALS_BEGIN = "<!-- refusals:begin -->"
 REFUSALS_END = "<!-- refusals:end -->"
 

@@ -280,7 +280,7 @@ def popularity_weights(count: int, popularity: str) -> list[float]:
 
 class SpreadTritonSystem(TritonSystem):
     """Streams spread over several voices (stream models) of one server, each stream's voice
-    drawn by `popularity` (engines/bench/packing.py): the load of a pod that serves many."""
+    drawn by `popularity` (lab/packing.py): the load of a pod that serves many."""
 
     def __init__(
         self,

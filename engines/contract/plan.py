@@ -139,7 +139,7 @@ class WindowConfig:
     """Streaming windows in latent frames (one frame = hop samples, 256 at 22,050 Hz ≈ 11.6 ms).
 
     Defaults come from measurements on the joe voice (docs/streaming.md, `python -m
-    engines.bench.window_quality`): a 16-frame first window for first-audio latency, windows
+    lab.window_quality`): a 16-frame first window for first-audio latency, windows
     growing up to 128 frames so the context overhead stays small (doubling on fixed-shape
     engines, by half on the CPU: `engines.streaming.planner.WindowRules.ramp`), and enough
     context for > 50 dB SNR against a one-shot decode (8 vocoder and 24 flow frames; fewer

@@ -36,7 +36,7 @@ ENCODER_ID_MULTIPLE = 32
 # The most streams the model considers (a bound for its search, not a limit).
 MAX_STREAMS = 1_000_000
 # Seeds for the thread's costs, before it has measured its own: per step and per window in a
-# step (`python -m engines.bench.scheduler_host`, 2,000 streams, 2026-11-29: about 1 ms a
+# step (`python -m lab.scheduler_host`, 2,000 streams, 2026-11-29: about 1 ms a
 # step and 25 us a window on the GPU path).
 HOST_STEP_S = 1e-3
 HOST_WINDOW_S = 25e-6

@@ -76,7 +76,7 @@ CPU_FIRST_AUDIO_S = 0.2
 # ones whose audio runs out first (`_most_urgent`). A step full by its estimated time (a GPU
 # at 2,000 streams takes about 100 windows) worked out the next window of every other stream
 # only to leave it for later: 7.8 ms of the scheduler thread's 31 ms per step in
-# `python -m engines.bench.scheduler_host`, 2.5 ms with this (docs/history.md).
+# `python -m lab.scheduler_host`, 2.5 ms with this (docs/history.md).
 # The others have more audio buffered than all of these; the padding rows a step fills
 # (`fill_buckets`) still have three candidates for each window the step may take.
 PLAN_SCAN_WINDOWS = 4
@@ -176,7 +176,7 @@ def next_window(
     rest of at most twice that after a flow chunk goes with the chunk, within the steady
     window and chunk: a call of its own would pay the context frames again for a few frames
     of audio. For requests of 1 to 4 words it cuts the flow's frames by 12 % and the vocoder's
-    by 2 % (`python -m engines.bench.window_frames`, docs/streaming.md).
+    by 2 % (`python -m lab.window_frames`, docs/streaming.md).
     """
     state = stream.current
     assert state is not None

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session: the GPU tests, then the torch-cuda benchmark (engines/bench/gpu_bench.py).
+# One GPU session: the GPU tests, then the torch-cuda benchmark (lab/gpu_bench.py).
 # Usage, from the repository root on a machine with CUDA PyTorch and onnxruntime:
 #   bash tests/gpu/gpu_session.sh [extra gpu_bench arguments]
 # Output goes to $OUT (default results/runs/gpu_session-<UTC time>/, which git ignores);
@@ -25,6 +25,6 @@ PY
 echo "engine entry: $ENTRY"
 timeout 240 python3 -m pytest -q -m gpu tests/gpu -s -p no:cacheprovider \
     2>&1 | tee "$OUT/pytest-gpu.log"
-python3 -m engines.bench.gpu_bench --engine-dir "$ENTRY" \
+python3 -m lab.gpu_bench --engine-dir "$ENTRY" \
     --corpus-ids tests/gpu/data/corpus_ids.json --out "$OUT/bench-gpu-torch.json" "$@" \
     2>&1 | tee "$OUT/gpu-bench.log"

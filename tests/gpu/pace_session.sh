@@ -9,13 +9,13 @@
 #   STAGE=packing RUN=k bash tests/gpu/pace_session.sh
 # Every call first copies what it carried (.whl/part-*) to /tmp/keep, where later calls on the
 # same machine find it, and puts cut wheels back together.
-# - limits: each stage alone at its best batch with CUDA graphs (`engines.bench.gpu_bench`
+# - limits: each stage alone at its best batch with CUDA graphs (`lab.gpu_bench`
 #   stages), and their limit together at the default plan (`stage_limit`).
 # - paced: one freshly started `voxfleet serve` on the whole GPU with the real-time setting
 #   (`--max-lead-ms 300`): pod start to ready, then `voxfleet bench` at LEVELS listeners
 #   arriving over RAMP s, then BURST listeners arriving within 1 s; then a fresh server with no
 #   lead limit (unpaced) at SATURATE listeners for audio a second against the stage limit.
-# - packing: `engines.bench.packing` on a fresh pool pod under an MPS limit of LIMIT (16G).
+# - packing: `lab.packing` on a fresh pool pod under an MPS limit of LIMIT (16G).
 set -uo pipefail
 OUT=${OUT:-results/runs/pace-$(date -u +%Y%m%dT%H%M%SZ)}
 STAGE=${STAGE:-limits}
@@ -98,7 +98,7 @@ bench() {  # NAME LEVELS RAMP: `voxfleet bench` against the server, JSON in $OUT
 }
 case "$STAGE" in
 limits)
-    timeout 500 python3 -m engines.bench.gpu_bench --engine-dir "$ENTRY" \
+    timeout 500 python3 -m lab.gpu_bench --engine-dir "$ENTRY" \
         --corpus-ids tests/gpu/data/corpus_ids.json --skip quality,streams,encoder-profile \
         --out "$OUT/stage-limits.json" 2>&1 | grep -E "stage limit|warmup" | cut -c1-1200
     ;;
@@ -115,8 +115,8 @@ paced)
     done
     ;;
 packing)
-    python3 -m engines.bench.voices --entry "$ENTRY" --out /tmp/voices --count 105 >/dev/null || exit 1
-    timeout 560 python3 -m engines.bench.packing --engine-dir "$ENTRY" --voices-dir /tmp/voices \
+    python3 -m lab.voices --entry "$ENTRY" --out /tmp/voices --count 105 >/dev/null || exit 1
+    timeout 560 python3 -m lab.packing --engine-dir "$ENTRY" --voices-dir /tmp/voices \
         --voices "${PACKED:-100}" --mps-limit "${LIMIT:-16G}" --levels "${PACK_LEVELS:-250,500}" \
         --duration "${DURATION:-6}" --drain "${DRAIN:-10}" --out "$OUT/gpu-packing-$RUN.json" 2>&1 | tail -n 30
     ;;

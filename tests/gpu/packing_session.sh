@@ -22,7 +22,7 @@ ENTRY=$(python3 -c '
 from engines.build.engine_build import build_engines, resolve_voice_model
 print(build_engines(resolve_voice_model("joe"), "torch-cuda", "fp16", "/tmp/voxfleet-cache").path)
 ') || exit 1
-python3 -m engines.bench.voices --entry "$ENTRY" --out /tmp/voices --count "${VOICES:-105}" >/dev/null || exit 1
+python3 -m lab.voices --entry "$ENTRY" --out /tmp/voices --count "${VOICES:-105}" >/dev/null || exit 1
 case "${STAGE:-probe}" in
 prepare)  # wheels kept, the engine entry and the voices made: nothing else
     ;;
@@ -33,7 +33,7 @@ probe)
     for size in ${SIZES:-128/32 32/32 8/8}; do
         IFS=/ read -r w s tune <<<"$size"
         label="w$w-s$s${tune:+-$tune}"
-        timeout 240 python3 -m engines.bench.gpu_memory --engine-dir "$ENTRY" --windows "$w" \
+        timeout 240 python3 -m lab.gpu_memory --engine-dir "$ENTRY" --windows "$w" \
             --sentences "$s" --voices "${PROBE_VOICES:-100}" --voices-dir /tmp/voices \
             ${tune:+--$tune} --label "$label" --json "$OUT/gpu-memory-$label.json" \
             >/dev/null 2>"$OUT/gpu-memory-$label.err"
@@ -56,7 +56,7 @@ packing)
         echo "packing_session: the environment still has NumPy 2; the stub needs 1.x" >&2; exit 1; }
     echo "$PWD" >"$SITE/voxfleet-checkout.pth"
     python3 -c 'import pytriton' 2>/dev/null || : >"$(python3 -c 'import importlib.util; print(importlib.util.find_spec("pytriton").submodule_search_locations[0])')/__init__.py"
-    python3 -m engines.bench.packing --engine-dir "$ENTRY" --voices-dir /tmp/voices \
+    python3 -m lab.packing --engine-dir "$ENTRY" --voices-dir /tmp/voices \
         --voices "${PACKED:-100}" --mps-limit "${LIMIT:-16G}" --levels "${LEVELS:-500,1000,1500}" \
         --duration "${DURATION:-8}" --out "$OUT/gpu-packing-${RUN:-1}.json" 2>&1 | tail -40
     ;;

@@ -29,7 +29,7 @@ def entry_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_fp16_audio_is_within_30_db_of_fp32_on_the_corpus(
     entry_dir: Path, corpus_ids: list[list[int]]
 ) -> None:
-    from engines.bench.gpu_bench import fp16_quality
+    from lab.gpu_bench import fp16_quality
 
     quality = fp16_quality(entry_dir, corpus_ids, sentences=40)
     print(f"\nFP16 vs FP32 on {quality['sentences']} corpus sentences: {quality}")
@@ -68,8 +68,8 @@ def test_graph_replay_equals_eager_and_padding_rows_do_not_leak(entry_dir: Path)
 
 
 def test_stream_scheduler_runs_on_the_gpu_runtime(entry_dir: Path, corpus_ids) -> None:
-    from engines.bench.gpu_bench import simulate_streams
     from engines.runtimes.torch_cuda.stages import TorchCudaStages
+    from lab.gpu_bench import simulate_streams
 
     stages = TorchCudaStages(entry_dir, precision="fp16")
     result = simulate_streams(stages, corpus_ids, streams=16, seconds=4.0, ramp_seconds=0.5)

@@ -18,12 +18,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from engines.artifacts.split import split_voice  # noqa: E402
-from engines.bench.voices import perturbed_voice  # noqa: E402
 from engines.runtimes.torch_cuda.stages import TorchCudaStages  # noqa: E402
 from engines.runtimes.torch_cuda.weights import ArchitectureMismatch  # noqa: E402
 from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, VoiceSlot  # noqa: E402
 from engines.text.frontend import Sentence  # noqa: E402
 from engines.text.voice import load_voice  # noqa: E402
+from lab.voices import perturbed_voice  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PRECISION = "fp16" if DEVICE == "cuda" else "fp32"

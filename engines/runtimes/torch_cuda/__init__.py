@@ -14,7 +14,7 @@ from engines.streaming.stages import StageRuntime
 # The most windows one flow or vocoder graph takes. The graphs' memory pool holds the largest
 # graph's working set: at 128 windows of 144 frames the vocoder's took the pool to 2.9 GiB of
 # a 4.4 GiB pod on the H200. Its calls there cost about the same per window from 32 windows
-# up (3.6 ms for 32, 13.1 ms for 128; `python -m engines.bench.gpu_memory`, docs/gpu.md), so
+# up (3.6 ms for 32, 13.1 ms for 128; `python -m lab.gpu_memory`, docs/gpu.md), so
 # two replays of 64 should cost what one of 128 did; not measured yet.
 MAX_GRAPH_WINDOWS = 64
 

@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from e2e.cluster.controlplane import ControlPlane, missing_binaries
+from cluster.controlplane import ControlPlane, missing_binaries
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "voxfleet"

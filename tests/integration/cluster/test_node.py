@@ -14,11 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from e2e.cluster import LocalCluster, NodeError, leftovers
-from e2e.cluster.controlplane import missing_binaries
-from e2e.cluster.images import Archive, missing_product_images, product_archives
-from e2e.cluster.node import BRIDGE, missing_image, node_missing
+from cluster import LocalCluster, NodeError, leftovers
+from cluster.controlplane import missing_binaries
+from cluster.images import Archive, missing_product_images, product_archives
+from cluster.node import BRIDGE, missing_image, node_missing
 
 ROOT = Path(__file__).resolve().parents[3]
 TRITON_IMAGE = "voxfleet-triton-cpu:e2e"
@@ -107,7 +106,7 @@ SLEEPER = {
 FIRST_RUN = textwrap.dedent(
     """
     import sys, time
-    from e2e.cluster import LocalCluster
+    from cluster import LocalCluster
     cluster = LocalCluster(sys.argv[1]).start()
     cluster.kubectl("apply", "-f", "-", input=sys.argv[2])
     phase = ("get", "pod", "sleeper", "-o", "jsonpath={.status.phase}")

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from engines.bench.faults import stop_process_tree
 from engines.client.tts import StreamResult, synthesize
 from engines.contract import names
 from engines.pod.triton_server import free_port
+from lab.faults import stop_process_tree
 
 
 @dataclass

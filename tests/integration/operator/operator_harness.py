@@ -28,11 +28,10 @@ from typing import Any
 
 import pytest
 import yaml
+from cluster.controlplane import ControlPlane
+from cluster.kube import MERGE_PATCH, ApiError, Kube
+from cluster.waiting import eventually as poll_until
 from faults import FaultProxy
-
-from e2e.cluster.controlplane import ControlPlane
-from e2e.cluster.kube import MERGE_PATCH, ApiError, Kube
-from e2e.cluster.waiting import eventually as poll_until
 
 ROOT = Path(__file__).resolve().parents[3]
 CRD = ROOT / "charts" / "voxfleet" / "crds" / "ttsvoices.voxfleet.io.yaml"

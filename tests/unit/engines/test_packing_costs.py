@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engines.bench.packing import memory_costs
+from lab.packing import memory_costs
 
 
 def report(used_mib: float, voices: int, each_mib: float = 43.0) -> dict:

@@ -20,7 +20,7 @@ requests at the soak's own concurrency (so the start already holds that many str
 set), then every `--rss-every-s` seconds by process (`rss_timeline`): growth that levels off
 is a working set, growth that keeps its slope is a leak.
 
-    python -m engines.bench.soak --requests 10000 --out results/reliability.json.gz
+    python -m lab.soak --requests 10000 --out results/reliability.json.gz
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ from typing import Any
 
 import psutil
 
-from engines.bench.faults import Server, start, stop
 from engines.bench.results import write_json
 from engines.client import wire
 from engines.contract import names
 from engines.text.corpus import load_corpus
+from lab.faults import Server, start, stop
 
 HANG_UP_SHARE = 0.20
 BAD_INPUT_SHARE = 0.05
@@ -130,7 +130,7 @@ class SoakClient:
 
         `at_end`: count audio responses only, and hang up the moment the `hang_up_after`-th
         one or the final response arrives, whichever comes first (a listener that hangs up as
-        soon as it has the audio it expects; engines.bench.hangups)."""
+        soon as it has the audio it expects; lab.hangups)."""
         import grpc
 
         finished = asyncio.Event()

@@ -7,7 +7,7 @@ Counts the outcomes and tritonserver's restarts (from the supervisor's log). Wit
 end in a response of its own after the last audio, such hang-ups crashed tritonserver 2.51
 with SIGSEGV about once in 1,000 requests (docs/reliability.md).
 
-    python -m engines.bench.hangups --requests 6000 --out results/reliability-hangups.json.gz
+    python -m lab.hangups --requests 6000 --out results/reliability-hangups.json.gz
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from engines.bench.faults import Server, start, stop
 from engines.bench.results import write_json
-from engines.bench.soak import LOST_BACKOFF_S, SoakClient, server_restarts
+from lab.faults import Server, start, stop
+from lab.soak import LOST_BACKOFF_S, SoakClient, server_restarts
 
 TEXTS = ("The", "We", "It is a", "Would", "Your appointment", "Turning the volume up.")
 CLIENTS = 16
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop(server)
     result["date_utc"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
-    result["command"] = "python -m engines.bench.hangups " + " ".join(argv or sys.argv[1:])
+    result["command"] = "python -m lab.hangups " + " ".join(argv or sys.argv[1:])
     text = json.dumps(result, indent=2)
     print(text)
     if args.out is not None:

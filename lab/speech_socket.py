@@ -10,7 +10,7 @@ punctuation apart) at `--tokens-per-second`, and records:
   the time until `input_text.cleared` (after which no audio of the turn comes), and
   `audio_after_clear`, the deltas that still arrived in between.
 
-    python -m engines.bench.speech_socket --url http://127.0.0.1:8080 --trials 20 --json F
+    python -m lab.speech_socket --url http://127.0.0.1:8080 --trials 20 --json F
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ async def run(url: str, voice: str, trials: int, tokens_per_second: float) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engines.bench.speech_socket")
+    parser = argparse.ArgumentParser(prog="python -m lab.speech_socket")
     parser.add_argument("--url", default="http://127.0.0.1:8080")
     parser.add_argument("--voice", default="joe")
     parser.add_argument("--trials", type=int, default=20)

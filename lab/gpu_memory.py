@@ -1,4 +1,4 @@
-"""Where a GPU voice's memory goes: `python -m engines.bench.gpu_memory` (a CUDA GPU).
+"""Where a GPU voice's memory goes: `python -m lab.gpu_memory` (a CUDA GPU).
 
 Builds the stream model's parts one at a time in this process, on one CUDA device, and reads
 the device's memory (what nvidia-smi counts for this process) beside PyTorch's allocator
@@ -6,14 +6,14 @@ statistics after each: the CUDA context, the voice's weights, the frame stores, 
 (captured graphs: their pool, their static buffers, and what lives outside the allocator:
 graph executables, cuDNN and cuBLAS handles and workspaces, kernels loaded), the warmup's
 transient peak, and, with `--voices N`, N more voices loaded as weight sets (perturbed
-copies, engines/bench/voices.py). Last it frees the graphs, and what the device gets back
+copies, lab/voices.py). Last it frees the graphs, and what the device gets back
 beyond the allocator's blocks is the graph executables.
 
 It imports only what every version of the data plane has (engines.runtimes.onnx, .streaming,
 .plan), so running it as a script with an older `engines` on PYTHONPATH breaks that one down
 too. Prints one JSON object; docs/gpu.md gives the figures.
 
-    python -m engines.bench.gpu_memory --windows 128 --sentences 32 --voices 100 --json out.json
+    python -m lab.gpu_memory --windows 128 --sentences 32 --voices 100 --json out.json
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def call_times(torch: Any, runtime: Any, windows: int, sentences: int) -> dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engines.bench.gpu_memory", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m lab.gpu_memory", description=__doc__)
     parser.add_argument(
         "--engine-dir", type=Path, help="a torch-cuda engine entry (default: joe's)"
     )

@@ -1,6 +1,6 @@
 """`make autoscale`: a load step on the local cluster, and the autoscaling loop's response.
 
-    python -m autoscale.step [--sync-period 5] [--scrape-interval 5s] [--rate-window 30s] ...
+    python -m lab.autoscale.step [--sync-period 5] [--scrape-interval 5s] [--rate-window 30s] ...
 
 One installation per scenario (e2e/installation.py: the real control plane and a real node,
 the kubelet giving each pool pod the CPU shares its request asks for, the chart installed
@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import json
 import math
 import os
@@ -56,22 +55,20 @@ from typing import Any
 
 import psutil
 from e2e_support import NAMESPACE, POOL, ROOT, Kubectl, eventually
+from hpa.adapter import MetricsAdapter, adapter_config_from_chart
+from hpa.controllers import AutoscalingWatch, ScaleEvent, current_metrics_milli
+from hpa.prometheus import PrometheusServer
+from installation import Installation, local_installation
 
-from autoscale.adapter import MetricsAdapter, adapter_config_from_chart
-from autoscale.controllers import AutoscalingWatch, ScaleEvent, current_metrics_milli
-from autoscale.load import Clients, Phase, Pods, TimedRecord, run_phases
-from autoscale.prometheus import PrometheusServer
-from autoscale.report import SAMPLE_SECONDS, write
 from engines.bench.results import read_json
 from engines.bench.systems import BalancedTritonSystem
 from engines.bench.timeline import analyse_stream
 from engines.client.balancing import ResolvedEndpoints
 from engines.contract import names
 from engines.text.corpus import cycle_sentences, load_corpus, sentence_order
+from lab.autoscale.load import Clients, Phase, Pods, TimedRecord, run_phases
+from lab.autoscale.report import SAMPLE_SECONDS, write
 
-# e2e/installation.py reaches the local cluster as `e2e.cluster`, which mypy (checking it as
-# `cluster`) would see twice; it is loaded by name and typed loosely here.
-Installation = Any
 POOL_DEPLOYMENT = f"voxfleet-triton-{POOL}"
 POOL_PODS = f"app.kubernetes.io/name=voxfleet-triton,voxfleet.io/pool={POOL}"
 JOE_PATH = "joe/en_US-joe-medium.onnx"
@@ -553,9 +550,11 @@ def pool_scenario(
     kubectl.apply(voice_manifest("joe", targets, max_replicas=1))
     ready_voice(kubectl, "joe")
     run = Run(installation, controllers, adapter, ["joe"], layout)
-    phases, levels = run.measure_then(
-        args, lambda: kubectl.apply(voice_manifest("joe", targets, max_replicas=2))
-    )
+
+    def release() -> None:
+        kubectl.apply(voice_manifest("joe", targets, max_replicas=2))
+
+    phases, levels = run.measure_then(args, release)
 
     def scaled_in() -> bool:
         down = [e for e in run.events() if e.to_replicas < e.from_replicas]
@@ -737,7 +736,6 @@ def autoscaling_environment(
 ) -> Iterator[tuple[Installation, AutoscalingWatch, MetricsAdapter]]:
     """A fresh installation (the controller manager's HPA period: `--sync-period`) with
     Prometheus and the real prometheus-adapter beside it; all stopped and removed on exit."""
-    local_installation = importlib.import_module("installation").local_installation
     workdir.mkdir(parents=True, exist_ok=True)
     config = adapter_config_from_chart(
         "helm", "--set", f"prometheusAdapter.rules.rateWindow={args.rate_window}"

@@ -1,7 +1,7 @@
 """What a new stream costs the CPU before its steady windows: the encoder call of a median
 phrase and the calls of its window ramp, each timed alone on onnxruntime (median of 15).
 
-    python -m engines.bench.ramp_costs [--doubling]
+    python -m lab.ramp_costs [--doubling]
 
 The phrase is the median (in phoneme ids) of the phrases of the corpus's first 40 texts, as
 the frontend cuts them; the encoder is timed on 2 threads and on 1. The ramp is what the
@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.bench.window_frames import cut_sentence
 from engines.build.engine_build import build_engines
 from engines.contract.plan import WindowConfig
 from engines.runtimes.onnx import OnnxStages
@@ -35,6 +34,7 @@ from engines.streaming.types import Stream, StreamSink, SynthesisParams
 from engines.text.corpus import load_corpus, sentence_order
 from engines.text.frontend import text_to_sentences
 from engines.text.voice import load_voice
+from lab.window_frames import cut_sentence
 
 LATENT_CHANNELS = 192
 

@@ -1,10 +1,10 @@
-"""Many voices in one pool pod: `python -m engines.bench.packing` (a CUDA GPU, or the CPU).
+"""Many voices in one pool pod: `python -m lab.packing` (a CUDA GPU, or the CPU).
 
 One run, on a freshly started pod process (`voxfleet triton`, the pool pod's own command, in
 explicit model control, under an MPS per-client memory limit when `--mps-limit` is given):
 
 1. the first voice (its architecture: graphs captured) and then `--voices` more (perturbed
-   copies, engines/bench/voices.py) loaded through Triton's repository API, `--parallel` at a
+   copies, lab/voices.py) loaded through Triton's repository API, `--parallel` at a
    time, each timed;
 2. the pod's memory report (the health port's /memory): total, used, fixed, per voice;
 3. a cold voice: the first request to each of `--cold` voices loaded but never used, one at a
@@ -252,7 +252,7 @@ def _sweep(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engines.bench.packing", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m lab.packing", description=__doc__)
     parser.add_argument("--voices", type=int, default=100, help="voices beyond the first (100)")
     parser.add_argument("--voices-dir", type=Path, required=True, help="their engine entries")
     parser.add_argument("--engine-dir", type=Path, required=True, help="the first voice's entry")

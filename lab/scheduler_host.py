@@ -1,7 +1,7 @@
 """How much audio one stream-model scheduler thread can plan and launch when the device costs
 nothing: the host's own ceiling on the GPU path, to compare host-side changes with each other.
 
-    python -m engines.bench.scheduler_host [--streams 2000] [--seconds 10] [--lead-ms 300]
+    python -m lab.scheduler_host [--streams 2000] [--seconds 10] [--lead-ms 300]
 
 The scheduler runs as on a GPU (`DeviceBackend`: asynchronous vocoder calls, fixed window
 sizes, calls padded to batch buckets) over stages that do no arithmetic: the encoder gives

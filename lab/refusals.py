@@ -1,7 +1,7 @@
 """A full server and a client that ignores its refusals: how fast refusals come, and whether the
 streams it admitted notice the hammering.
 
-    python -m engines.bench.refusals --runs 3 --out results/refusals.json.gz
+    python -m lab.refusals --runs 3 --out results/refusals.json.gz
 
 Each run on a freshly started `voxfleet serve` (CPU, the joe voice, no `--max-streams`: the
 server refuses past the capacity it predicts, engines/streaming/capacity.py):
@@ -39,7 +39,6 @@ from typing import Any
 
 import psutil
 
-from engines.bench.faults import start, stop
 from engines.bench.loadgen import run_closed_loop
 from engines.bench.results import write_json
 from engines.bench.stats import is_refusal, percentile
@@ -47,6 +46,7 @@ from engines.bench.systems import BenchSystemError, TritonSystem
 from engines.bench.timeline import Chunk, StreamRecord, analyse_stream
 from engines.contract import names
 from engines.text.corpus import load_corpus, sentence_order
+from lab.faults import start, stop
 
 RETRY_AFTER_S = 0.2
 HAMMER_TEXT = "Hi."
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="voxfleet-refusals-"))
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     report: dict[str, Any] = {
-        "command": " ".join(["python -m engines.bench.refusals", *(argv or sys.argv[1:])]),
+        "command": " ".join(["python -m lab.refusals", *(argv or sys.argv[1:])]),
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "machine": f"{platform.machine()}, {psutil.cpu_count()} CPUs, "
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB; load average {load} at the start",

@@ -1,4 +1,4 @@
-"""Several voices' windows in one call: `python -m engines.bench.grouped_voices`.
+"""Several voices' windows in one call: `python -m lab.grouped_voices`.
 
 A pool pod's scheduler runs one call per voice and stage in a step (docs/gpu.md, "Many voices
 on one GPU"): ten voices with 12 windows each make ten vocoder calls of 12 windows where one
@@ -32,10 +32,10 @@ from typing import Any
 
 import torch
 
-from engines.bench.gpu_bench import median_seconds
 from engines.runtimes.torch_cuda import acoustic
 from engines.runtimes.torch_cuda.convert import OnnxModule
 from engines.streaming.frames import LATENT_CHANNELS
+from lab.gpu_bench import median_seconds
 
 
 def graphed(call: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
     makers = {"vocoder": latent, "flow": prior, "encoder": sentences}
     result: dict[str, Any] = {
-        "command": " ".join(["python -m engines.bench.grouped_voices", *(argv or sys.argv[1:])]),
+        "command": " ".join(["python -m lab.grouped_voices", *(argv or sys.argv[1:])]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": str(dtype),

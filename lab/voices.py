@@ -6,7 +6,7 @@ float weight multiplied by (1 + scale * N(0, 1)), from a seed: the same graph, i
 weights. At the default scale (1 %) the copies still speak, each a little differently, so a
 stream that ran on the wrong voice's weights is found by its audio.
 
-    python -m engines.bench.voices --count 100 --out /tmp/voices   # voice-000 ... voice-099
+    python -m lab.voices --count 100 --out /tmp/voices   # voice-000 ... voice-099
 
 `--entry DIR` perturbs a built engine entry's stage graphs instead (faster: no split), in
 `--workers` processes: what the GPU packing runs load.
@@ -101,7 +101,7 @@ def perturbed_voices(
 def main(argv: list[str] | None = None) -> int:
     from engines.text.voice import load_voice
 
-    parser = argparse.ArgumentParser(prog="python -m engines.bench.voices", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m lab.voices", description=__doc__)
     parser.add_argument("--count", type=int, default=100)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--scale", type=float, default=DEFAULT_SCALE)

@@ -9,7 +9,7 @@
             it has played out, playback starting at first audio); then the control, M
             listeners and nothing refused, for the server's own underruns at that load.
 
-    python -m engines.bench.faults stop heal overload --runs 3  # results/reliability-faults.json.gz
+    python -m lab.faults stop heal overload --runs 3  # results/reliability-faults.json.gz
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Window settings of the stream model, in-process on onnxruntime: how close each one's audio
 is to a one-shot decode (SNR), how soon its first audio comes, and its real-time factor.
 
-    python -m engines.bench.window_quality [--repeat 5]
+    python -m lab.window_quality [--repeat 5]
 
 Each setting streams the reference sentence (`voxfleet demo`'s, 7.33 s of audio) through a
 `StreamScheduler` of its own with the noise scales at 0, so that its audio can be compared

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autoscale.report import BEGIN, END, goals, markdown, write
 from engines.bench.results import read_json
+from lab.autoscale.report import BEGIN, END, goals, markdown, write
 
 
 def pool(

@@ -1,7 +1,7 @@
 """Which chunks come late, and when: N closed-loop listeners against a fresh `voxfleet serve
 --voice joe`, as `voxfleet bench` runs one level, then a line for every stream that underran.
 
-    python -m engines.bench.late_chunks LISTENERS SECONDS [-- SERVE ARGS...]
+    python -m lab.late_chunks LISTENERS SECONDS [-- SERVE ARGS...]
 
 Each line says when the stream started (seconds after the level's first request), its first
 audio, its chunks in frames, and each late chunk (its index, how long the listener's buffer
@@ -20,11 +20,11 @@ import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from engines.bench import faults
 from engines.bench.loadgen import run_closed_loop
 from engines.bench.systems import TritonSystem
 from engines.bench.timeline import StreamRecord, analyse_stream, late_chunks
 from engines.text.corpus import load_corpus, sentence_order
+from lab import faults
 
 # The level's start: the listeners arrive within 1 s (the load generator's ramp) and their
 # first sentences run their window ramps over the second after.

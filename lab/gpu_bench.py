@@ -1,6 +1,6 @@
 """Measure the torch-cuda runtime on a GPU: stage throughput, FP16 quality, stream capacity.
 
-    python -m engines.bench.gpu_bench --engine-dir ENTRY \\
+    python -m lab.gpu_bench --engine-dir ENTRY \\
         --corpus-ids tests/gpu/data/corpus_ids.json --out bench.json
 
 Four parts, each written into one JSON document (``--skip`` leaves parts out):

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from autoscale.load import Clients, Phase, TimedRecord, run_phases
-from autoscale.step import load_levels, measured_capacity, stream_stats, streams_cut
 from engines.bench.systems import BenchSystemError
 from engines.bench.timeline import Chunk, StreamRecord
+from lab.autoscale.load import Clients, Phase, TimedRecord, run_phases
+from lab.autoscale.step import load_levels, measured_capacity, stream_stats, streams_cut
 
 REFUSAL = "BenchSystemError: [RESOURCE_EXHAUSTED] voice 'joe': 1 pod(s) refused the stream"
 

@@ -1,7 +1,7 @@
 """The frames the stream model's windows send through the flow and the vocoder, per frame of
 audio, over the shipped corpus: what context frames, padding and a stream's window ramp cost.
 
-    python -m engines.bench.window_frames
+    python -m lab.window_frames
 
 The encoder (onnxruntime, noise scales 0) gives each corpus sentence's frame count; the
 windows and flow chunks are then cut by the scheduler's own planner functions

@@ -1,7 +1,7 @@
 """What `make autoscale` writes: results/autoscaling.json.gz, the timeline plot (docs/img/), and
 the measured numbers of docs/autoscaling.md.
 
-Also usable alone on an existing JSON: `python -m autoscale.step --report-only`.
+Also usable alone on an existing JSON: `python -m lab.autoscale.step --report-only`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from engines.bench.results import stem, write_json
 
 SAMPLE_SECONDS = 3.0
-# The pool scenario runs with each client layout (e2e/autoscale/load.py).
+# The pool scenario runs with each client layout (lab/autoscale/load.py).
 POOL_SCENARIOS = ("pool", "pool_shared")
 TITLES = {
     "pool": "pool, a client per listener",
