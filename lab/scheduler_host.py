@@ -49,7 +49,7 @@ SAMPLE_RATE = 22050
 CHANNELS = 192
 FRAMES_PER_ID = 2.2  # about the joe voice's: 305 frames for a sentence of 136 ids
 PAGES_PER_STREAM = 48  # of 32 frames: the longest corpus sentence (647 ids, 1,424 frames)
-CORPUS_IDS = Path(__file__).resolve().parents[2] / "tests" / "gpu" / "data" / "corpus_ids.json"
+CORPUS_IDS = Path(__file__).resolve().parents[1] / "tests" / "gpu" / "data" / "corpus_ids.json"
 # Seconds per call and per frame (phoneme id for the encoder) of each stage through Triton on
 # the H100, the last line of a server's call log at 2,000 streams (VOXFLEET_COSTS_LOG_S,
 # 2026-11-24, the encoder in the step).
