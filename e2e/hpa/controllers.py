@@ -22,11 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hpa.adapter import quantity
-from hpa.prometheus import PrometheusServer, service_monitor_targets
 from voxfleet_operator.names import POOL_LABEL
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.render.pool import build_pool_service_monitor
+
+from hpa.adapter import quantity
+from hpa.prometheus import PrometheusServer, service_monitor_targets
 
 
 class KubectlLike(Protocol):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from hpa.cluster_objects import pool_pod
-from hpa.prometheus import scrape_interval, service_monitor_targets
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.render.pool import build_pool_metrics_service, build_pool_service_monitor
+
+from hpa.cluster_objects import pool_pod
+from hpa.prometheus import scrape_interval, service_monitor_targets
 
 POOL = Pool(name="cpu")
 
