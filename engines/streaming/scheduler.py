@@ -641,42 +641,31 @@ class StreamScheduler:
         """A step's encoder calls on a backend that launches them (`launches_encoder`): all of
         them queued first, then each one's sentences started as its frame counts come; one
         wait for the device, not one per call (per voice)."""
-        launched = []
-        for scales, streams in calls:
-            sentences, ids, lengths, scale_array, speakers, longest = self._encoder_inputs(
-                streams, scales
-            )
-            voice = _weights(streams[0].voice)  # one voice a call (planner.encoder_calls)
-            call = self._device.encode_launch(ids, lengths, scale_array, speakers, voice)
-            launched.append(
-                _Encoding(call, streams, speakers, longest, [len(s.ids) for s in sentences])
-            )
+        launched = [self._launch_encoding(streams, scales) for scales, streams in calls]
         for encoding in launched:
-            timing = self._device.timer()
-            prior, frames = encoding.call.finish()
-            self._start_sentences(encoding.streams, prior, frames, encoding.speakers, encoding.ids)
-            self._timings.append(
-                (
-                    "encoder",
-                    _SummedTiming(encoding.call, timing.stop()),
-                    len(encoding.streams),
-                    encoding.width,
-                )
-            )
+            self._finish_encoding(encoding)
 
-    def _encode(self, streams: list[Stream], scales: tuple[float, float, float]) -> None:
+    def _launch_encoding(
+        self, streams: list[Stream], scales: tuple[float, float, float]
+    ) -> _Encoding:
+        """Queue an encoder call on the device, to be finished later (`_finish_encoding`)."""
         sentences, ids, lengths, scale_array, speakers, longest = self._encoder_inputs(
             streams, scales
         )
         voice = _weights(streams[0].voice)  # one voice a call (planner.encoder_calls)
+        call = self._device.encode_launch(ids, lengths, scale_array, speakers, voice)
+        return _Encoding(call, streams, speakers, longest, [len(s.ids) for s in sentences])
+
+    def _encode(self, streams: list[Stream], scales: tuple[float, float, float]) -> None:
         if self._beside:
             # The call runs beside this step's windows and the next steps'; its streams are
             # taken up once their frame counts are on the host (`_take_up_encoded`).
-            call = self._device.encode_launch(ids, lengths, scale_array, speakers, voice)
-            self._encoding.append(
-                _Encoding(call, streams, speakers, longest, [len(s.ids) for s in sentences])
-            )
+            self._encoding.append(self._launch_encoding(streams, scales))
             return
+        sentences, ids, lengths, scale_array, speakers, longest = self._encoder_inputs(
+            streams, scales
+        )
+        voice = _weights(streams[0].voice)  # one voice a call (planner.encoder_calls)
         started = time.perf_counter()
         # With asynchronous calls the device may still be decoding an earlier call: time the
         # encoder's own device work, not the wait for that one.
@@ -691,6 +680,20 @@ class StreamScheduler:
             self.backend.sync()
             self._observe_sync("encoder", time.perf_counter() - started, len(streams), longest)
 
+    def _finish_encoding(self, encoding: _Encoding) -> None:
+        """Wait for an encoder call, start its streams' sentences and time it."""
+        timing = self._device.timer()
+        prior, frames = encoding.call.finish()
+        self._start_sentences(encoding.streams, prior, frames, encoding.speakers, encoding.ids)
+        self._timings.append(
+            (
+                "encoder",
+                _SummedTiming(encoding.call, timing.stop()),
+                len(encoding.streams),
+                encoding.width,
+            )
+        )
+
     def _take_up_encoded(self) -> None:
         """Start the sentences of the encoder calls beside the windows whose frame counts are
         on the host (in launch order): their prior (and flow) is queued behind the calls, and
@@ -702,18 +705,7 @@ class StreamScheduler:
             # (A queued call with windows behind it is waited for: it ends soon after the
             # windows before it, and checking only whether it is done put its sentences' first
             # windows a step later, behind the windows launched meanwhile.)
-            encoding = self._encoding.popleft()
-            timing = self._device.timer()
-            prior, frames = encoding.call.finish()
-            self._start_sentences(encoding.streams, prior, frames, encoding.speakers, encoding.ids)
-            self._timings.append(
-                (
-                    "encoder",
-                    _SummedTiming(encoding.call, timing.stop()),
-                    len(encoding.streams),
-                    encoding.width,
-                )
-            )
+            self._finish_encoding(self._encoding.popleft())
 
     def _start_sentences(
         self,
