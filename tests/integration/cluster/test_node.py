@@ -137,7 +137,7 @@ def host_state() -> dict[str, object]:
 def test_a_killed_run_leaves_nothing_the_next_run_trips_over(tmp_path: Path) -> None:
     before = host_state()
     env = dict(os.environ, PATH=f"{ROOT / '.tools' / 'bin'}:{os.environ['PATH']}")
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = f"{ROOT / 'e2e'}:{ROOT}"  # the harness is `cluster`
     manifest = json.dumps(SLEEPER)
     first = subprocess.Popen(
         [sys.executable, "-c", FIRST_RUN, str(tmp_path / "first"), manifest],
