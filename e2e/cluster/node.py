@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -63,6 +64,12 @@ CNI_PLUGINS = ("bridge", "host-local", "portmap", "loopback")
 NODE_BINARIES = ("kubelet", "kube-proxy", "coredns", "pause")
 PACKAGES = "apt-get install containerd runc containernetworking-plugins iptables conntrack"
 START_TIMEOUT_S = 120.0
+# A kubelet that dies while it starts is started again, as systemd's `Restart=always` does on
+# a real node: kubelet 1.35.4 now and then stops at its first node status with "fatal error:
+# concurrent map iteration and map write" (its node allocatable read beside the DRA plugin
+# manager's first pass), and a second start goes through.
+KUBELET_START_RETRIES = 2
+LOGGER = logging.getLogger(__name__)
 
 
 class NodeError(ControlPlaneError):
@@ -221,12 +228,24 @@ class Node:
         return process
 
     def _wait(
-        self, name: str, ready: Callable[[], bool], what: str, timeout_s: float = START_TIMEOUT_S
+        self,
+        name: str,
+        ready: Callable[[], bool],
+        what: str,
+        timeout_s: float = START_TIMEOUT_S,
+        retries: int = 0,
     ) -> None:
+        """Wait for `ready`; a process that dies meanwhile is started again at most `retries`
+        times, then its death is the error."""
         process = self.processes[name]
         deadline = time.monotonic() + timeout_s
         while not ready():
             reason = process.failure()
+            if reason and retries > 0:
+                retries -= 1
+                LOGGER.warning("%s; starting it again", reason)
+                process.start()
+                continue
             if reason:
                 raise NodeError(reason)
             if time.monotonic() > deadline:
@@ -298,7 +317,12 @@ class Node:
             )
             return result.stdout.strip() == "True"
 
-        self._wait("kubelet", node_ready, f"the node {NODE_NAME} to be Ready")
+        self._wait(
+            "kubelet",
+            node_ready,
+            f"the node {NODE_NAME} to be Ready",
+            retries=KUBELET_START_RETRIES,
+        )
 
     def _start_kube_proxy(self) -> None:
         directory = self.workdir / "kube-proxy"
