@@ -512,8 +512,9 @@ class StreamScheduler:
         cached = self._capacity
         if cached is not None and now - cached[0] < CAPACITY_INTERVAL_S:
             return cached[1]
-        demand = stream_demand(self.layout(), self.pace, self.sample_rate / self.hop)
-        streams = predicted_capacity(demand, self.costs, self.host_costs, self.layout())
+        layout = self.layout()
+        demand = stream_demand(layout, self.pace, self.sample_rate / self.hop)
+        streams = predicted_capacity(demand, self.costs, self.host_costs, layout)
         self._capacity = (now, streams)
         return streams
 

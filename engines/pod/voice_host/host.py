@@ -208,10 +208,7 @@ class GpuMemoryMeter(MemoryMeter):
         return self._limit or int(self._torch.cuda.mem_get_info()[1])
 
     def used(self) -> int:
-        free, _ = self._torch.cuda.mem_get_info()
-        seen = max(0, self.total() - int(free))
-        charged = self._charged()
-        return max(seen, charged or 0)
+        return max(self.allocated(), self._charged() or 0)
 
     def allocated(self) -> int:
         free, _ = self._torch.cuda.mem_get_info()
