@@ -56,6 +56,14 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "(default 0: no limit)",
     )
     parser.add_argument(
+        "--paced-step-ms",
+        type=int,
+        default=None,
+        help="on a GPU, with streams resting on their lead, the least time between steps that "
+        "leave no work waiting, so streams that come due meanwhile share one step's calls "
+        "(default 30; 0: a step as soon as one stream is due)",
+    )
+    parser.add_argument(
         "--encoder-launch",
         choices=ENCODER_LAUNCHES,
         default=None,
@@ -83,7 +91,13 @@ def plan_from_args(args: argparse.Namespace):  # -> list[ServingPlan], imported 
     # Each of these options sets the WindowConfig field of its name where it is given.
     given = {
         name: getattr(args, name)
-        for name in ("max_batch_windows", "max_encoder_batch", "max_lead_ms", "encoder_launch")
+        for name in (
+            "max_batch_windows",
+            "max_encoder_batch",
+            "max_lead_ms",
+            "paced_step_ms",
+            "encoder_launch",
+        )
         if getattr(args, name) is not None
     }
     windows = replace(WindowConfig(), **given)

@@ -162,6 +162,12 @@ class WindowConfig:
     # work until it has less (`TTSVoice streaming.maxLeadMs`); 0: no limit, a stream's audio
     # is made as fast as the steps allow (engines/streaming/planner.py).
     max_lead_ms: int = 0
+    # Where streams rest on their lead (`max_lead_ms`) and the runtime's calls are
+    # asynchronous (a GPU), a step that leaves no work waiting is followed by the next no
+    # sooner than this (nor than a quarter of the least lead limit): the streams that fall
+    # under their lead meanwhile share its calls, where each used to make small calls of its
+    # own; new streams wait for it too (docs/gpu.md). 0: a step as soon as one is due.
+    paced_step_ms: int = 30
     # How the torch-cuda runtime runs encoder calls (ENCODER_LAUNCHES; `TTSVoice
     # batching.encoderLaunch`): "inline" keeps first audio earliest on a GPU a scheduler has
     # to itself; "beside" frees the scheduler from waiting for each call, which is what
@@ -188,6 +194,7 @@ class WindowConfig:
             "flow_context_frames",
             "max_encoder_wait_ms",
             "max_lead_ms",
+            "paced_step_ms",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")

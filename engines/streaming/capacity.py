@@ -14,9 +14,10 @@ audio: its windows, its sentences to encode and flow, in calls of at most the pl
 sizes, each with its fixed cost. A step's device time is those fixed costs plus the cost per
 frame of everything in it; the thread's, its cost per step plus its cost per window. The
 streams are held where both fit in `FULL_BUSY` of a step of `max_step_ms` (the longest step
-the planner makes); with the device's work asynchronous (a GPU) the two overlap, otherwise
-(the CPU) they add up. Listeners that are not paced (no lead limit) make their audio sooner
-but need no more of it per second: each counts as one real-time stream.
+the planner makes; `paced_step_ms` where that is shorter and the calls asynchronous: paced
+streams' steps come that often); with the device's work asynchronous (a GPU) the two
+overlap, otherwise (the CPU) they add up. Listeners that are not paced (no lead limit) make
+their audio sooner but need no more of it per second: each counts as one real-time stream.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ class Layout:
     fixed_widths: bool  # calls padded to size classes (CUDA graphs, TensorRT)
     sentence_flow: bool  # the flow runs over whole sentences after the encoder (a GPU)
     overlapped: bool  # the device's work runs beside the thread's (asynchronous calls)
+    # The steps the model assumes, in ms (None: the plan's `max_step_ms`): shorter where paced
+    # steps come `paced_step_ms` apart, each paying its calls' fixed costs.
+    step_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -176,9 +180,9 @@ def step_seconds(
 def predicted_capacity(
     demand: StreamDemand, costs: CostModel, host: CostModel, layout: Layout
 ) -> int:
-    """The most real-time streams whose steps of `max_step_ms` keep the device and the thread
-    within FULL_BUSY of the step (their sum, where they do not overlap)."""
-    step_s = layout.windows.max_step_ms / 1000
+    """The most real-time streams whose steps (`Layout.step_ms`, else `max_step_ms`) keep the
+    device and the thread within FULL_BUSY of the step (their sum, where they do not overlap)."""
+    step_s = (layout.step_ms or layout.windows.max_step_ms) / 1000
 
     def fits(streams: float) -> bool:
         device, thread = step_seconds(streams, step_s, demand, costs, host, layout)

@@ -154,12 +154,16 @@ class StepPlan:
     """A step's work: streams whose next sentence is encoded, then windows to decode.
 
     `rest_until`: when the first playing stream left out for its lead (`plan_step`'s lead
-    limit) falls back under the limit; None where none was.
+    limit) falls back under the limit; None where none was. `rest_lead_s`: the least lead
+    limit of those streams. `full`: work was left for a later step by the step's limits (its
+    batch sizes, its time, the streams it looks at), not only by the streams' leads.
     """
 
     encodes: list[Stream] = field(default_factory=list)
     windows: list[Window] = field(default_factory=list)
     rest_until: float | None = None
+    rest_lead_s: float | None = None
+    full: bool = False
 
     def __bool__(self) -> bool:
         return bool(self.encodes or self.windows)
@@ -321,7 +325,7 @@ def plan_step(
     encode_limit = cfg.max_encoder_batch if batching else len(streams)
     window_limit = cfg.max_batch_windows if batching else len(streams)
     scan = PLAN_SCAN_WINDOWS * window_limit if batching else len(streams)
-    streams, plan.rest_until = _most_urgent(
+    streams, plan.rest_until, plan.rest_lead_s, plan.full = _most_urgent(
         streams, scan, rules.first_audio_s, now, cfg.max_lead_ms / 1000
     )
     step_s = cfg.max_step_ms / 1000
@@ -349,6 +353,7 @@ def plan_step(
         window: Window | None = None
         if stream.current is None:
             if len(plan.encodes) >= encode_limit:
+                plan.full = True
                 continue
             if stream.first_audio_at is None and now - stream.arrived < hold:
                 continue
@@ -362,6 +367,7 @@ def plan_step(
                 ) + costs.estimate("vocoder", first_call_width(cfg, rules), calls[1] not in planned)
         else:
             if len(plan.windows) >= window_limit:
+                plan.full = True
                 continue
             window = usual = next_window(stream, cfg, rules)
             calls = window_calls(window, cfg, rules)
@@ -387,6 +393,7 @@ def plan_step(
         limit = min(budget, own_slack, waiting_slack)
         # (Work that costs the step nothing, an encoder call beside it, never waits.)
         if not urgent and plan and cost > 0 and step_cost + cost > limit:
+            plan.full = True
             if playing:
                 waiting_slack = min(waiting_slack, slack)
                 if window is not None:
@@ -471,21 +478,24 @@ def fill_buckets(
 
 def _most_urgent(
     streams: list[Stream], playing: int, first_audio_s: float, now: float, lead_s: float
-) -> tuple[list[Stream], float | None]:
+) -> tuple[list[Stream], float | None, float | None, bool]:
     """In deadline order: every stream with a sentence to encode, and the `playing` streams
     with a current sentence whose audio runs out first, leaving out the playing streams with
     at least their lead limit (`Stream.lead_limit_s`, else `lead_s`; 0: none) of audio ahead
-    of their listener; with when the first of those falls under its limit (None: none rest).
-    Streams to encode of several voices take their places in turn by voice (`_voice_turns`).
+    of their listener; with when the first of those falls under its limit and the least of
+    their limits (None, None: none rest), and whether playing streams were left out beyond
+    `playing`. Streams to encode of several voices take their places in turn by voice
+    (`_voice_turns`).
 
     Each stream's deadline is read once, and the choices are made on arrays: at thousands of
     streams, a pass of Python per stream is most of a step's planning."""
     count = len(streams)
     if not count:
-        return [], None
+        return [], None, None, False
     deadlines = np.fromiter((s.deadline(first_audio_s) for s in streams), float, count)
     decoding = np.fromiter((s.current is not None for s in streams), bool, count)
     rest_until: float | None = None
+    rest_lead: float | None = None
     leads = np.fromiter(
         (lead_s if s.lead_limit_s is None else s.lead_limit_s for s in streams), float, count
     )
@@ -495,13 +505,15 @@ def _most_urgent(
         resting = started & (leads > 0) & (deadlines - now >= leads)
         if resting.any():
             rest_until = float((deadlines - leads)[resting].min())
+            rest_lead = float(leads[resting].min())
             kept = ~resting
     chosen = np.flatnonzero(decoding & kept)
-    if len(chosen) > playing:
+    cut = len(chosen) > playing
+    if cut:
         chosen = chosen[np.argpartition(deadlines[chosen], playing)[:playing]]
     chosen = np.sort(np.concatenate((np.flatnonzero(~decoding & kept), chosen)))
     chosen = chosen[np.argsort(deadlines[chosen], kind="stable")]
-    return _voice_turns([streams[i] for i in chosen]), rest_until
+    return _voice_turns([streams[i] for i in chosen]), rest_until, rest_lead, cut
 
 
 def _voice_turns(ordered: list[Stream]) -> list[Stream]:

@@ -7,6 +7,7 @@
 #   STAGE=keep bash tests/gpu/pace_session.sh      # carrying .whl/part-2
 #   STAGE=paced RUNS="1 2" bash tests/gpu/pace_session.sh   # carrying .whl/part-3
 #   STAGE=packing RUN=k bash tests/gpu/pace_session.sh
+#   STAGE=paced-steps RUN=k bash tests/gpu/pace_session.sh
 # Every call first copies what it carried (.whl/part-*) to /tmp/keep, where later calls on the
 # same machine find it, and puts cut wheels back together.
 # - limits: each stage alone at its best batch with CUDA graphs (`lab.gpu_bench`
@@ -15,6 +16,8 @@
 #   (`--max-lead-ms 300`): pod start to ready, then `voxfleet bench` at LEVELS listeners
 #   arriving over RAMP s, then BURST listeners arriving within 1 s; then a fresh server with no
 #   lead limit (unpaced) at SATURATE listeners for audio a second against the stage limit.
+# - paced-steps: as paced, with steps paced 30 ms apart and not at all (`--paced-step-ms`), a
+#   fresh server each, side by side.
 # - packing: `lab.packing` on a fresh pool pod under an MPS limit of LIMIT (16G).
 set -uo pipefail
 OUT=${OUT:-results/runs/pace-$(date -u +%Y%m%dT%H%M%SZ)}
@@ -75,16 +78,17 @@ wait_ready() {  # PORT PID: seconds until ready, or nothing where the server die
     done
     return 1
 }
-serve() {  # LEAD_MS LOG: a fresh `voxfleet serve` on the whole GPU; sets SERVER and READY_S
-    local started
+serve() {  # LEAD_MS LOG [OPTION...]: a fresh `voxfleet serve` on the whole GPU; sets SERVER, READY_S
+    local started lead=$1 log=$2
+    shift 2
     started=$(date +%s.%N)
-    python3 -m engines.cli serve --runtime torch-cuda --voice joe --max-lead-ms "$1" --api-port 0 \
-        --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 >"$2" 2>&1 &
+    python3 -m engines.cli serve --runtime torch-cuda --voice joe --max-lead-ms "$lead" --api-port 0 \
+        --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 "$@" >"$log" 2>&1 &
     SERVER=$!
-    wait_ready 18002 "$SERVER" >/dev/null || { tail -n 40 "$2"; return 1; }
+    wait_ready 18002 "$SERVER" >/dev/null || { tail -n 40 "$log"; return 1; }
     READY_S=$(python3 -c "import time, sys; print(round(time.time() - float(sys.argv[1]), 1))" "$started")
     echo "ready in $READY_S s (process start to ready)"
-    grep -E "warmup of|architecture of" "$2" | sed 's/  */ /g' | cut -c1-900
+    grep -E "warmup of|architecture of" "$log" | sed 's/  */ /g' | cut -c1-900
 }
 stop() {
     kill -TERM "$SERVER" 2>/dev/null
@@ -114,6 +118,21 @@ paced)
         stop
     done
     ;;
+paced-steps)
+    # The same paced levels with steps paced PACES ms apart (`--paced-step-ms`), a fresh
+    # server each, side by side in one run; the order turns round from one run to the next.
+    for run in ${RUNS:-$RUN}; do
+        paces=${PACES:-30 0}
+        (( run % 2 == 0 )) && paces=$(echo "$paces" | tr ' ' '\n' | tac | tr '\n' ' ')
+        for pace in $paces; do
+            serve 300 "$OUT/serve-step$pace-$run.log" --paced-step-ms "$pace" || exit 1
+            echo "{\"ready_s\": $READY_S}" >"$OUT/step$pace-$run-ready.json"
+            bench "step$pace-paced-$run" "${LEVELS:-1000,2000,3000}" "${RAMP:-3}"
+            bench "step$pace-burst-$run" "${BURST:-2000}" 1
+            stop
+        done
+    done
+    ;;
 packing)
     python3 -m lab.voices --entry "$ENTRY" --out /tmp/voices --count 105 >/dev/null || exit 1
     timeout 560 python3 -m lab.packing --engine-dir "$ENTRY" --voices-dir /tmp/voices \
@@ -121,7 +140,7 @@ packing)
         --duration "${DURATION:-6}" --drain "${DRAIN:-10}" --out "$OUT/gpu-packing-$RUN.json" 2>&1 | tail -n 30
     ;;
 *)
-    echo "pace_session: STAGE is limits, keep, paced or packing, not $STAGE" >&2
+    echo "pace_session: STAGE is limits, keep, paced, paced-steps or packing, not $STAGE" >&2
     exit 2
     ;;
 esac

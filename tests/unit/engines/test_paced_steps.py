@@ -1,0 +1,108 @@
+"""Paced streams share a step's calls (`WindowConfig.paced_step_ms`): where streams rest on their
+lead and the calls are asynchronous (a GPU), a step that leaves no work waiting is followed by
+the next no sooner than `paced_step_ms`, so the streams that come due meanwhile share its
+calls. Without it they came due one by one and each made small calls of its own. Driven with
+stages of known cost and a GPU backend's asynchronous calls on the host."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+from host_device import Timing
+from known_costs import RATE, TEXT, KnownCosts, Listener
+
+from engines.contract.plan import WindowConfig
+from engines.streaming import StreamScheduler, SynthesisParams
+from engines.streaming.frames import HostBackend
+from engines.text.frontend import Sentence, text_to_sentences
+from engines.text.voice import Voice
+
+# A GPU's shape, small enough that one test thread runs 40 streams with room to spare.
+COSTS = {"encoder": (2e-3, 2e-6), "flow": (0.5e-3, 1e-6), "vocoder": (1.5e-3, 1e-6)}
+STREAMS = 40
+LEAD_MS = 300
+# Short windows (32 frames, 0.37 s of audio), so that paced streams come due often.
+WINDOWS = dict(window_frames=32, max_lead_ms=LEAD_MS)
+
+
+class _Done:
+    """An asynchronous call already done (the stages ran when it was launched)."""
+
+    def __init__(self, pcm: np.ndarray) -> None:
+        self.pcm = pcm
+
+    def wait(self) -> None:
+        pass
+
+    def result(self) -> tuple[np.ndarray, float]:
+        return self.pcm, 0.001
+
+
+class AsyncHost(HostBackend):
+    """Host frame stores with a GPU backend's asynchronous calls."""
+
+    def __init__(self, runtime: Any) -> None:
+        super().__init__(runtime, initial_pages=1024)
+        self.features = replace(self.features, async_calls=True, fixed_call_costs=True)
+
+    def vocode_async(self, *args: Any) -> _Done:
+        return _Done(self.vocode(*args))
+
+    def timer(self) -> Timing:
+        return Timing()
+
+
+class AsyncKnownCosts(KnownCosts):
+    name = "known-costs"
+
+    def stream_backend(self) -> AsyncHost:
+        return AsyncHost(self)
+
+
+@pytest.fixture(scope="module")
+def sentences(joe: Voice) -> list[Sentence]:
+    return text_to_sentences(TEXT, joe.config, phrase_chars=None)
+
+
+def paced_run(sentences: list[Sentence], paced_step_ms: int) -> dict[str, Any]:
+    """STREAMS paced listeners, arriving over 1 s; the vocoder's calls, and what they heard."""
+    runtime = AsyncKnownCosts(COSTS)
+    windows = WindowConfig(**WINDOWS, paced_step_ms=paced_step_ms)
+    scheduler = StreamScheduler(runtime, RATE, windows=windows, exact_widths=False)
+    assert scheduler._async
+    listeners: list[Listener] = []
+    scheduler.start()
+    try:
+        for _ in range(STREAMS):
+            listeners.append(Listener())
+            scheduler.submit(list(sentences), SynthesisParams(), listeners[-1])
+            time.sleep(1.0 / STREAMS)
+        for listener in listeners:
+            assert listener.done.wait(60), "a stream never finished"
+    finally:
+        scheduler.stop()
+    batches = scheduler.stats.vocoder_batches
+    return {
+        "calls": runtime.calls["vocoder"],
+        "windows_per_call": sum(n * c for n, c in batches.items()) / sum(batches.values()),
+        "underruns": sum(listener.underruns for listener in listeners),
+        "errors": [listener.error for listener in listeners if listener.error],
+        "first_audio_s": [listener.first - listener.asked for listener in listeners],
+    }
+
+
+def test_paced_streams_share_a_steps_calls_and_none_underruns(sentences) -> None:
+    paced = paced_run(sentences, WindowConfig().paced_step_ms)
+    each = paced_run(sentences, 0)
+    assert not paced["errors"] and not each["errors"]
+    # The same audio in fuller calls: at least half again as many windows a call.
+    assert paced["windows_per_call"] >= 1.5 * each["windows_per_call"], (paced, each)
+    assert paced["calls"] < each["calls"]
+    # No listener ran dry waiting for a step; a new one waits at most about a step more.
+    assert paced["underruns"] == 0
+    assert statistics.median(paced["first_audio_s"]) < 0.15
