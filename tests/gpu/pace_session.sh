@@ -18,7 +18,8 @@
 #   lead limit (unpaced) at SATURATE listeners for audio a second against the stage limit.
 # - paced-steps: as paced, with steps paced 30 ms apart and not at all (`--paced-step-ms`), a
 #   fresh server each, side by side.
-# - packing: `lab.packing` on a fresh pool pod under an MPS limit of LIMIT (16G).
+# - packing: `lab.packing` on a fresh pool pod under an MPS limit of LIMIT (16G), with the
+#   GPU's own count of its used memory sampled beside it (nvidia-smi, every second).
 set -uo pipefail
 OUT=${OUT:-results/runs/pace-$(date -u +%Y%m%dT%H%M%SZ)}
 STAGE=${STAGE:-limits}
@@ -135,9 +136,15 @@ paced-steps)
     ;;
 packing)
     python3 -m lab.voices --entry "$ENTRY" --out /tmp/voices --count 105 >/dev/null || exit 1
+    # The GPU's own count of its used memory beside the pod's figure (`GpuMemoryMeter`).
+    nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 1000 \
+        >"$OUT/gpu-memory-used-$RUN.csv" 2>/dev/null &
+    SMI=$!
     timeout 560 python3 -m lab.packing --engine-dir "$ENTRY" --voices-dir /tmp/voices \
         --voices "${PACKED:-100}" --mps-limit "${LIMIT:-16G}" --levels "${PACK_LEVELS:-250,500}" \
         --duration "${DURATION:-6}" --drain "${DRAIN:-10}" --out "$OUT/gpu-packing-$RUN.json" 2>&1 | tail -n 30
+    kill "$SMI" 2>/dev/null
+    echo "nvidia-smi memory.used, most seen: $(cut -d, -f2 "$OUT/gpu-memory-used-$RUN.csv" | sort -n | tail -n 1) MiB"
     ;;
 *)
     echo "pace_session: STAGE is limits, keep, paced, paced-steps or packing, not $STAGE" >&2
