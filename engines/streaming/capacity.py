@@ -14,10 +14,11 @@ audio: its windows, its sentences to encode and flow, in calls of at most the pl
 sizes, each with its fixed cost. A step's device time is those fixed costs plus the cost per
 frame of everything in it; the thread's, its cost per step plus its cost per window. The
 streams are held where both fit in `FULL_BUSY` of a step of `max_step_ms` (the longest step
-the planner makes; `paced_step_ms` where that is shorter and the calls asynchronous: paced
-streams' steps come that often); with the device's work asynchronous (a GPU) the two
-overlap, otherwise (the CPU) they add up. Listeners that are not paced (no lead limit) make
-their audio sooner but need no more of it per second: each counts as one real-time stream.
+the planner makes; `paced_step_ms` where that is shorter, the calls asynchronous and the
+streams paced: their steps come that often); with the device's work asynchronous (a GPU)
+the two overlap, otherwise (the CPU) they add up. Listeners that are not paced (no lead
+limit) make their audio sooner but need no more of it per second: each counts as one
+real-time stream.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ class Layout:
     fixed_widths: bool  # calls padded to size classes (CUDA graphs, TensorRT)
     sentence_flow: bool  # the flow runs over whole sentences after the encoder (a GPU)
     overlapped: bool  # the device's work runs beside the thread's (asynchronous calls)
-    # The steps the model assumes, in ms (None: the plan's `max_step_ms`): shorter where paced
-    # steps come `paced_step_ms` apart, each paying its calls' fixed costs.
+    # The steps the model assumes, in ms (None: the plan's `max_step_ms`): shorter where the
+    # streams are paced and steps come `paced_step_ms` apart, each paying its calls' fixed costs.
     step_ms: int | None = None
 
 

@@ -521,10 +521,11 @@ class StreamScheduler:
         self.costs.observe(stage, seconds, rows, width)
 
     def layout(self) -> Layout:
-        """How this scheduler cuts its calls, for the capacity model."""
+        """How this scheduler cuts its calls, for the capacity model: with paced steps
+        (`_paced_until`) where its streams are paced, steps of `paced_step_ms`."""
         features = self.backend.features
         step_ms = self.windows.max_step_ms
-        if self._async and self.windows.paced_step_ms:
+        if self._async and self.windows.paced_step_ms and self._paced():
             step_ms = min(step_ms, self.windows.paced_step_ms)
         return Layout(
             windows=self.windows,
@@ -534,6 +535,12 @@ class StreamScheduler:
             overlapped=features.async_calls,
             step_ms=step_ms,
         )
+
+    def _paced(self) -> bool:
+        """Whether its streams have a lead limit (the plan's, or a live stream's own)."""
+        if self.windows.max_lead_ms:
+            return True
+        return any(stream.lead_limit_s for stream in list(self._streams.values()))
 
     def capacity(self, now: float | None = None) -> int:
         """The real-time streams this scheduler holds, predicted from its cost model, its

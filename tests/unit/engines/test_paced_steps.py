@@ -106,3 +106,20 @@ def test_paced_streams_share_a_steps_calls_and_none_underruns(sentences) -> None
     # No listener ran dry waiting for a step; a new one waits at most about a step more.
     assert paced["underruns"] == 0
     assert statistics.median(paced["first_audio_s"]) < 0.15
+
+
+def test_only_paced_streams_are_predicted_in_paced_steps() -> None:
+    """A pod whose streams are paced counts its calls' fixed costs every `paced_step_ms`; one
+    whose streams are not keeps the plan's `max_step_ms`, and so takes more streams."""
+
+    def scheduler(max_lead_ms: int) -> StreamScheduler:
+        windows = WindowConfig(window_frames=32, max_lead_ms=max_lead_ms)
+        made = StreamScheduler(AsyncKnownCosts(COSTS), RATE, windows=windows, exact_widths=False)
+        for stage, (per_call, per_frame) in COSTS.items():  # what its warmup would measure
+            made.costs.per_call[stage], made.costs.per_frame[stage] = per_call, per_frame
+        return made
+
+    paced, unpaced = scheduler(LEAD_MS), scheduler(0)
+    assert paced.layout().step_ms == WindowConfig().paced_step_ms
+    assert unpaced.layout().step_ms == WindowConfig().max_step_ms
+    assert paced.capacity() < unpaced.capacity()
