@@ -146,9 +146,10 @@ class LocalCluster:
         pod = self._get("pod", "-n", namespace, pod_name)
         return pod["metadata"]["uid"] if pod else None
 
-    def pod_processes(self, namespace: str, pod_name: str) -> list[int]:
-        """Pids of every process running in a pod's containers (its cgroups')."""
-        uid = self.pod_uid(namespace, pod_name)
+    def pod_processes(self, namespace: str, pod_name: str, uid: str | None = None) -> list[int]:
+        """Pids of every process running in a pod's containers (its cgroups'); `uid`, the
+        pod's where the caller knows it (else it is read)."""
+        uid = uid or self.pod_uid(namespace, pod_name)
         if uid is None:
             return []
         pids: set[int] = set()

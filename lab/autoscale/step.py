@@ -56,7 +56,7 @@ from typing import Any
 import psutil
 from e2e_support import NAMESPACE, POOL, ROOT, Kubectl, eventually
 from hpa.adapter import MetricsAdapter, adapter_config_from_chart
-from hpa.controllers import AutoscalingWatch, ScaleEvent, current_metrics_milli
+from hpa.controllers import AutoscalingWatch, KubectlLike, ScaleEvent, current_metrics_milli
 from hpa.prometheus import PrometheusServer
 from installation import Installation, local_installation
 
@@ -67,6 +67,7 @@ from engines.client.balancing import ResolvedEndpoints
 from engines.contract import names
 from engines.text.corpus import cycle_sentences, load_corpus, sentence_order
 from lab.autoscale.load import Clients, Phase, Pods, TimedRecord, run_phases
+from lab.autoscale.reader import ApiReader
 from lab.autoscale.report import SAMPLE_SECONDS, write
 
 POOL_DEPLOYMENT = f"voxfleet-triton-{POOL}"
@@ -173,6 +174,7 @@ class CpuMeter:
     def __init__(self, installation: Installation) -> None:
         self.cluster = installation.cluster
         self._last: tuple[float, float, float, dict[int, float]] | None = None
+        self._uids: dict[str, str | None] = {}  # a pod's name -> its uid, read once
 
     @staticmethod
     def _cpu(pid: int) -> float:
@@ -188,7 +190,10 @@ class CpuMeter:
         busy = float(sum(machine) - machine.idle - getattr(machine, "iowait", 0.0))
         own = psutil.Process()
         mine = float(sum(own.cpu_times()[:2]))
-        pids = {pod: self.cluster.pod_processes(NAMESPACE, pod) for pod in pods}
+        for pod in pods:
+            if self._uids.get(pod) is None:
+                self._uids[pod] = self.cluster.pod_uid(NAMESPACE, pod)
+        pids = {pod: self.cluster.pod_processes(NAMESPACE, pod, self._uids[pod]) for pod in pods}
         per_pid = {pid: self._cpu(pid) for found in pids.values() for pid in found}
         last, self._last = self._last, (now, busy, mine, per_pid)
         if last is None:
@@ -214,7 +219,7 @@ class Sampler:
     """Every SAMPLE_SECONDS: replicas, ready and serving pods, each pod's own load, the voices'
     metrics as their HPAs read them, the listeners' first audio, underruns and refusals."""
 
-    kubectl: Kubectl
+    kubectl: KubectlLike
     adapter: MetricsAdapter
     voices: Sequence[str]
     records: list[TimedRecord]
@@ -496,7 +501,7 @@ class Run:
         self.started = time.monotonic()
         self.first_event = len(controllers.events)
         self.sampler = Sampler(
-            self.kubectl,
+            ApiReader(self.kubectl),
             adapter,
             voices,
             self.records,
@@ -753,7 +758,7 @@ def autoscaling_environment(
             ) as adapter,
         ):
             watch = AutoscalingWatch(
-                installation.kubectl,
+                ApiReader(installation.kubectl),
                 NAMESPACE,
                 prometheus,
                 target_refresh_s=parse_seconds(args.scrape_interval),
