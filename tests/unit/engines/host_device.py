@@ -1,10 +1,13 @@
 """Test doubles for the scheduler's GPU path on the CPU: the joe voice's onnxruntime stages
 with host frame stores standing in for a GPU backend (cut in the fixed window sizes of a GPU
-runtime, so the chunks are the same whatever the timing), and a sink that records a stream."""
+runtime, so the chunks are the same whatever the timing), a GPU backend's asynchronous calls
+over them (`SlowDevice`), and a sink that records a stream."""
 
 from __future__ import annotations
 
 import threading
+import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -63,3 +66,32 @@ class HostStages:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stages, name)
+
+
+class Pending:
+    """A launched step whose device work ends `seconds` after the scheduler asks for it."""
+
+    def __init__(self, pcm: np.ndarray, seconds: float) -> None:
+        self.pcm, self.seconds = pcm, seconds
+
+    def wait(self) -> None:
+        time.sleep(self.seconds)
+
+    def result(self) -> tuple[np.ndarray, float]:
+        return self.pcm, 0.001
+
+
+class SlowDevice(HostBackend):
+    """Host frame stores with a GPU backend's asynchronous calls, each step's device work
+    taking `seconds` to finish."""
+
+    def __init__(self, runtime: Any, seconds: float = 0.0) -> None:
+        super().__init__(runtime, initial_pages=512)
+        self.features = replace(self.features, async_calls=True)
+        self.seconds = seconds
+
+    def vocode_async(self, *args: Any) -> Pending:
+        return Pending(self.vocode(*args), self.seconds)
+
+    def timer(self) -> Timing:
+        return Timing()

@@ -11,14 +11,12 @@ import time
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import pytest
-from host_device import Timing
+from host_device import SlowDevice
 from known_costs import RATE, TEXT, KnownCosts, Listener
 
 from engines.contract.plan import WindowConfig
 from engines.streaming import StreamScheduler, SynthesisParams
-from engines.streaming.frames import HostBackend
 from engines.text.frontend import Sentence, text_to_sentences
 from engines.text.voice import Voice
 
@@ -30,38 +28,15 @@ LEAD_MS = 300
 WINDOWS = dict(window_frames=32, max_lead_ms=LEAD_MS)
 
 
-class _Done:
-    """An asynchronous call already done (the stages ran when it was launched)."""
-
-    def __init__(self, pcm: np.ndarray) -> None:
-        self.pcm = pcm
-
-    def wait(self) -> None:
-        pass
-
-    def result(self) -> tuple[np.ndarray, float]:
-        return self.pcm, 0.001
-
-
-class AsyncHost(HostBackend):
-    """Host frame stores with a GPU backend's asynchronous calls."""
-
-    def __init__(self, runtime: Any) -> None:
-        super().__init__(runtime, initial_pages=1024)
-        self.features = replace(self.features, async_calls=True, fixed_call_costs=True)
-
-    def vocode_async(self, *args: Any) -> _Done:
-        return _Done(self.vocode(*args))
-
-    def timer(self) -> Timing:
-        return Timing()
-
-
 class AsyncKnownCosts(KnownCosts):
     name = "known-costs"
 
-    def stream_backend(self) -> AsyncHost:
-        return AsyncHost(self)
+    def stream_backend(self) -> SlowDevice:
+        """Host frame stores with a GPU backend's asynchronous calls, each call's cost mostly
+        fixed."""
+        backend = SlowDevice(self)
+        backend.features = replace(backend.features, fixed_call_costs=True)
+        return backend
 
 
 @pytest.fixture(scope="module")

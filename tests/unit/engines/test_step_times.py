@@ -5,48 +5,17 @@ the step in flight, off the thread's CPU, not as planning or launching."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
-from host_device import QUIET, TEXT, HostStages, Sink, Timing
+from host_device import QUIET, TEXT, HostStages, Pending, Sink, SlowDevice
 
 from engines.runtimes.onnx import OnnxStages
 from engines.streaming import StreamScheduler
-from engines.streaming.frames import HostBackend
 from engines.streaming.types import FIRST_AUDIO_PARTS, STEP_PARTS, FirstAudioPaths, StepTimes
 from engines.text.frontend import Sentence, text_to_sentences
 from engines.text.voice import Voice
-
-
-class _Pending:
-    """A launched step whose device work ends `seconds` after the scheduler asks for it."""
-
-    def __init__(self, pcm: np.ndarray, seconds: float) -> None:
-        self.pcm, self.seconds = pcm, seconds
-
-    def wait(self) -> None:
-        time.sleep(self.seconds)
-
-    def result(self) -> tuple[np.ndarray, float]:
-        return self.pcm, 0.001
-
-
-class SlowDevice(HostBackend):
-    """Host frame stores with a GPU backend's asynchronous calls, each step's device work
-    taking `seconds` to finish."""
-
-    def __init__(self, runtime: Any, seconds: float) -> None:
-        super().__init__(runtime, initial_pages=512)
-        self.features = replace(self.features, async_calls=True)
-        self.seconds = seconds
-
-    def vocode_async(self, *args: Any) -> _Pending:
-        return _Pending(self.vocode(*args), self.seconds)
-
-    def timer(self) -> Timing:
-        return Timing()
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +59,7 @@ def test_the_report_names_every_part_in_seconds() -> None:
     assert {f"{part}_s" for part in STEP_PARTS} <= set(report)
 
 
-class _SlowPending(_Pending):
+class _SlowPending(Pending):
     """A launched step whose audio reaches the host `seconds` after the delivery asks."""
 
     def result(self) -> tuple[np.ndarray, float]:
@@ -99,7 +68,7 @@ class _SlowPending(_Pending):
 
 
 class SlowAudio(SlowDevice):
-    def vocode_async(self, *args: Any) -> _Pending:
+    def vocode_async(self, *args: Any) -> Pending:
         return _SlowPending(self.vocode(*args), self.seconds)
 
 
