@@ -62,7 +62,7 @@ from installation import Installation, local_installation
 
 from engines.bench.results import read_json
 from engines.bench.systems import BalancedTritonSystem
-from engines.bench.timeline import analyse_stream
+from engines.bench.timeline import analyse_stream, late_chunks
 from engines.client.balancing import ResolvedEndpoints
 from engines.contract import names
 from engines.text.corpus import cycle_sentences, load_corpus, sentence_order
@@ -427,6 +427,39 @@ def streams_cut(records: Sequence[TimedRecord], since: float, until: float) -> l
     return cut
 
 
+def underrun_detail(records: Sequence[TimedRecord], started: float) -> list[dict[str, Any]]:
+    """Each admitted stream that underran: when it was sent (s after `started`), its phase, its
+    text's length, its first audio, the admitted streams in flight when it was sent, and its
+    late chunks (index, how late, s after its first audio): where in a stream, and at what
+    load, the listeners heard a gap."""
+    admitted = [r.record for r in records if r.record.chunks]
+    detail = []
+    for item in records:
+        record = item.record
+        late = late_chunks(record) if record.chunks else []
+        if not late:
+            continue
+        in_flight = sum(
+            1
+            for other in admitted
+            if other.sent_s <= record.sent_s < (other.ended_s or math.inf) and other is not record
+        )
+        detail.append(
+            {
+                "sent_s": round(record.sent_s - started, 2),
+                "phase": item.phase,
+                "characters": len(record.text),
+                "first_audio_ms": ms(record.chunks[0].arrival_s - record.sent_s),
+                "streams_in_flight": in_flight,
+                "late": [
+                    {"chunk": c.index, "late_ms": ms(c.stall_s), "at_s": round(c.after_first_s, 2)}
+                    for c in late
+                ],
+            }
+        )
+    return detail
+
+
 def stream_stats(records: Sequence[TimedRecord], phase: str | None = None) -> dict[str, Any]:
     """Admitted streams (a pod took them), those with an underrun, refusals (every pod tried
     was full) and other failures; first audio of the admitted ones from their request, and
@@ -625,6 +658,7 @@ def pool_scenario(
         "scale_in_seconds_after_step": run.t(downs[0].time_s) - down_at if downs else None,
         "streams_cut_on_scale_in": len(cut) if downs else None,
         "streams_cut_detail": cut,
+        "underrun_detail": underrun_detail(run.records, run.started),
         "scale_events": [event_json(e, run.started) for e in events],
         "timeline": timeline,
     }

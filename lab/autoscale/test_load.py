@@ -13,7 +13,13 @@ import pytest
 from engines.bench.systems import BenchSystemError
 from engines.bench.timeline import Chunk, StreamRecord
 from lab.autoscale.load import Clients, Phase, TimedRecord, run_phases
-from lab.autoscale.step import load_levels, measured_capacity, stream_stats, streams_cut
+from lab.autoscale.step import (
+    load_levels,
+    measured_capacity,
+    stream_stats,
+    streams_cut,
+    underrun_detail,
+)
 
 REFUSAL = "BenchSystemError: [RESOURCE_EXHAUSTED] voice 'joe': 1 pod(s) refused the stream"
 
@@ -104,3 +110,18 @@ def test_the_load_follows_the_pods_own_measure() -> None:
     assert load_levels(1) == (1, 2)
     with pytest.raises(AssertionError, match="reported no capacity"):
         measured_capacity(timeline[:1], since_s=0.0)
+
+
+def test_underrun_detail_says_where_a_stream_went_quiet() -> None:
+    on_time = TimedRecord(
+        "step", StreamRecord("Fine.", 10.0, 22050, [Chunk(10.1, 22050), Chunk(10.5, 22050)], 11.0)
+    )
+    # Half a second of audio, then the next chunk 0.8 s later: silent for 0.3 s.
+    late = TimedRecord(
+        "step",
+        StreamRecord("Late one.", 10.2, 22050, [Chunk(10.4, 11025), Chunk(11.2, 11025)], 12.0),
+    )
+    detail = underrun_detail([on_time, late], started=0.0)
+    assert len(detail) == 1
+    assert detail[0]["sent_s"] == 10.2 and detail[0]["streams_in_flight"] == 1
+    assert detail[0]["late"] == [{"chunk": 1, "late_ms": 300.0, "at_s": 0.8}]
