@@ -61,6 +61,14 @@ LEAD_SECONDS = 0.5
 CPU_RAMP = 1.5
 # The margin the CPU planner keeps before each stream's deadline (`WindowRules`).
 CPU_DEADLINE_MARGIN_S = 0.04
+# How many times its estimate the CPU planner takes a step to last, where it judges whether a
+# playing stream left out of the step (behind a new stream's encoder call) lasts until the
+# next one (`WindowRules.left_out_cost_factor`). The cost model follows the calls' times as a
+# moving average; a neighbour's burst on a shared machine (two pool pods on 2 cores) makes a
+# step take twice its estimate at once. On the real node of `make autoscale`, every stream
+# that underran did so at its second chunk, 7 to 241 ms late: due 186 ms after its first
+# (results/autoscaling-2026-11-29-node-5-pool-shared.json.gz, `underrun_detail`).
+CPU_LEFT_OUT_COST_FACTOR = 2.0
 # A new stream's first audio is due this long after it arrives (after its encoder call), as
 # the planner orders it among the playing streams (`WindowRules.first_audio_s`).
 FIRST_AUDIO_S = 0.05
@@ -110,7 +118,9 @@ class WindowRules:
     call's edges with zeros as they pad the sentence's in a one-shot decode, so the audio
     there is the one-shot decode's, from fewer frames. `first_audio_s`: a new stream's first
     audio is planned as due this long after it arrived (`Stream.deadline`); the CPU's is later
-    than a GPU's (`CPU_FIRST_AUDIO_S` says why).
+    than a GPU's (`CPU_FIRST_AUDIO_S` says why). `left_out_cost_factor`: a playing stream left
+    out of a step joins it where its audio would run out within this many times the step's
+    estimated cost (`CPU_LEFT_OUT_COST_FACTOR` says why the CPU's is 2).
     """
 
     exact_widths: bool = False
@@ -122,8 +132,13 @@ class WindowRules:
     ramp: float = 2.0
     trim_edges: bool = False
     first_audio_s: float = FIRST_AUDIO_S
+    left_out_cost_factor: float = 1.0
 
     def __post_init__(self) -> None:
+        if not self.left_out_cost_factor >= 1.0:
+            raise ValueError(
+                f"left_out_cost_factor must be at least 1, got {self.left_out_cost_factor}"
+            )
         if not self.ramp > 1.0:
             raise ValueError(f"ramp must be more than 1, got {self.ramp}")
         if not self.first_audio_s > 0:
@@ -134,9 +149,9 @@ class WindowRules:
 
 def cpu_rules(lead_frames: int = 0) -> WindowRules:
     """How windows are cut where calls take any width (onnxruntime): exact widths, short tails
-    merged, the CPU's deadline margin, ramp and first-audio due time, no context past a
-    sentence's edges; with `lead_frames`, a stream with a lead takes windows of twice and flow
-    chunks of four times that many frames."""
+    merged, the CPU's deadline margin, ramp, first-audio due time and left-out cost factor, no
+    context past a sentence's edges; with `lead_frames`, a stream with a lead takes windows of
+    twice and flow chunks of four times that many frames."""
     return WindowRules(
         True,
         lead_window_frames=2 * lead_frames,
@@ -146,6 +161,7 @@ def cpu_rules(lead_frames: int = 0) -> WindowRules:
         ramp=CPU_RAMP,
         trim_edges=True,
         first_audio_s=CPU_FIRST_AUDIO_S,
+        left_out_cost_factor=CPU_LEFT_OUT_COST_FACTOR,
     )
 
 
@@ -411,14 +427,15 @@ def plan_step(
     # new stream's encoder call: due sooner, but run after every window) may not last until
     # the next step, which starts once this whole step is done: its window joins this step
     # (windows run before encoder calls). Without this, a listener's second chunk, due 186 ms
-    # after its first, came late whenever a new stream's sentence was encoded in between.
+    # after its first, came late whenever a new stream's sentence was encoded in between. The
+    # step may take longer than its estimate (`WindowRules.left_out_cost_factor`).
     left_out: list[Window] = []  # (once the step is full, nothing more joins it anyway)
     for window in skipped:
         if len(plan.windows) >= window_limit:
             break
         calls = window_calls(window, cfg, rules)
         cost = _cost(costs, calls, planned)
-        if _time_left(window.stream, now, rules) < step_cost + cost:
+        if _time_left(window.stream, now, rules) < rules.left_out_cost_factor * (step_cost + cost):
             plan.windows.append(window)
             rows.update(calls)
             step_cost += cost
