@@ -447,6 +447,45 @@ def plan_step(
     return plan
 
 
+def second_windows(
+    started: list[Stream],
+    playing: list[Stream],
+    cfg: WindowConfig,
+    costs: CostModel,
+    rules: WindowRules,
+    now: float,
+) -> list[Window]:
+    """The second windows of new listeners whose first went out in this step (`started`), to
+    run at once in the same step where calls are synchronous (the CPU).
+
+    A first window is short (16 frames, 186 ms of audio) for first audio's sake, so the second
+    is due soon after it, and the step after the one that sent it may hold another new
+    stream's encoder call, the longest call there is. On the real node of `make autoscale`
+    every stream that underran did so at its second chunk, 1 to 139 ms late, with the planner
+    judging the step at twice its estimate (`CPU_LEFT_OUT_COST_FACTOR`). Run now, the second
+    follows the first by its own calls' time, and the third is due 465 ms after the first.
+
+    Each joins while the other playing streams' audio lasts: the least time left of `playing`
+    is at least `rules.left_out_cost_factor` times the windows' estimated cost."""
+    least = min((_time_left(s, now, rules) for s in playing), default=float("inf"))
+    windows: list[Window] = []
+    planned: set[Call] = set()
+    cost = 0.0
+    for stream in started:
+        state = stream.current
+        if stream.first_audio_at is None or state is None or state.vocoded >= state.frames:
+            continue
+        window = next_window(stream, cfg, rules)
+        calls = window_calls(window, cfg, rules)
+        more = _cost(costs, calls, planned)
+        if rules.left_out_cost_factor * (cost + more) > least:
+            break
+        windows.append(window)
+        planned.update(calls)
+        cost += more
+    return windows
+
+
 def fill_buckets(
     plan: StepPlan,
     candidates: list[Window],

@@ -198,6 +198,23 @@ def test_on_the_cpu_a_stream_left_out_joins_where_a_slow_step_would_run_it_dry()
         WindowRules(left_out_cost_factor=0.5)
 
 
+def test_a_new_listeners_second_window_follows_its_first_where_the_others_can_wait() -> None:
+    costs = CostModel(fixed_part=False)
+    costs.per_frame.update(encoder=1e-3, vocoder=1e-3, flow=1e-4)
+    started = make_stream(1, frames=300, buffered_s=0.0, windows_sent=1)
+    started.current.vocoded = 16  # its first window went out this step
+    relaxed = make_stream(2, frames=600, buffered_s=1.0, windows_sent=5)
+    pressed = make_stream(3, frames=600, buffered_s=0.1, windows_sent=5)
+
+    second = planner.second_windows([started], [relaxed], WindowConfig(), costs, cpu_rules(), NOW)
+    assert [(w.stream.stream_id, w.decode) for w in second] == [(1, (16, 40))]
+    # A playing stream whose audio runs out within twice the window's estimated time keeps
+    # its turn: the second window waits for the next step's plan.
+    assert not planner.second_windows(
+        [started], [relaxed, pressed], WindowConfig(), costs, cpu_rules(), NOW
+    )
+
+
 def test_a_lead_window_leaves_the_other_playing_streams_time_for_theirs() -> None:
     cpu = WindowRules(True, lead_window_frames=256, lead_flow_frames=512, merge_tails=True)
     costs = CostModel(fixed_part=False)
