@@ -61,14 +61,6 @@ LEAD_SECONDS = 0.5
 CPU_RAMP = 1.5
 # The margin the CPU planner keeps before each stream's deadline (`WindowRules`).
 CPU_DEADLINE_MARGIN_S = 0.04
-# How many times its estimate the CPU planner takes a step to last, where it judges whether a
-# playing stream left out of the step (behind a new stream's encoder call) lasts until the
-# next one (`WindowRules.left_out_cost_factor`). The cost model follows the calls' times as a
-# moving average; a neighbour's burst on a shared machine (two pool pods on 2 cores) makes a
-# step take twice its estimate at once. On the real node of `make autoscale`, every stream
-# that underran did so at its second chunk, 7 to 241 ms late: due 186 ms after its first
-# (results/autoscaling-2026-11-29-node-5-pool-shared.json.gz, `underrun_detail`).
-CPU_LEFT_OUT_COST_FACTOR = 2.0
 # A new stream's first audio is due this long after it arrives (after its encoder call), as
 # the planner orders it among the playing streams (`WindowRules.first_audio_s`).
 FIRST_AUDIO_S = 0.05
@@ -118,9 +110,7 @@ class WindowRules:
     call's edges with zeros as they pad the sentence's in a one-shot decode, so the audio
     there is the one-shot decode's, from fewer frames. `first_audio_s`: a new stream's first
     audio is planned as due this long after it arrived (`Stream.deadline`); the CPU's is later
-    than a GPU's (`CPU_FIRST_AUDIO_S` says why). `left_out_cost_factor`: a playing stream left
-    out of a step joins it where its audio would run out within this many times the step's
-    estimated cost (`CPU_LEFT_OUT_COST_FACTOR` says why the CPU's is 2).
+    than a GPU's (`CPU_FIRST_AUDIO_S` says why).
     """
 
     exact_widths: bool = False
@@ -132,13 +122,8 @@ class WindowRules:
     ramp: float = 2.0
     trim_edges: bool = False
     first_audio_s: float = FIRST_AUDIO_S
-    left_out_cost_factor: float = 1.0
 
     def __post_init__(self) -> None:
-        if not self.left_out_cost_factor >= 1.0:
-            raise ValueError(
-                f"left_out_cost_factor must be at least 1, got {self.left_out_cost_factor}"
-            )
         if not self.ramp > 1.0:
             raise ValueError(f"ramp must be more than 1, got {self.ramp}")
         if not self.first_audio_s > 0:
@@ -149,9 +134,9 @@ class WindowRules:
 
 def cpu_rules(lead_frames: int = 0) -> WindowRules:
     """How windows are cut where calls take any width (onnxruntime): exact widths, short tails
-    merged, the CPU's deadline margin, ramp, first-audio due time and left-out cost factor, no
-    context past a sentence's edges; with `lead_frames`, a stream with a lead takes windows of
-    twice and flow chunks of four times that many frames."""
+    merged, the CPU's deadline margin, ramp and first-audio due time, no context past a
+    sentence's edges; with `lead_frames`, a stream with a lead takes windows of twice and flow
+    chunks of four times that many frames."""
     return WindowRules(
         True,
         lead_window_frames=2 * lead_frames,
@@ -161,7 +146,6 @@ def cpu_rules(lead_frames: int = 0) -> WindowRules:
         ramp=CPU_RAMP,
         trim_edges=True,
         first_audio_s=CPU_FIRST_AUDIO_S,
-        left_out_cost_factor=CPU_LEFT_OUT_COST_FACTOR,
     )
 
 
@@ -427,15 +411,14 @@ def plan_step(
     # new stream's encoder call: due sooner, but run after every window) may not last until
     # the next step, which starts once this whole step is done: its window joins this step
     # (windows run before encoder calls). Without this, a listener's second chunk, due 186 ms
-    # after its first, came late whenever a new stream's sentence was encoded in between. The
-    # step may take longer than its estimate (`WindowRules.left_out_cost_factor`).
+    # after its first, came late whenever a new stream's sentence was encoded in between.
     left_out: list[Window] = []  # (once the step is full, nothing more joins it anyway)
     for window in skipped:
         if len(plan.windows) >= window_limit:
             break
         calls = window_calls(window, cfg, rules)
         cost = _cost(costs, calls, planned)
-        if _time_left(window.stream, now, rules) < rules.left_out_cost_factor * (step_cost + cost):
+        if _time_left(window.stream, now, rules) < step_cost + cost:
             plan.windows.append(window)
             rows.update(calls)
             step_cost += cost
@@ -445,45 +428,6 @@ def plan_step(
     if batching and rules.batch_buckets:
         fill_buckets(plan, left_out, cfg, rules, window_limit, rows)
     return plan
-
-
-def second_windows(
-    started: list[Stream],
-    playing: list[Stream],
-    cfg: WindowConfig,
-    costs: CostModel,
-    rules: WindowRules,
-    now: float,
-) -> list[Window]:
-    """The second windows of new listeners whose first went out in this step (`started`), to
-    run at once in the same step where calls are synchronous (the CPU).
-
-    A first window is short (16 frames, 186 ms of audio) for first audio's sake, so the second
-    is due soon after it, and the step after the one that sent it may hold another new
-    stream's encoder call, the longest call there is. On the real node of `make autoscale`
-    every stream that underran did so at its second chunk, 1 to 139 ms late, with the planner
-    judging the step at twice its estimate (`CPU_LEFT_OUT_COST_FACTOR`). Run now, the second
-    follows the first by its own calls' time, and the third is due 465 ms after the first.
-
-    Each joins while the other playing streams' audio lasts: the least time left of `playing`
-    is at least `rules.left_out_cost_factor` times the windows' estimated cost."""
-    least = min((_time_left(s, now, rules) for s in playing), default=float("inf"))
-    windows: list[Window] = []
-    planned: set[Call] = set()
-    cost = 0.0
-    for stream in started:
-        state = stream.current
-        if stream.first_audio_at is None or state is None or state.vocoded >= state.frames:
-            continue
-        window = next_window(stream, cfg, rules)
-        calls = window_calls(window, cfg, rules)
-        more = _cost(costs, calls, planned)
-        if rules.left_out_cost_factor * (cost + more) > least:
-            break
-        windows.append(window)
-        planned.update(calls)
-        cost += more
-    return windows
 
 
 def fill_buckets(

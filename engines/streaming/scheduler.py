@@ -60,7 +60,6 @@ from engines.streaming.planner import (
     group_calls,
     next_window,
     plan_step,
-    second_windows,
 )
 from engines.streaming.stages import StageRuntime
 from engines.streaming.threads import NamedThread
@@ -499,11 +498,6 @@ class StreamScheduler:
             if stream.current
         ]
         self._run(first_windows)
-        if first_windows and not self._async:
-            # (A CPU's new listener's second window follows its first in the same step.)
-            second = self._second_windows(first_windows)
-            self._run(second)
-            first_windows += second
         clock.part("windows")
         self._publish_stats()
         clock.part("publish")
@@ -520,26 +514,6 @@ class StreamScheduler:
                 self._in_flight.popleft().wait()
         clock.part("wait")
         return clock.done(ran=True)
-
-    def _second_windows(self, first_windows: list[Window]) -> list[Window]:
-        """The second windows of the new listeners whose first this step sent, where the
-        other playing streams' audio lasts for them (`planner.second_windows`)."""
-        started = [
-            w.stream
-            for w in first_windows
-            if w.stream.windows_sent == 1 and w.stream.stream_id in self._streams
-        ]
-        if not started:
-            return []
-        ids = {s.stream_id for s in started}
-        playing = [
-            s
-            for s in self._streams.values()
-            if s.first_audio_at is not None and s.current is not None and s.stream_id not in ids
-        ]
-        return second_windows(
-            started, playing, self.windows, self.costs, self.rules, time.monotonic()
-        )
 
     def _observe_sync(self, stage: str, seconds: float, rows: int, width: int) -> None:
         """A synchronous call's time, into the cost model (and out of the thread's own)."""

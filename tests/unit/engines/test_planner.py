@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 
 import numpy as np
@@ -171,48 +170,6 @@ def test_a_playing_stream_is_not_left_to_run_dry_behind_a_new_streams_encoder_ca
 
     assert [s.stream_id for s in plan.encodes] == [2]
     assert [w.stream.stream_id for w in plan.windows] == [1]
-
-
-def test_on_the_cpu_a_stream_left_out_joins_where_a_slow_step_would_run_it_dry() -> None:
-    # A shared CPU's step can take twice its estimate (a neighbour's burst): a listener with
-    # 0.3 s left, behind a newcomer's encoder call estimated at 0.17 s with its own window,
-    # gets its window now, where a planner that trusted the estimate left it for the next step.
-    costs = CostModel(fixed_part=False)
-    costs.per_frame.update(encoder=1e-3, vocoder=1e-3, flow=1e-4)
-
-    def windows(buffered_s: float, rules: WindowRules) -> list[int]:
-        playing = make_stream(1, frames=600, buffered_s=buffered_s, windows_sent=1)
-        newcomer = make_stream(2, ids=100)
-        plan = plan_step(
-            [newcomer, playing], WindowConfig(), costs, batching=True, now=NOW, rules=rules
-        )
-        assert [s.stream_id for s in plan.encodes] == [2]
-        return [w.stream.stream_id for w in plan.windows]
-
-    trusting = dataclasses.replace(cpu_rules(), left_out_cost_factor=1.0)
-    assert windows(0.3, cpu_rules()) == [1]
-    assert windows(0.3, trusting) == []
-    # A listener with half a second left still waits for the next step.
-    assert windows(0.5, cpu_rules()) == []
-    with pytest.raises(ValueError, match="left_out_cost_factor"):
-        WindowRules(left_out_cost_factor=0.5)
-
-
-def test_a_new_listeners_second_window_follows_its_first_where_the_others_can_wait() -> None:
-    costs = CostModel(fixed_part=False)
-    costs.per_frame.update(encoder=1e-3, vocoder=1e-3, flow=1e-4)
-    started = make_stream(1, frames=300, buffered_s=0.0, windows_sent=1)
-    started.current.vocoded = 16  # its first window went out this step
-    relaxed = make_stream(2, frames=600, buffered_s=1.0, windows_sent=5)
-    pressed = make_stream(3, frames=600, buffered_s=0.1, windows_sent=5)
-
-    second = planner.second_windows([started], [relaxed], WindowConfig(), costs, cpu_rules(), NOW)
-    assert [(w.stream.stream_id, w.decode) for w in second] == [(1, (16, 40))]
-    # A playing stream whose audio runs out within twice the window's estimated time keeps
-    # its turn: the second window waits for the next step's plan.
-    assert not planner.second_windows(
-        [started], [relaxed, pressed], WindowConfig(), costs, cpu_rules(), NOW
-    )
 
 
 def test_a_lead_window_leaves_the_other_playing_streams_time_for_theirs() -> None:

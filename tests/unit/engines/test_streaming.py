@@ -330,19 +330,3 @@ def test_cpu_streams_take_longer_windows_with_a_lead_only_when_asked(stages, sen
     assert longest["0"] <= steady + WindowConfig().first_window_frames * 256
     # Alone, the stream races ahead of playback and takes lead windows.
     assert longest["1"] == 2 * steady
-
-
-def test_a_new_listeners_second_chunk_leaves_in_the_step_of_its_first(stages, sentences) -> None:
-    # The first chunk is 186 ms of audio; on the CPU the second goes out right behind it,
-    # before another stream's encoder call can come in between.
-    sink = CollectingSink()
-    after_steps: list[int] = []  # the chunks sent when each step ended
-
-    def counted(_stats) -> None:
-        if not after_steps or after_steps[-1] != len(sink.chunks):
-            after_steps.append(len(sink.chunks))
-
-    run_streams(StreamScheduler(stages, 22050, on_step=counted), [sink], sentences)
-    assert sink.error is None
-    assert next(n for n in after_steps if n) == 2
-    assert [len(chunk) // 256 for chunk in sink.chunks[:2]] == [16, 24]
