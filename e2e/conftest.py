@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cluster.processes import stop_on_sigterm
 from e2e_support import REAL_CLUSTER, ROOT
 from installation import Installation, kind_installation, local_installation
 
@@ -34,6 +35,9 @@ def _local_cluster_missing() -> str | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A terminated run (a CI's timeout, `kill`) tears its installation down as Ctrl-C does:
+    # the node's containers are not the suite's children and would go on running.
+    stop_on_sigterm()
     config.addinivalue_line(
         "markers", "uninstalls: takes the installation away; run after every other scenario"
     )

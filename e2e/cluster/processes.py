@@ -6,6 +6,9 @@ set it), and, once started, answers `failure()` with the process's exit code and
 lines of its log if it has exited without being asked to. `stop()` sends SIGTERM, then
 SIGKILL after a grace period. A supervised process dies with the Python process that
 started it (PR_SET_PDEATHSIG), so a test run killed without its cleanup leaves none behind.
+`stop_on_sigterm` makes a SIGTERM (a CI's timeout, `kill`) unwind the suite as Ctrl-C does, so
+that its cleanup runs: a terminated Python process otherwise runs no `finally`, and the
+node's containers, which are not its children, went on serving.
 """
 
 from __future__ import annotations
@@ -50,9 +53,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """In a child before it runs its program (`preexec_fn`): SIGKILL when its parent dies."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def stop_on_sigterm() -> None:
+    """From now on a SIGTERM to this process raises KeyboardInterrupt in its main thread, so
+    that the `finally` blocks and fixtures' teardowns that stop what it started run (pytest
+    ends the session and tears its fixtures down on KeyboardInterrupt)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"terminated by signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 class Supervised:
@@ -91,7 +106,7 @@ class Supervised:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
                 env=self.env,
             )
 

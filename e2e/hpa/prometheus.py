@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import Any
 
 import yaml
+from cluster.processes import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCRAPE_INTERVAL = "15s"
@@ -257,6 +258,9 @@ class PrometheusServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # Dies with the suite, however it ends: a terminated run left its Prometheus
+            # running, one more with every run.
+            preexec_fn=die_with_parent,
         )
         log.close()
         deadline = time.monotonic() + timeout_s

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from cluster.processes import stop_on_sigterm
 from e2e_support import NAMESPACE, POOL, ROOT, Kubectl, eventually
 from hpa.adapter import MetricsAdapter, adapter_config_from_chart
 from hpa.controllers import AutoscalingWatch, KubectlLike, ScaleEvent, current_metrics_milli
@@ -885,6 +886,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for scenario in scenarios:
         if scenario not in ("calibrate", *SCENARIOS):
             raise SystemExit(f"unknown scenario {scenario!r}: one of {', '.join(SCENARIOS)}")
+    # A SIGTERM (a `timeout`, a `kill`) unwinds the run, so that its clusters are stopped.
+    stop_on_sigterm()
     workdir = Path(tempfile.mkdtemp(prefix="voxfleet-autoscale-"))
     given = list(sys.argv[1:] if argv is None else argv)
     command = " ".join(

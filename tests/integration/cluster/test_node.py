@@ -118,6 +118,27 @@ FIRST_RUN = textwrap.dedent(
 )
 
 
+# A run as the suite and `make autoscale` make one: SIGTERM unwinds it (`stop_on_sigterm`), so
+# the cluster's `with` stops the node and its containers, and Prometheus dies with it.
+TERMINATED_RUN = textwrap.dedent(
+    """
+    import sys, time
+    from cluster import LocalCluster
+    from cluster.processes import stop_on_sigterm
+    from hpa.prometheus import PrometheusServer
+    stop_on_sigterm()
+    with LocalCluster(sys.argv[1]) as cluster:
+        prometheus = PrometheusServer(work_dir=cluster.workdir / "prometheus").start()
+        cluster.kubectl("apply", "-f", "-", input=sys.argv[2])
+        phase = ("get", "pod", "sleeper", "-o", "jsonpath={.status.phase}")
+        while cluster.kubectl(*phase) != "Running":
+            time.sleep(0.5)
+        print("running", prometheus.process.pid, flush=True)
+        time.sleep(100000)
+    """
+)
+
+
 def host_state() -> dict[str, object]:
     """What a node leaves on the host when it is not cleaned up."""
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
@@ -166,4 +187,37 @@ def test_a_killed_run_leaves_nothing_the_next_run_trips_over(tmp_path: Path) -> 
         ):
             assert time.monotonic() < deadline, cluster.kubectl("describe", "pod", "sleeper")
             time.sleep(0.5)
+    assert host_state() == before
+
+
+@needs_node
+def test_a_terminated_run_stops_its_pods_and_prometheus(tmp_path: Path) -> None:
+    before = host_state()
+    env = dict(os.environ, PATH=f"{ROOT / '.tools' / 'bin'}:{os.environ['PATH']}")
+    env["PYTHONPATH"] = f"{ROOT / 'e2e'}:{ROOT}"
+    run = subprocess.Popen(
+        [sys.executable, "-c", TERMINATED_RUN, str(tmp_path / "run"), json.dumps(SLEEPER)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        assert run.stdout is not None
+        line = run.stdout.readline().split()
+        assert line[:1] == ["running"], run.stderr.read() if run.stderr else ""
+        prometheus = int(line[1])
+        run.terminate()
+        run.wait(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    # Nothing of it runs on: no container, no Prometheus, the host as it was.
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{prometheus}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not Path(f"/proc/{prometheus}").exists(), "Prometheus outlived the terminated run"
+    assert not leftovers.node_cgroups() and not leftovers._shims()
     assert host_state() == before
