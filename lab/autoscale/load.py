@@ -36,6 +36,10 @@ Clock = Callable[[], float]
 Pods = Callable[[], Sequence[str]]
 # How long a listener waits after a refused or failed stream before it asks again.
 RETRY_AFTER_S = 0.2
+# The listeners' event loop is watched every STALL_TICK_S; a wake-up more than STALL_S late is
+# a stall (`run_phases`): a listener's second chunk is due 186 ms after its first.
+STALL_TICK_S = 0.01
+STALL_S = 0.03
 LAYOUTS = ("per-listener", "shared")
 
 
@@ -118,13 +122,25 @@ async def run_phases(
     until: Callable[[], bool] | None = None,
     drain_s: float = 60.0,
     started: Callable[[str, float, int], None] | None = None,
+    stalls: list[tuple[float, float]] | None = None,
 ) -> None:
     """Run the phases in order; the last one also ends early once `until()` is true.
 
     Records are appended to `records` as streams start, so a sampler can read them live;
-    `started(name, time, concurrency)` is called as each phase begins."""
+    `started(name, time, concurrency)` is called as each phase begins. `stalls`, where given,
+    gets (when it ended, seconds) for every time the listeners' event loop woke more than
+    STALL_S late: a chunk that arrives meanwhile is stamped late, by the client, not the pod."""
     current: dict[str, Any] = {"phase": phases[0].name, "concurrency": 0}
     stop = asyncio.Event()
+
+    async def watch_loop() -> None:
+        assert stalls is not None
+        while not stop.is_set():
+            before = clock()
+            await asyncio.sleep(STALL_TICK_S)
+            late = clock() - before - STALL_TICK_S
+            if late > STALL_S:
+                stalls.append((clock(), late))
 
     async def worker(index: int) -> None:
         await asyncio.sleep(0.2 * index)
@@ -158,6 +174,7 @@ async def run_phases(
                 await asyncio.sleep(RETRY_AFTER_S)
 
     workers: list[asyncio.Future[None]] = []
+    watcher = asyncio.ensure_future(watch_loop()) if stalls is not None else None
     try:
         for index, phase in enumerate(phases):
             if phase.before is not None:
@@ -179,6 +196,9 @@ async def run_phases(
         if workers:
             await asyncio.wait(workers, timeout=drain_s)
     finally:
+        stop.set()
         for task in workers:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
+        if watcher is not None:
+            await asyncio.gather(watcher, return_exceptions=True)

@@ -368,8 +368,10 @@ def run_load(
     records: list[TimedRecord],
     until: Callable[[], bool] | None,
     current: dict[str, int],
+    stalls: list[tuple[float, float]] | None = None,
 ) -> dict[str, float]:
-    """Run the phases; returns each phase's start (monotonic)."""
+    """Run the phases; returns each phase's start (monotonic). `stalls`: the listeners' event
+    loop's stalls (`run_phases`)."""
     starts: dict[str, float] = {}
 
     def started(name: str, at: float, concurrency: int) -> None:
@@ -379,7 +381,9 @@ def run_load(
     async def run() -> None:
         await reachable(voice_pods(installation, voice)(), voice)
         try:
-            await run_phases(clients, sentences(), phases, records, until=until, started=started)
+            await run_phases(
+                clients, sentences(), phases, records, until=until, started=started, stalls=stalls
+            )
         finally:
             current["concurrency"] = 0
             await clients.close()
@@ -611,9 +615,10 @@ def pool_scenario(
         Phase("down", lambda: levels()[0], args.down_max),
     ]
     run.sampler.start()
+    stalls: list[tuple[float, float]] = []
     try:
         starts = run_load(
-            installation, "joe", run.clients, phases, run.records, scaled_in, run.current
+            installation, "joe", run.clients, phases, run.records, scaled_in, run.current, stalls
         )
     finally:
         run.sampler.stop()
@@ -660,6 +665,8 @@ def pool_scenario(
         "streams_cut_on_scale_in": len(cut) if downs else None,
         "streams_cut_detail": cut,
         "underrun_detail": underrun_detail(run.records, run.started),
+        # (s after the start when the stall ended, ms) for each stall of the listeners' loop.
+        "listener_loop_stalls": [(round(t - run.started, 2), ms(late)) for t, late in stalls],
         "scale_events": [event_json(e, run.started) for e in events],
         "timeline": timeline,
     }

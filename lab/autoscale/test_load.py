@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -125,3 +126,39 @@ def test_underrun_detail_says_where_a_stream_went_quiet() -> None:
     assert len(detail) == 1
     assert detail[0]["sent_s"] == 10.2 and detail[0]["streams_in_flight"] == 1
     assert detail[0]["late"] == [{"chunk": 1, "late_ms": 300.0, "at_s": 0.8}]
+
+
+class BlockingSystem:
+    """Streams one chunk, blocking the event loop for 0.2 s the first time (as a thread that
+    holds the interpreter would)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def open_stream(self, text: str) -> AsyncIterator[tuple[int, int]]:
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(0.2)
+        await asyncio.sleep(0.05)
+        yield (2205, 22050)
+
+    async def close(self) -> None:
+        return None
+
+
+def test_a_stall_of_the_listeners_loop_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    clients = Clients("shared", lambda: lambda: [], "joe")
+    monkeypatch.setattr(clients, "for_listener", lambda index: BlockingSystem())
+    records: list[TimedRecord] = []
+    stalls: list[tuple[float, float]] = []
+    sentences = iter(f"Sentence {n}." for n in range(1000))
+
+    async def run() -> None:
+        await run_phases(
+            clients, sentences, [Phase("x", 1, 1.0)], records, drain_s=1.0, stalls=stalls
+        )
+
+    asyncio.run(run())
+    assert records, "the listener sent nothing"
+    assert len(stalls) == 1, stalls
+    assert 0.15 < stalls[0][1] < 0.5
