@@ -78,6 +78,9 @@ GRPC_PORT, METRICS_PORT = 8001, 8002
 # How often a client looks the voice's headless Service up again (engines.client.tts's default).
 RESOLVE_TTL_S = 2.0
 SCENARIOS = ("pool", "pool_shared", "per_voice")
+# The listeners' event loop's nice value (`listener_priority`): a weight of 9,548 against the
+# node's 8,192 on 2 CPUs.
+LISTENER_NICE = -10
 LAYOUT = {"pool": "per-listener", "pool_shared": "shared", "per_voice": "per-listener"}
 
 
@@ -360,6 +363,20 @@ async def reachable(pods: Pods, voice: str, timeout_s: float = 60.0) -> None:
             await system.close()
 
 
+def listener_priority() -> None:
+    """Raise the priority of the calling thread (the listeners' event loop) to LISTENER_NICE.
+
+    Listeners run on other machines than the pods they hear; here they share the pods' 2 cores,
+    and the node's cgroup weighs as 4 busy processes a CPU (e2e/cluster/leftovers.py), so a
+    listener's thread at the default priority waited up to 865 ms for a core while the pods
+    were busy, and stamped the chunks that came meanwhile late: every underrun of a run on the
+    real node ended with such a stall of the listeners' loop
+    (`results/autoscaling-2026-11-29-node-6-pool.json.gz`). The listeners use a few hundredths
+    of a core (`cpu_cores.listeners`), so their priority costs the pods little."""
+    with contextlib.suppress(PermissionError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LISTENER_NICE)
+
+
 def run_load(
     installation: Installation,
     voice: str,
@@ -379,6 +396,7 @@ def run_load(
         current["concurrency"] = concurrency
 
     async def run() -> None:
+        listener_priority()
         await reachable(voice_pods(installation, voice)(), voice)
         try:
             await run_phases(
