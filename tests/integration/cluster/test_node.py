@@ -139,6 +139,28 @@ TERMINATED_RUN = textwrap.dedent(
 )
 
 
+def start_run(script: str, workdir: Path, manifest: str) -> subprocess.Popen[str]:
+    """`script` run as the suite runs, with the harness (`cluster`) importable."""
+    env = dict(os.environ, PATH=f"{ROOT / '.tools' / 'bin'}:{os.environ['PATH']}")
+    env["PYTHONPATH"] = f"{ROOT / 'e2e'}:{ROOT}"  # the harness is `cluster`
+    return subprocess.Popen(
+        [sys.executable, "-c", script, str(workdir), manifest],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def running(run: subprocess.Popen[str]) -> list[str]:
+    """Wait for the run's "running" line; the words after it."""
+    assert run.stdout is not None
+    words = run.stdout.readline().split()
+    assert words[:1] == ["running"], run.stderr.read() if run.stderr else ""
+    return words[1:]
+
+
 def host_state() -> dict[str, object]:
     """What a node leaves on the host when it is not cleaned up."""
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
@@ -157,21 +179,10 @@ def host_state() -> dict[str, object]:
 @needs_node
 def test_a_killed_run_leaves_nothing_the_next_run_trips_over(tmp_path: Path) -> None:
     before = host_state()
-    env = dict(os.environ, PATH=f"{ROOT / '.tools' / 'bin'}:{os.environ['PATH']}")
-    env["PYTHONPATH"] = f"{ROOT / 'e2e'}:{ROOT}"  # the harness is `cluster`
     manifest = json.dumps(SLEEPER)
-    first = subprocess.Popen(
-        [sys.executable, "-c", FIRST_RUN, str(tmp_path / "first"), manifest],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-    )
+    first = start_run(FIRST_RUN, tmp_path / "first", manifest)
     try:
-        assert first.stdout is not None
-        line = first.stdout.readline()
-        assert line.strip() == "running", first.stderr.read() if first.stderr else ""
+        assert running(first) == []
     finally:
         first.kill()
         first.wait()
@@ -193,21 +204,9 @@ def test_a_killed_run_leaves_nothing_the_next_run_trips_over(tmp_path: Path) -> 
 @needs_node
 def test_a_terminated_run_stops_its_pods_and_prometheus(tmp_path: Path) -> None:
     before = host_state()
-    env = dict(os.environ, PATH=f"{ROOT / '.tools' / 'bin'}:{os.environ['PATH']}")
-    env["PYTHONPATH"] = f"{ROOT / 'e2e'}:{ROOT}"
-    run = subprocess.Popen(
-        [sys.executable, "-c", TERMINATED_RUN, str(tmp_path / "run"), json.dumps(SLEEPER)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-    )
+    run = start_run(TERMINATED_RUN, tmp_path / "run", json.dumps(SLEEPER))
     try:
-        assert run.stdout is not None
-        line = run.stdout.readline().split()
-        assert line[:1] == ["running"], run.stderr.read() if run.stderr else ""
-        prometheus = int(line[1])
+        prometheus = int(running(run)[0])
         run.terminate()
         run.wait(timeout=120)
     finally:
