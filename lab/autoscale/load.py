@@ -18,29 +18,74 @@ A stream every pod refused (RESOURCE_EXHAUSTED) is a refusal, not a failure: the
 keeps when it first asked (`asked_s`), so that its wait counts the refusals. Other failures end
 the stream when the error arrives; the worker backs off and moves on. Timelines are the
 benchmark's `StreamRecord`s, so first audio and underruns are counted as in the benchmark.
+
+The listeners run in a process of their own (`ListenerProcess`), as they would on machines of
+their own: a listener stamps each chunk when its event loop gets to it, so a loop kept waiting
+stamps chunks late that the pod sent on time. In the harness's process the loop waited for the
+threads beside it (the sampler, each client's endpoint lookups with two `kubectl` runs), up to
+865 ms, and every late chunk of a run on the real node was stamped as such a wait ended
+(docs/autoscaling.md, "Where the underruns were"). The harness drives the phases and looks the
+voice's Service up once every `ttl_s`; the listeners' lookups read its last answer, as a
+client's lookups read a node's DNS cache.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import multiprocessing
+import os
+import queue
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Protocol
+
+from cluster.processes import die_with_parent
 
 from engines.bench.stats import is_refusal
 from engines.bench.systems import BalancedTritonSystem
 from engines.bench.timeline import Chunk, StreamRecord
+from engines.client.balancing import ResolvedEndpoints
+from engines.text.corpus import cycle_sentences, load_corpus, sentence_order
 
 Clock = Callable[[], float]
 Pods = Callable[[], Sequence[str]]
 # How long a listener waits after a refused or failed stream before it asks again.
 RETRY_AFTER_S = 0.2
 # The listeners' event loop is watched every STALL_TICK_S; a wake-up more than STALL_S late is
-# a stall (`run_phases`): a listener's second chunk is due 186 ms after its first.
+# a stall (`Listeners`): a listener's second chunk is due 186 ms after its first.
 STALL_TICK_S = 0.01
 STALL_S = 0.03
 LAYOUTS = ("per-listener", "shared")
+# The listeners' process's nice value: a weight of 9,548 against the node's 8,192 on 2 CPUs
+# (e2e/cluster/leftovers.py). Listeners run on other machines than the pods they hear; here
+# they share the pods' 2 cores. They use a few hundredths of a core (`cpu_cores.listeners`),
+# so their priority costs the pods little.
+LISTENER_NICE = -10
+# How often the listeners' process reports each client's counts to the harness.
+COUNTS_EVERY_S = 1.0
+# How long the harness waits for the listeners' process to start and reach the voice.
+READY_TIMEOUT_S = 120.0
+
+
+class System(Protocol):
+    def open_stream(self, text: str) -> Any: ...
+
+    async def close(self) -> None: ...
+
+
+# (voice, pods) -> a client of the voice over those pods: `balanced_system` unless a test
+# gives another (it must be importable by name: the listeners' process is started afresh).
+SystemFactory = Callable[[str, Pods], Any]
+
+
+def balanced_system(voice: str, pods: Pods) -> BalancedTritonSystem:
+    return BalancedTritonSystem("voxfleet-pods", "", voice, pods=pods)
 
 
 @dataclass(frozen=True)
@@ -75,18 +120,19 @@ class Clients:
     layout: str
     pods: Callable[[], Pods]  # a fresh endpoint source (its own lookups) per client
     voice: str
-    made: list[BalancedTritonSystem] = field(default_factory=list)
+    make: SystemFactory = balanced_system
+    made: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout is one of {', '.join(LAYOUTS)}, not {self.layout!r}")
 
-    def _make(self) -> BalancedTritonSystem:
-        system = BalancedTritonSystem("voxfleet-pods", "", self.voice, pods=self.pods())
+    def _make(self) -> Any:
+        system = self.make(self.voice, self.pods())
         self.made.append(system)
         return system
 
-    def for_listener(self, index: int) -> BalancedTritonSystem:
+    def for_listener(self, index: int) -> Any:
         if self.layout == "shared":
             return self.made[0] if self.made else self._make()
         while len(self.made) <= index:
@@ -97,7 +143,8 @@ class Clients:
         """Streams started, refusals and failures per pod, over every client so far."""
         out: dict[str, dict[str, int]] = {}
         for system in list(self.made):
-            for endpoint, counts in system.balancer.counts().items():
+            balancer = getattr(system, "balancer", None)
+            for endpoint, counts in (balancer.counts() if balancer else {}).items():
                 entry = out.setdefault(endpoint, {"streams": 0, "refusals": 0, "failures": 0})
                 entry["streams"] += counts.streams
                 entry["refusals"] += counts.refusals
@@ -106,99 +153,407 @@ class Clients:
 
     @property
     def refused_streams(self) -> int:
-        return sum(system.balancer.refused_streams for system in list(self.made))
+        return sum(
+            system.balancer.refused_streams
+            for system in list(self.made)
+            if getattr(system, "balancer", None) is not None
+        )
 
     async def close(self) -> None:
         for system in self.made:
             await system.close()
 
 
-async def run_phases(
-    clients: Clients,
-    sentences: Iterator[str],
-    phases: Sequence[Phase],
-    records: list[TimedRecord],
-    clock: Clock = time.monotonic,
-    until: Callable[[], bool] | None = None,
-    drain_s: float = 60.0,
-    started: Callable[[str, float, int], None] | None = None,
-    stalls: list[tuple[float, float]] | None = None,
+def corpus_sentences() -> Iterator[str]:
+    """The benchmark's sentences, in its order, round and round."""
+    return cycle_sentences(sentence_order(load_corpus()))
+
+
+async def reachable(
+    pods: Pods, voice: str, make: SystemFactory = balanced_system, timeout_s: float = 60.0
 ) -> None:
-    """Run the phases in order; the last one also ends early once `until()` is true.
+    """Wait until one stream reaches the voice through its pods' Service.
 
-    Records are appended to `records` as streams start, so a sampler can read them live;
-    `started(name, time, concurrency)` is called as each phase begins. `stalls`, where given,
-    gets (when it ended, seconds) for every time the listeners' event loop woke more than
-    STALL_S late: a chunk that arrives meanwhile is stamped late, by the client, not the pod."""
-    current: dict[str, Any] = {"phase": phases[0].name, "concurrency": 0}
-    stop = asyncio.Event()
+    A voice is Ready once its model is loaded and its pod labelled; the Service lists the pod
+    a moment later (the endpoints follow the label). The load starts after that moment, so its
+    first streams measure the voice, not the Service's catching up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        system = make(voice, pods)
+        try:
+            async for _ in system.open_stream("Ready."):
+                pass
+            return
+        except Exception as error:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no stream reached {voice}: {error}") from error
+            await asyncio.sleep(0.5)
+        finally:
+            await system.close()
 
-    async def watch_loop() -> None:
-        assert stalls is not None
-        while not stop.is_set():
-            before = clock()
+
+class Listeners:
+    """The listeners of one event loop: `set` how many listen and in which phase, `finish` to
+    let them end their streams and stop.
+
+    `ended` gets each stream's record once it is final: ended, failed, refused, or cut off by
+    `finish`. `stalls`, where given, gets (when it ended, seconds) for every time the loop woke
+    more than STALL_S late: a chunk that arrives meanwhile is stamped late, by the listener,
+    not the pod."""
+
+    def __init__(
+        self,
+        clients: Clients,
+        sentences: Iterator[str],
+        ended: Callable[[TimedRecord], None],
+        clock: Clock = time.monotonic,
+        stalls: list[tuple[float, float]] | None = None,
+    ) -> None:
+        self.clients = clients
+        self.sentences = sentences
+        self.ended = ended
+        self.clock = clock
+        self.stalls = stalls
+        self.phase, self.concurrency = "", 0
+        self._stop = asyncio.Event()
+        self._workers: list[asyncio.Future[None]] = []
+        self._watcher = asyncio.ensure_future(self._watch()) if stalls is not None else None
+
+    def set(self, phase: str, concurrency: int) -> None:
+        self.phase, self.concurrency = phase, concurrency
+        while len(self._workers) < concurrency:
+            self._workers.append(asyncio.ensure_future(self._worker(len(self._workers))))
+
+    async def finish(self, drain_s: float) -> None:
+        """Start no stream more; wait up to `drain_s` for those in flight, then cut them."""
+        self._stop.set()
+        self.concurrency = 0
+        try:
+            if self._workers:
+                await asyncio.wait(self._workers, timeout=drain_s)
+        finally:
+            for task in self._workers:
+                task.cancel()
+            await asyncio.gather(*self._workers, return_exceptions=True)
+            if self._watcher is not None:
+                await asyncio.gather(self._watcher, return_exceptions=True)
+
+    async def _watch(self) -> None:
+        assert self.stalls is not None
+        while not self._stop.is_set():
+            before = self.clock()
             await asyncio.sleep(STALL_TICK_S)
-            late = clock() - before - STALL_TICK_S
+            late = self.clock() - before - STALL_TICK_S
             if late > STALL_S:
-                stalls.append((clock(), late))
+                self.stalls.append((self.clock(), late))
 
-    async def worker(index: int) -> None:
+    async def _worker(self, index: int) -> None:
         await asyncio.sleep(0.2 * index)
-        system = clients.for_listener(index)
-        text, asked = next(sentences), None
-        while not stop.is_set():
-            if index >= current["concurrency"]:
+        system = self.clients.for_listener(index)
+        text, asked = next(self.sentences), None
+        while not self._stop.is_set():
+            if index >= self.concurrency:
                 await asyncio.sleep(0.2)
                 continue
-            now = clock()
+            now = self.clock()
             record = StreamRecord(text=text, sent_s=now)
-            item = TimedRecord(str(current["phase"]), record, asked if asked is not None else now)
-            records.append(item)
+            item = TimedRecord(self.phase, record, asked if asked is not None else now)
             try:
                 async for samples, rate in system.open_stream(record.text):
-                    record.chunks.append(Chunk(clock(), samples))
+                    record.chunks.append(Chunk(self.clock(), samples))
                     if rate:
                         record.sample_rate = rate
-                record.ended_s = clock()
+                record.ended_s = self.clock()
             except asyncio.CancelledError:
                 record.error = "cut off: still streaming when the run ended"
                 raise
             except Exception as error:  # a failed stream is a result, ended when it failed
                 record.error = f"{type(error).__name__}: {error}"
-                record.ended_s = clock()
+                record.ended_s = self.clock()
+            finally:
+                self.ended(item)
             if item.refused:
                 asked = item.asked_s  # the same listener asks again for the same sentence
             else:
-                text, asked = next(sentences), None
+                text, asked = next(self.sentences), None
             if record.error is not None:
                 await asyncio.sleep(RETRY_AFTER_S)
 
-    workers: list[asyncio.Future[None]] = []
-    watcher = asyncio.ensure_future(watch_loop()) if stalls is not None else None
+
+@dataclass(frozen=True)
+class ListenerSpec:
+    """What the listeners' process needs: the client layout, the voice and its Service's
+    address, how often a client looks it up again, and (importable by name) how to make a
+    client and where the sentences come from."""
+
+    layout: str
+    voice: str
+    address: str
+    ttl_s: float = 2.0
+    make: SystemFactory = balanced_system
+    sentences: Callable[[], Iterator[str]] = corpus_sentences
+
+
+def raise_priority(nice: int = LISTENER_NICE) -> None:
+    """Every thread of this process, and what it starts from now on, at `nice`."""
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(PermissionError, OSError, ValueError):
+            os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+
+
+def listen(conn: Connection, spec: ListenerSpec) -> None:
+    """The listeners' process (`ListenerProcess`): killed when the harness dies, deaf to the
+    terminal's Ctrl-C (the harness stops it), at LISTENER_NICE."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise_priority()
+    outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def send() -> None:  # off the loop: a full pipe must not stall it
+        while (message := outbox.get()) is not None:
+            conn.send(message)
+
+    sender = threading.Thread(target=send, name="listeners-send", daemon=True)
+    sender.start()
     try:
-        for index, phase in enumerate(phases):
-            if phase.before is not None:
-                await asyncio.to_thread(phase.before)
-            concurrency = phase.concurrency() if callable(phase.concurrency) else phase.concurrency
-            current["phase"], current["concurrency"] = phase.name, concurrency
-            while len(workers) < concurrency:
-                workers.append(asyncio.ensure_future(worker(len(workers))))
-            begun = clock()
-            if started is not None:
-                started(phase.name, begun, concurrency)
-            last = index == len(phases) - 1
-            while clock() < begun + phase.seconds:
-                if last and until is not None and until():
-                    break
-                await asyncio.sleep(0.5)
-        stop.set()
-        current["concurrency"] = 0
-        if workers:
-            await asyncio.wait(workers, timeout=drain_s)
+        asyncio.run(_listen(conn, spec, outbox.put))
+    except BaseException as error:
+        outbox.put(("error", f"{type(error).__name__}: {error}"))
+        raise
     finally:
-        stop.set()
-        for task in workers:
-            task.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
-        if watcher is not None:
-            await asyncio.gather(watcher, return_exceptions=True)
+        outbox.put(None)
+        sender.join(timeout=30)
+
+
+async def _listen(conn: Connection, spec: ListenerSpec, send: Callable[[Any], None]) -> None:
+    loop = asyncio.get_running_loop()
+    known: list[str] = []
+    have_endpoints = asyncio.Event()
+    commands: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+
+    def readable() -> None:
+        while conn.poll():
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):  # the harness is gone: stop at once
+                loop.remove_reader(conn.fileno())
+                commands.put_nowait(("stop", 0.0))
+                return
+            if message[0] == "endpoints":
+                known[:] = message[1]
+                have_endpoints.set()
+            else:
+                commands.put_nowait(message)
+
+    loop.add_reader(conn.fileno(), readable)
+
+    def source() -> Pods:
+        return ResolvedEndpoints(spec.address, spec.ttl_s, lambda _: list(known))
+
+    await asyncio.wait_for(have_endpoints.wait(), READY_TIMEOUT_S)
+    await reachable(source(), spec.voice, spec.make)
+    clients = Clients(spec.layout, source, spec.voice, spec.make)
+    stalls: list[tuple[float, float]] = []
+    listeners = Listeners(
+        clients, spec.sentences(), lambda item: send(("record", item)), stalls=stalls
+    )
+
+    async def report_counts() -> None:
+        while True:
+            await asyncio.sleep(COUNTS_EVERY_S)
+            send(("counts", clients.counts(), clients.refused_streams))
+
+    counting = asyncio.ensure_future(report_counts())
+    send(("ready",))
+    try:
+        while True:
+            message = await commands.get()
+            if message[0] == "phase":
+                listeners.set(message[1], message[2])
+            elif message[0] == "stop":
+                await listeners.finish(message[1])
+                break
+    finally:
+        counting.cancel()
+        await clients.close()
+        send(("counts", clients.counts(), clients.refused_streams))
+        send(("done", stalls))
+
+
+class ListenerProcess:
+    """The listeners in a process of their own (see the module docstring), driven from here.
+
+    A context manager: entering starts the process, gives it the voice's endpoints (`lookup`,
+    called here every `ttl_s`) and returns once a stream has reached the voice; `phase` sets
+    how many listen; `finish` lets their streams end and collects the last records. Each
+    final record is appended to `records` as it comes; `counts()`, `refused_streams` and
+    `stalls` are the listeners' own, as last reported. Leaving stops the process whatever
+    happened."""
+
+    def __init__(
+        self,
+        spec: ListenerSpec,
+        lookup: Callable[[], list[str]],
+        records: list[TimedRecord],
+    ) -> None:
+        if spec.layout not in LAYOUTS:
+            raise ValueError(f"layout is one of {', '.join(LAYOUTS)}, not {spec.layout!r}")
+        self.spec = spec
+        self.lookup = lookup
+        self.records = records
+        self.stalls: list[tuple[float, float]] = []
+        self._counts: dict[str, dict[str, int]] = {}
+        self._refused = 0
+        self._error: str | None = None
+        self._ready, self._done, self._closing = (threading.Event() for _ in range(3))
+        self._send_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._process: Any = None
+        self._conn: Connection | None = None
+
+    def __enter__(self) -> ListenerProcess:
+        context = multiprocessing.get_context("spawn")
+        self._conn, theirs = context.Pipe()
+        self._process = context.Process(
+            target=listen, args=(theirs, self.spec), name="listeners", daemon=True
+        )
+        self._process.start()
+        theirs.close()
+        try:
+            self._push_endpoints()
+            for target, name in ((self._read, "listeners-read"), (self._push, "endpoints")):
+                thread = threading.Thread(target=target, name=name, daemon=True)
+                thread.start()
+                self._threads.append(thread)
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while not self._ready.wait(0.2):
+                if self._error is not None or not self._process.is_alive():
+                    raise RuntimeError(f"the listeners' process failed: {self._why()}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the listeners reached no pod of {self.spec.voice} in "
+                        f"{READY_TIMEOUT_S:.0f} s"
+                    )
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._closing.set()
+        if self._process is not None:
+            self._process.join(timeout=10 if self._done.is_set() else 0)
+            if self._process.is_alive():
+                self._process.kill()
+            self._process.join(timeout=10)
+        if self._conn is not None:
+            self._conn.close()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+    @property
+    def pid(self) -> int | None:
+        """The listeners' process's, while it runs."""
+        return self._process.pid if self._process is not None else None
+
+    def phase(self, name: str, concurrency: int) -> None:
+        self._send(("phase", name, concurrency))
+
+    def check(self) -> None:
+        """RuntimeError if the listeners' process is gone or failed."""
+        if self._error is not None or not self._process.is_alive():
+            raise RuntimeError(f"the listeners' process failed: {self._why()}")
+
+    def finish(self, drain_s: float) -> None:
+        """Let the streams in flight end (at most `drain_s`), then collect the last records."""
+        self._send(("stop", drain_s))
+        deadline = time.monotonic() + drain_s + 30
+        while not self._done.wait(0.2):
+            self.check()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the listeners did not stop within {drain_s + 30:.0f} s")
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        return self._counts
+
+    @property
+    def refused_streams(self) -> int:
+        return self._refused
+
+    def _why(self) -> str:
+        if self._error is not None:
+            return self._error
+        return f"it exited with {self._process.exitcode}"
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        assert self._conn is not None
+        with self._send_lock:
+            self._conn.send(message)
+
+    def _push_endpoints(self) -> None:
+        try:
+            found = self.lookup()
+        except Exception:  # a failed lookup keeps the last answer, as a client's does
+            return
+        with contextlib.suppress(OSError, ValueError):
+            self._send(("endpoints", list(found)))
+
+    def _push(self) -> None:
+        while not self._closing.wait(self.spec.ttl_s):
+            self._push_endpoints()
+
+    def _read(self) -> None:
+        assert self._conn is not None
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                return
+            kind = message[0]
+            if kind == "record":
+                self.records.append(message[1])
+            elif kind == "counts":
+                self._counts, self._refused = message[1], message[2]
+            elif kind == "ready":
+                self._ready.set()
+            elif kind == "error":
+                self._error = message[1]
+            elif kind == "done":
+                self.stalls = message[1]
+                self._done.set()
+
+
+class PhaseTarget(Protocol):
+    def phase(self, name: str, concurrency: int) -> None: ...
+
+    def check(self) -> None: ...
+
+    def finish(self, drain_s: float) -> None: ...
+
+
+def drive_phases(
+    listeners: PhaseTarget,
+    phases: Sequence[Phase],
+    until: Callable[[], bool] | None = None,
+    started: Callable[[str, float, int], None] | None = None,
+    drain_s: float = 60.0,
+    clock: Clock = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Run the phases in order; the last one also ends early once `until()` is true.
+    `started(name, time, concurrency)` is called as each phase begins."""
+    for index, phase in enumerate(phases):
+        if phase.before is not None:
+            phase.before()
+        concurrency = phase.concurrency() if callable(phase.concurrency) else phase.concurrency
+        listeners.phase(phase.name, concurrency)
+        begun = clock()
+        if started is not None:
+            started(phase.name, begun, concurrency)
+        last = index == len(phases) - 1
+        while clock() < begun + phase.seconds:
+            if last and until is not None and until():
+                break
+            listeners.check()
+            sleep(0.5)
+    listeners.finish(drain_s)

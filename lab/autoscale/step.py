@@ -34,7 +34,6 @@ one pod (`--calibrate-levels`) and reports what clients saw beside what the pod 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import math
@@ -62,12 +61,15 @@ from hpa.prometheus import PrometheusServer
 from installation import Installation, local_installation
 
 from engines.bench.results import read_json
-from engines.bench.systems import BalancedTritonSystem
 from engines.bench.timeline import analyse_stream, late_chunks
-from engines.client.balancing import ResolvedEndpoints
 from engines.contract import names
-from engines.text.corpus import cycle_sentences, load_corpus, sentence_order
-from lab.autoscale.load import Clients, Phase, Pods, TimedRecord, run_phases
+from lab.autoscale.load import (
+    ListenerProcess,
+    ListenerSpec,
+    Phase,
+    TimedRecord,
+    drive_phases,
+)
 from lab.autoscale.reader import ApiReader
 from lab.autoscale.report import SAMPLE_SECONDS, write
 
@@ -78,9 +80,6 @@ GRPC_PORT, METRICS_PORT = 8001, 8002
 # How often a client looks the voice's headless Service up again (engines.client.tts's default).
 RESOLVE_TTL_S = 2.0
 SCENARIOS = ("pool", "pool_shared", "per_voice")
-# The listeners' event loop's nice value (`listener_priority`): a weight of 9,548 against the
-# node's 8,192 on 2 CPUs.
-LISTENER_NICE = -10
 LAYOUT = {"pool": "per-listener", "pool_shared": "shared", "per_voice": "per-listener"}
 
 
@@ -172,12 +171,14 @@ def pod_metrics(address: str) -> dict[str, float]:
 
 class CpuMeter:
     """Where the machine's CPU goes between two calls, in cores: every pool pod's processes,
-    this process (the listeners, the sampler), and the rest of the machine (the control plane,
-    Prometheus, the adapter, the operator, kubectl calls, anything else running)."""
+    the listeners' process, this one (the sampler, the endpoint lookups), and the rest of the
+    machine (the control plane, Prometheus, the adapter, the operator, kubectl calls, anything
+    else running)."""
 
-    def __init__(self, installation: Installation) -> None:
+    def __init__(self, installation: Installation, listeners: Callable[[], int | None]) -> None:
         self.cluster = installation.cluster
-        self._last: tuple[float, float, float, dict[int, float]] | None = None
+        self.listeners = listeners  # the listeners' process's pid, once it runs
+        self._last: tuple[float, float, float, float, dict[int, float]] | None = None
         self._uids: dict[str, str | None] = {}  # a pod's name -> its uid, read once
 
     @staticmethod
@@ -192,29 +193,32 @@ class CpuMeter:
         now = time.monotonic()
         machine = psutil.cpu_times()
         busy = float(sum(machine) - machine.idle - getattr(machine, "iowait", 0.0))
-        own = psutil.Process()
-        mine = float(sum(own.cpu_times()[:2]))
+        mine = float(sum(psutil.Process().cpu_times()[:2]))
+        pid = self.listeners()
+        theirs = self._cpu(pid) if pid is not None else 0.0
         for pod in pods:
             if self._uids.get(pod) is None:
                 self._uids[pod] = self.cluster.pod_uid(NAMESPACE, pod)
         pids = {pod: self.cluster.pod_processes(NAMESPACE, pod, self._uids[pod]) for pod in pods}
         per_pid = {pid: self._cpu(pid) for found in pids.values() for pid in found}
-        last, self._last = self._last, (now, busy, mine, per_pid)
+        last, self._last = self._last, (now, busy, mine, theirs, per_pid)
         if last is None:
             return {}
         elapsed = max(1e-6, now - last[0])
 
         def used(pid: int) -> float:
-            return max(0.0, per_pid[pid] - last[3].get(pid, per_pid[pid]))
+            return max(0.0, per_pid[pid] - last[4].get(pid, per_pid[pid]))
 
         by_pod = {pod: sum(used(pid) for pid in found) / elapsed for pod, found in pids.items()}
         machine_cores = (busy - last[1]) / elapsed
-        listeners = (mine - last[2]) / elapsed
+        harness = (mine - last[2]) / elapsed
+        listeners = max(0.0, theirs - last[3]) / elapsed
         return {
             "machine": round(machine_cores, 2),
             "pods": {pod: round(cores, 2) for pod, cores in by_pod.items()},
             "listeners": round(listeners, 2),
-            "rest": round(max(0.0, machine_cores - sum(by_pod.values()) - listeners), 2),
+            "harness": round(harness, 2),
+            "rest": round(max(0.0, machine_cores - sum(by_pod.values()) - listeners - harness), 2),
         }
 
 
@@ -227,7 +231,7 @@ class Sampler:
     adapter: MetricsAdapter
     voices: Sequence[str]
     records: list[TimedRecord]
-    clients: Clients
+    clients: ListenerProcess  # the listeners' own counts
     concurrency: Callable[[], int]
     started: float
     cpu: CpuMeter | None = None
@@ -322,96 +326,33 @@ class Sampler:
         }
 
 
-def sentences() -> Iterator[str]:
-    return cycle_sentences(sentence_order(load_corpus()))
-
-
-def voice_pods(installation: Installation, voice: str) -> Callable[[], Pods]:
-    """Endpoint sources for clients of `voice`: the ready pods its headless Service lists, looked
-    up again every RESOLVE_TTL_S as a client's DNS lookups would be (this process runs on the
-    host, outside cluster DNS: the Service's EndpointSlices are what a lookup would answer)."""
+def voice_service(installation: Installation, voice: str) -> tuple[str, Callable[[], list[str]]]:
+    """The address of `voice`'s headless Service and its lookup: the ready pods its
+    EndpointSlices list (the harness runs on the host, outside cluster DNS: they are what a
+    lookup of the name would answer)."""
     service = f"{voice}-tts-pods"
 
-    def lookup(_: str) -> list[str]:
+    def lookup() -> list[str]:
         return list(installation.cluster.endpoints(NAMESPACE, service, GRPC_PORT))
 
-    def source() -> Pods:
-        address = f"{service}.{NAMESPACE}.svc:{GRPC_PORT}"
-        return ResolvedEndpoints(address, RESOLVE_TTL_S, lookup)
-
-    return source
-
-
-async def reachable(pods: Pods, voice: str, timeout_s: float = 60.0) -> None:
-    """Wait until one stream reaches the voice through its pods' Service.
-
-    A voice is Ready once its model is loaded and its pod labelled; the Service lists the pod
-    a moment later (the endpoints follow the label). The load starts after that moment, so its
-    first streams measure the voice, not the Service's catching up."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        system = BalancedTritonSystem("probe", "", voice, pods=pods)
-        try:
-            async for _ in system.open_stream("Ready."):
-                pass
-            return
-        except Exception as error:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no stream reached {voice}: {error}") from error
-            await asyncio.sleep(0.5)
-        finally:
-            await system.close()
-
-
-def listener_priority() -> None:
-    """Raise the priority of this process's threads (the listeners' event loop, the sampler's)
-    and of what they start from now on to LISTENER_NICE.
-
-    Listeners run on other machines than the pods they hear; here they share the pods' 2 cores,
-    and the node's cgroup weighs as 4 busy processes a CPU (e2e/cluster/leftovers.py), so a
-    listener's thread at the default priority waited up to 865 ms for a core while the pods
-    were busy, and stamped the chunks that came meanwhile late: every underrun of a run on the
-    real node ended with such a stall of the listeners' loop
-    (`results/autoscaling-2026-11-29-node-6-pool.json.gz`). The listeners use a few hundredths
-    of a core (`cpu_cores.listeners`), so their priority costs the pods little. Every thread
-    of the process, not the loop's alone: a thread at the default priority that holds the
-    interpreter lock while it waits for a core stalls the loop all the same (with the loop's
-    thread alone raised, 13 of 465 streams still underran, after stalls of up to 504 ms)."""
-    for task in Path("/proc/self/task").iterdir():
-        with contextlib.suppress(PermissionError, OSError, ValueError):
-            os.setpriority(os.PRIO_PROCESS, int(task.name), LISTENER_NICE)
+    return f"{service}.{NAMESPACE}.svc:{GRPC_PORT}", lookup
 
 
 def run_load(
-    installation: Installation,
-    voice: str,
-    clients: Clients,
-    phases: Sequence[Phase],
-    records: list[TimedRecord],
-    until: Callable[[], bool] | None,
-    current: dict[str, int],
-    stalls: list[tuple[float, float]] | None = None,
+    run: Run, phases: Sequence[Phase], until: Callable[[], bool] | None
 ) -> dict[str, float]:
-    """Run the phases; returns each phase's start (monotonic). `stalls`: the listeners' event
-    loop's stalls (`run_phases`)."""
+    """Run the phases with `run`'s listeners; returns each phase's start (monotonic)."""
     starts: dict[str, float] = {}
 
     def started(name: str, at: float, concurrency: int) -> None:
         starts[name] = at
-        current["concurrency"] = concurrency
+        run.current["concurrency"] = concurrency
 
-    async def run() -> None:
-        listener_priority()
-        await reachable(voice_pods(installation, voice)(), voice)
-        try:
-            await run_phases(
-                clients, sentences(), phases, records, until=until, started=started, stalls=stalls
-            )
-        finally:
-            current["concurrency"] = 0
-            await clients.close()
-
-    asyncio.run(run())
+    try:
+        with run.listeners:
+            drive_phases(run.listeners, phases, until=until, started=started)
+    finally:
+        run.current["concurrency"] = 0
     return starts
 
 
@@ -528,7 +469,8 @@ def spread_after(timeline: Sequence[dict[str, Any]], since: float, until: float)
 def cpu_summary(
     timeline: Sequence[dict[str, Any]], since: float, until: float
 ) -> dict[str, float] | None:
-    """Mean cores used between two times: the machine, the pool pods, the listeners, the rest."""
+    """Mean cores used between two times: the machine, the pool pods, the listeners, this
+    harness, the rest."""
     samples = [
         s["cpu_cores"] for s in timeline if since <= s.get("t", -1) < until and s.get("cpu_cores")
     ]
@@ -538,6 +480,7 @@ def cpu_summary(
         "machine": round(statistics.fmean(c["machine"] for c in samples), 2),
         "pods": round(statistics.fmean(sum(c["pods"].values()) for c in samples), 2),
         "listeners": round(statistics.fmean(c["listeners"] for c in samples), 2),
+        "harness": round(statistics.fmean(c.get("harness", 0.0) for c in samples), 2),
         "rest": round(statistics.fmean(c["rest"] for c in samples), 2),
     }
 
@@ -558,7 +501,10 @@ class Run:
         self.controllers = controllers
         self.records: list[TimedRecord] = []
         self.current = {"concurrency": 0}
-        self.clients = Clients(layout, voice_pods(installation, voices[0]), voices[0])
+        address, lookup = voice_service(installation, voices[0])
+        self.listeners = ListenerProcess(
+            ListenerSpec(layout, voices[0], address, RESOLVE_TTL_S), lookup, self.records
+        )
         self.started = time.monotonic()
         self.first_event = len(controllers.events)
         self.sampler = Sampler(
@@ -566,10 +512,10 @@ class Run:
             adapter,
             voices,
             self.records,
-            self.clients,
+            self.listeners,
             lambda: self.current["concurrency"],
             self.started,
-            CpuMeter(installation),
+            CpuMeter(installation, lambda: self.listeners.pid),
             lambda: controllers.hpas.get(POOL_DEPLOYMENT, {}),
         )
         self.capacity = 0
@@ -638,11 +584,8 @@ def pool_scenario(
         Phase("down", lambda: levels()[0], args.down_max),
     ]
     run.sampler.start()
-    stalls: list[tuple[float, float]] = []
     try:
-        starts = run_load(
-            installation, "joe", run.clients, phases, run.records, scaled_in, run.current, stalls
-        )
+        starts = run_load(run, phases, scaled_in)
     finally:
         run.sampler.stop()
     timeline, events = run.sampler.timeline, run.events()
@@ -689,7 +632,9 @@ def pool_scenario(
         "streams_cut_detail": cut,
         "underrun_detail": underrun_detail(run.records, run.started),
         # (s after the start when the stall ended, ms) for each stall of the listeners' loop.
-        "listener_loop_stalls": [(round(t - run.started, 2), ms(late)) for t, late in stalls],
+        "listener_loop_stalls": [
+            (round(t - run.started, 2), ms(late)) for t, late in run.listeners.stalls
+        ],
         "scale_events": [event_json(e, run.started) for e in events],
         "timeline": timeline,
     }
@@ -723,9 +668,7 @@ def per_voice_scenario(
     phases.append(Phase("step", lambda: levels()[1], args.step))
     run.sampler.start()
     try:
-        starts = run_load(
-            installation, "joe", run.clients, phases, run.records, joe_on_two, run.current
-        )
+        starts = run_load(run, phases, joe_on_two)
         time.sleep(3 * SAMPLE_SECONDS)
     finally:
         run.sampler.stop()
@@ -778,15 +721,7 @@ def calibrate(
         run = Run(installation, controllers, adapter, ["joe"], "shared")
         run.sampler.start()
         try:
-            run_load(
-                installation,
-                "joe",
-                run.clients,
-                [Phase(f"c{streams}", streams, 40)],
-                run.records,
-                None,
-                run.current,
-            )
+            run_load(run, [Phase(f"c{streams}", streams, 40)], None)
         finally:
             run.sampler.stop()
         capacities = [

@@ -1,19 +1,32 @@
 """What the load step counts: refusals apart from failures, a refused listener asking again for
-the same sentence, streams cut by a scale-in, and the load levels from a pod's measure."""
+the same sentence, streams cut by a scale-in, and the load levels from a pod's measure; and
+that the listeners keep time in a process of their own while the harness is busy."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import random
+import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 
 from engines.bench.systems import BenchSystemError
 from engines.bench.timeline import Chunk, StreamRecord
-from lab.autoscale.load import Clients, Phase, TimedRecord, run_phases
+from lab.autoscale.load import (
+    Clients,
+    ListenerProcess,
+    Listeners,
+    ListenerSpec,
+    Phase,
+    Pods,
+    TimedRecord,
+    drive_phases,
+)
 from lab.autoscale.step import (
     load_levels,
     measured_capacity,
@@ -72,23 +85,36 @@ class FakeSystem:
         return None
 
 
-def test_a_refused_listener_asks_again_for_the_same_sentence_and_failures_end_when_they_fail(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    clock = itertools.count(start=0.0, step=0.5)
-    system = FakeSystem()
-    clients = Clients("shared", lambda: lambda: [], "joe")
-    monkeypatch.setattr(clients, "for_listener", lambda index: system)
-    records: list[TimedRecord] = []
-    sentences = iter(f"Sentence {n}." for n in range(1000))
+def numbered() -> Iterator[str]:
+    return iter(f"Sentence {n}." for n in range(100_000))
 
-    async def run() -> Any:
-        await run_phases(
-            clients, sentences, [Phase("x", 1, 2.0)], records, clock=lambda: next(clock),
-            drain_s=1.0,
-        )  # fmt: skip
+
+def listen_for(
+    system: Any,
+    seconds: float,
+    clock: Callable[[], float] = time.monotonic,
+    stalls: list[tuple[float, float]] | None = None,
+) -> list[TimedRecord]:
+    """One listener on `system` for `seconds`, in this process's own event loop."""
+    records: list[TimedRecord] = []
+    clients = Clients("shared", lambda: lambda: [], "joe", make=lambda voice, pods: system)
+
+    async def run() -> None:
+        listeners = Listeners(clients, numbered(), records.append, clock, stalls)
+        listeners.set("x", 1)
+        await asyncio.sleep(seconds)
+        await listeners.finish(1.0)
 
     asyncio.run(run())
+    return records
+
+
+def test_a_refused_listener_asks_again_for_the_same_sentence_and_failures_end_when_they_fail() -> (
+    None
+):
+    clock = itertools.count(start=0.0, step=0.5)
+    system = FakeSystem()
+    records = listen_for(system, 0.7, clock=lambda: next(clock))
     assert len(records) >= 3, "the listener sent too little"
     assert system.texts[0] == system.texts[1] == "Sentence 0."  # asked again after the refusal
     assert system.texts[2] == "Sentence 1."  # a failure moves on
@@ -146,19 +172,111 @@ class BlockingSystem:
         return None
 
 
-def test_a_stall_of_the_listeners_loop_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
-    clients = Clients("shared", lambda: lambda: [], "joe")
-    monkeypatch.setattr(clients, "for_listener", lambda index: BlockingSystem())
-    records: list[TimedRecord] = []
+def test_a_stall_of_the_listeners_loop_is_recorded() -> None:
     stalls: list[tuple[float, float]] = []
-    sentences = iter(f"Sentence {n}." for n in range(1000))
-
-    async def run() -> None:
-        await run_phases(
-            clients, sentences, [Phase("x", 1, 1.0)], records, drain_s=1.0, stalls=stalls
-        )
-
-    asyncio.run(run())
+    records = listen_for(BlockingSystem(), 1.0, stalls=stalls)
     assert records, "the listener sent nothing"
     assert len(stalls) == 1, stalls
     assert 0.15 < stalls[0][1] < 0.5
+
+
+class Target:
+    """What `drive_phases` drives: it records the phases it was given."""
+
+    def __init__(self) -> None:
+        self.phases: list[tuple[str, int]] = []
+        self.finished: float | None = None
+
+    def phase(self, name: str, concurrency: int) -> None:
+        self.phases.append((name, concurrency))
+
+    def check(self) -> None:
+        return None
+
+    def finish(self, drain_s: float) -> None:
+        self.finished = drain_s
+
+
+def test_phases_read_their_load_after_their_before_and_the_last_ends_early() -> None:
+    now = [0.0]
+    level = {"steady": 2}
+    target, started = Target(), []
+    phases = [
+        Phase("measure", 4, 10.0),
+        Phase("steady", lambda: level["steady"], 10.0, before=lambda: level.update(steady=3)),
+        Phase("down", 1, 100.0),
+    ]
+    drive_phases(
+        target,
+        phases,
+        until=lambda: now[0] >= 30.0,
+        started=lambda name, at, n: started.append((name, at)),
+        drain_s=5.0,
+        clock=lambda: now[0],
+        sleep=lambda s: now.__setitem__(0, now[0] + s),
+    )
+    assert target.phases == [("measure", 4), ("steady", 3), ("down", 1)]
+    assert [name for name, _ in started] == ["measure", "steady", "down"]
+    assert started[2][1] == 20.0 and now[0] == 30.0  # `until` ended the last phase at 30 s
+    assert target.finished == 5.0
+
+
+class PacedSystem:
+    """Three chunks 50 ms apart, from a pod it was given (none: no stream)."""
+
+    def __init__(self, voice: str, pods: Pods) -> None:
+        self.pods = pods
+
+    async def open_stream(self, text: str) -> AsyncIterator[tuple[int, int]]:
+        if not self.pods():
+            raise BenchSystemError("no endpoints", "UNAVAILABLE")
+        for _ in range(3):
+            await asyncio.sleep(0.05)
+            yield (1102, 22050)
+
+    async def close(self) -> None:
+        return None
+
+
+def paced_spec() -> ListenerSpec:
+    return ListenerSpec(
+        "per-listener", "joe", "joe-tts-pods.voxfleet.svc:8001", 0.2, PacedSystem, numbered
+    )
+
+
+def test_the_listeners_keep_time_in_their_own_process_while_the_harness_is_busy() -> None:
+    records: list[TimedRecord] = []
+    with ListenerProcess(paced_spec(), lambda: ["10.0.0.1:8001"], records) as listeners:
+        listeners.phase("busy", 4)
+        until, held = time.monotonic() + 1.5, []
+        while time.monotonic() < until:
+            data = [random.random() for _ in range(1_000_000)]
+            begun = time.monotonic()
+            data.sort()  # holds this process's interpreter lock throughout
+            held.append(time.monotonic() - begun)
+        listeners.finish(2.0)
+        pid = listeners.pid
+    assert max(held) > 0.1, "the harness never held its interpreter long enough to tell"
+    admitted = [r for r in records if r.record.chunks]
+    assert len(admitted) >= 8 and {r.phase for r in admitted} == {"busy"}
+    assert all(r.record.error is None for r in admitted)
+    # A listener in this process would have waited as long as each sort: these did not.
+    assert max((late for _, late in listeners.stalls), default=0.0) < max(held) / 2
+    gaps = [
+        b.arrival_s - a.arrival_s for r in admitted for a, b in itertools.pairwise(r.record.chunks)
+    ]
+    assert max(gaps) < 0.05 + max(held) / 2
+    assert pid is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # stopped when the run left it
+
+
+def test_a_listeners_process_that_dies_is_reported() -> None:
+    with ListenerProcess(paced_spec(), lambda: ["10.0.0.1:8001"], []) as listeners:
+        listeners.phase("x", 1)
+        assert listeners.pid is not None
+        os.kill(listeners.pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="listeners' process failed: it exited with -9"):
+            for _ in range(50):
+                listeners.check()
+                time.sleep(0.1)
