@@ -37,6 +37,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -67,6 +68,9 @@ LAYOUTS = ("per-listener", "shared")
 # they share the pods' 2 cores. They use a few hundredths of a core (`cpu_cores.listeners`),
 # so their priority costs the pods little.
 LISTENER_NICE = -10
+# While the listeners' loop is this far behind its tick, `LoopWitness` notes where its thread is.
+WITNESS_S = 0.08
+WITNESS_TICK_S = 0.02
 # How often the listeners' process reports each client's counts to the harness.
 COUNTS_EVERY_S = 1.0
 # How long the harness waits for the listeners' process to start and reach the voice.
@@ -208,12 +212,14 @@ class Listeners:
         ended: Callable[[TimedRecord], None],
         clock: Clock = time.monotonic,
         stalls: list[tuple[float, float]] | None = None,
+        on_tick: Callable[[], None] | None = None,
     ) -> None:
         self.clients = clients
         self.sentences = sentences
         self.ended = ended
         self.clock = clock
         self.stalls = stalls
+        self.on_tick = on_tick  # called at each of the stall watch's ticks
         self.phase, self.concurrency = "", 0
         self._stop = asyncio.Event()
         self._workers: list[asyncio.Future[None]] = []
@@ -241,6 +247,8 @@ class Listeners:
     async def _watch(self) -> None:
         assert self.stalls is not None
         while not self._stop.is_set():
+            if self.on_tick is not None:
+                self.on_tick()
             before = self.clock()
             await asyncio.sleep(STALL_TICK_S)
             late = self.clock() - before - STALL_TICK_S
@@ -278,6 +286,74 @@ class Listeners:
                 text, asked = next(self.sentences), None
             if record.error is not None:
                 await asyncio.sleep(RETRY_AFTER_S)
+
+
+class LoopWitness:
+    """A thread beside an event loop that notes where the loop's thread is while the loop is
+    more than WITNESS_S behind its own tick (`beat`): its innermost frames, which say "waiting
+    for events" where it sat in the selector (then no code of the loop's held it: the thread
+    waited for a CPU or for the interpreter lock). Where the witness itself wakes WITNESS_S
+    late, the whole process waited for a CPU, and it notes that instead."""
+
+    WAITING = "waiting for events (selector)"
+    STARVED = "the witness itself woke late: the process waited for a CPU"
+
+    def __init__(self, thread_id: int) -> None:
+        self.thread_id = thread_id
+        self.last_beat = time.monotonic()
+        self.seen: dict[str, list[float]] = {}  # where -> [samples, the longest behind (s)]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="loop-witness", daemon=True)
+
+    def beat(self) -> None:
+        self.last_beat = time.monotonic()
+
+    def start(self) -> LoopWitness:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def report(self, top: int = 20) -> list[dict[str, Any]]:
+        ranked = sorted(self.seen.items(), key=lambda item: -item[1][0])[:top]
+        return [
+            {"where": where, "samples": int(n), "longest_behind_ms": round(behind * 1000, 1)}
+            for where, (n, behind) in ranked
+        ]
+
+    def _note(self, where: str, behind: float) -> None:
+        entry = self.seen.setdefault(where, [0, 0.0])
+        entry[0] += 1
+        entry[1] = max(entry[1], behind)
+
+    def _run(self) -> None:
+        while True:
+            before = time.monotonic()
+            if self._stop.wait(WITNESS_TICK_S):
+                return
+            now = time.monotonic()
+            if now - before - WITNESS_TICK_S > WITNESS_S:
+                self._note(self.STARVED, now - before - WITNESS_TICK_S)
+            elif now - self.last_beat > WITNESS_S:
+                self._note(
+                    self.where(sys._current_frames().get(self.thread_id)), now - self.last_beat
+                )
+
+    @classmethod
+    def where(cls, frame: Any, depth: int = 5) -> str:
+        if frame is None:
+            return "gone"
+        if frame.f_code.co_name == "select" and frame.f_code.co_filename.endswith("selectors.py"):
+            return cls.WAITING
+        places: list[str] = []
+        while frame is not None and len(places) < depth:
+            places.append(
+                f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} {frame.f_code.co_name}"
+            )
+            frame = frame.f_back
+        return " < ".join(places)
 
 
 @dataclass(frozen=True)
@@ -354,8 +430,13 @@ async def _listen(conn: Connection, spec: ListenerSpec, send: Callable[[Any], No
     await reachable(source(), spec.voice, spec.make)
     clients = Clients(spec.layout, source, spec.voice, spec.make)
     stalls: list[tuple[float, float]] = []
+    witness = LoopWitness(threading.get_ident()).start()
     listeners = Listeners(
-        clients, spec.sentences(), lambda item: send(("record", item)), stalls=stalls
+        clients,
+        spec.sentences(),
+        lambda item: send(("record", item)),
+        stalls=stalls,
+        on_tick=witness.beat,
     )
 
     async def report_counts() -> None:
@@ -375,9 +456,10 @@ async def _listen(conn: Connection, spec: ListenerSpec, send: Callable[[Any], No
                 break
     finally:
         counting.cancel()
+        witness.stop()
         await clients.close()
         send(("counts", clients.counts(), clients.refused_streams))
-        send(("done", stalls))
+        send(("done", stalls, witness.report()))
 
 
 class ListenerProcess:
@@ -386,9 +468,9 @@ class ListenerProcess:
     A context manager: entering starts the process, gives it the voice's endpoints (`lookup`,
     called here every `ttl_s`) and returns once a stream has reached the voice; `phase` sets
     how many listen; `finish` lets their streams end and collects the last records. Each
-    final record is appended to `records` as it comes; `counts()`, `refused_streams` and
-    `stalls` are the listeners' own, as last reported. Leaving stops the process whatever
-    happened."""
+    final record is appended to `records` as it comes; `counts()`, `refused_streams`, `stalls`
+    and `stall_places` (`LoopWitness.report`) are the listeners' own, as last reported.
+    Leaving stops the process whatever happened."""
 
     def __init__(
         self,
@@ -402,6 +484,8 @@ class ListenerProcess:
         self.lookup = lookup
         self.records = records
         self.stalls: list[tuple[float, float]] = []
+        # Where the listeners' loop was while it stalled (`LoopWitness.report`).
+        self.stall_places: list[dict[str, Any]] = []
         self._counts: dict[str, dict[str, int]] = {}
         self._refused = 0
         self._error: str | None = None
@@ -519,7 +603,7 @@ class ListenerProcess:
             elif kind == "error":
                 self._error = message[1]
             elif kind == "done":
-                self.stalls = message[1]
+                self.stalls, self.stall_places = message[1], message[2]
                 self._done.set()
 
 

@@ -9,6 +9,7 @@ import itertools
 import os
 import random
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from lab.autoscale.load import (
     ListenerProcess,
     Listeners,
     ListenerSpec,
+    LoopWitness,
     Phase,
     Pods,
     TimedRecord,
@@ -280,3 +282,31 @@ def test_a_listeners_process_that_dies_is_reported() -> None:
             for _ in range(50):
                 listeners.check()
                 time.sleep(0.1)
+
+
+def hold_the_loop(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_the_witness_says_where_a_stalled_loop_was() -> None:
+    async def run() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        witness = LoopWitness(threading.get_ident()).start()
+
+        async def ticking() -> None:  # beats as the stall watch does
+            while True:
+                witness.beat()
+                await asyncio.sleep(0.01)
+
+        task = asyncio.ensure_future(ticking())
+        await asyncio.sleep(0.3)
+        quiet = dict(witness.seen)
+        hold_the_loop(0.4)
+        await asyncio.sleep(0.05)
+        task.cancel()
+        witness.stop()
+        return quiet, witness.report()
+
+    quiet, report = asyncio.run(run())
+    assert quiet == {}, "a loop that kept its tick was noted"
+    assert "hold_the_loop" in report[0]["where"], report
+    assert 300 < report[0]["longest_behind_ms"] < 600
