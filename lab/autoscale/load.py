@@ -63,10 +63,15 @@ RETRY_AFTER_S = 0.2
 STALL_TICK_S = 0.01
 STALL_S = 0.03
 LAYOUTS = ("per-listener", "shared")
-# The listeners' process's nice value: a weight of 9,548 against the node's 8,192 on 2 CPUs
-# (e2e/cluster/leftovers.py). Listeners run on other machines than the pods they hear; here
-# they share the pods' 2 cores. They use a few hundredths of a core (`cpu_cores.listeners`),
-# so their priority costs the pods little.
+# The listeners' process runs real-time, round robin at the lowest real-time priority
+# (`listener_priority`): listeners run on other machines than the pods they hear, and here they
+# share the pods' 2 cores. At nice -10 (a weight of 9,548 against the node's 8,192) a thread
+# of theirs still waited up to 372 ms for a CPU while two pods kept both busy, and every late
+# chunk of such a run was stamped as the wait ended. They use a few hundredths of a core
+# (`cpu_cores.listeners`), so their priority costs the pods little; the kernel keeps 5 % of
+# every second from real-time threads whatever they do (sched_rt_runtime_us).
+LISTENER_RT_PRIORITY = 1
+# Where real-time priority is refused (no CAP_SYS_NICE), the listeners' nice value instead.
 LISTENER_NICE = -10
 # While the listeners' loop is this far behind its tick, `LoopWitness` notes where its thread is.
 WITNESS_S = 0.08
@@ -293,10 +298,10 @@ class LoopWitness:
     more than WITNESS_S behind its own tick (`beat`): its innermost frames, which say "waiting
     for events" where it sat in the selector (then no code of the loop's held it: the thread
     waited for a CPU or for the interpreter lock). Where the witness itself wakes WITNESS_S
-    late, the whole process waited for a CPU, and it notes that instead."""
+    late, it notes that instead."""
 
     WAITING = "waiting for events (selector)"
-    STARVED = "the witness itself woke late: the process waited for a CPU"
+    STARVED = "the witness itself woke late: waited for a CPU or the interpreter lock"
 
     def __init__(self, thread_id: int) -> None:
         self.thread_id = thread_id
@@ -370,19 +375,28 @@ class ListenerSpec:
     sentences: Callable[[], Iterator[str]] = corpus_sentences
 
 
-def raise_priority(nice: int = LISTENER_NICE) -> None:
-    """Every thread of this process, and what it starts from now on, at `nice`."""
-    for task in Path("/proc/self/task").iterdir():
-        with contextlib.suppress(PermissionError, OSError, ValueError):
-            os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+def listener_priority() -> str:
+    """Every thread of this process, and those it starts from now on (they inherit it),
+    real-time round robin at LISTENER_RT_PRIORITY, else at nice LISTENER_NICE; returns which."""
+    tasks = [int(task.name) for task in Path("/proc/self/task").iterdir()]
+    try:
+        for task in tasks:
+            os.sched_setscheduler(task, os.SCHED_RR, os.sched_param(LISTENER_RT_PRIORITY))
+        return f"SCHED_RR {LISTENER_RT_PRIORITY}"
+    except (PermissionError, OSError):
+        for task in tasks:
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(task, os.SCHED_OTHER, os.sched_param(0))
+                os.setpriority(os.PRIO_PROCESS, task, LISTENER_NICE)
+        return f"nice {LISTENER_NICE}"
 
 
 def listen(conn: Connection, spec: ListenerSpec) -> None:
     """The listeners' process (`ListenerProcess`): killed when the harness dies, deaf to the
-    terminal's Ctrl-C (the harness stops it), at LISTENER_NICE."""
+    terminal's Ctrl-C (the harness stops it), at `listener_priority`."""
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise_priority()
+    priority = listener_priority()
     outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
     def send() -> None:  # off the loop: a full pipe must not stall it
@@ -392,7 +406,7 @@ def listen(conn: Connection, spec: ListenerSpec) -> None:
     sender = threading.Thread(target=send, name="listeners-send", daemon=True)
     sender.start()
     try:
-        asyncio.run(_listen(conn, spec, outbox.put))
+        asyncio.run(_listen(conn, spec, outbox.put, priority))
     except BaseException as error:
         outbox.put(("error", f"{type(error).__name__}: {error}"))
         raise
@@ -401,7 +415,9 @@ def listen(conn: Connection, spec: ListenerSpec) -> None:
         sender.join(timeout=30)
 
 
-async def _listen(conn: Connection, spec: ListenerSpec, send: Callable[[Any], None]) -> None:
+async def _listen(
+    conn: Connection, spec: ListenerSpec, send: Callable[[Any], None], priority: str
+) -> None:
     loop = asyncio.get_running_loop()
     known: list[str] = []
     have_endpoints = asyncio.Event()
@@ -445,13 +461,14 @@ async def _listen(conn: Connection, spec: ListenerSpec, send: Callable[[Any], No
             send(("counts", clients.counts(), clients.refused_streams))
 
     counting = asyncio.ensure_future(report_counts())
-    send(("ready",))
+    send(("ready", priority))
     try:
         while True:
             message = await commands.get()
             if message[0] == "phase":
                 listeners.set(message[1], message[2])
             elif message[0] == "stop":
+                witness.stop()  # the stall watch ends with the listeners
                 await listeners.finish(message[1])
                 break
     finally:
@@ -486,6 +503,7 @@ class ListenerProcess:
         self.stalls: list[tuple[float, float]] = []
         # Where the listeners' loop was while it stalled (`LoopWitness.report`).
         self.stall_places: list[dict[str, Any]] = []
+        self.priority = ""  # the listeners' scheduling (`listener_priority`), once they run
         self._counts: dict[str, dict[str, int]] = {}
         self._refused = 0
         self._error: str | None = None
@@ -599,6 +617,7 @@ class ListenerProcess:
             elif kind == "counts":
                 self._counts, self._refused = message[1], message[2]
             elif kind == "ready":
+                self.priority = message[1]
                 self._ready.set()
             elif kind == "error":
                 self._error = message[1]

@@ -635,6 +635,7 @@ def pool_scenario(
         "listener_loop_stalls": [
             (round(t - run.started, 2), ms(late)) for t, late in run.listeners.stalls
         ],
+        "listener_priority": run.listeners.priority,
         # Where the listeners' loop was while it stalled, most sampled first.
         "listener_loop_stall_places": run.listeners.stall_places,
         "scale_events": [event_json(e, run.started) for e in events],

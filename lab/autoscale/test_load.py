@@ -249,6 +249,10 @@ def paced_spec() -> ListenerSpec:
 def test_the_listeners_keep_time_in_their_own_process_while_the_harness_is_busy() -> None:
     records: list[TimedRecord] = []
     with ListenerProcess(paced_spec(), lambda: ["10.0.0.1:8001"], records) as listeners:
+        assert listeners.priority in ("SCHED_RR 1", "nice -10"), listeners.priority
+        if listeners.priority.startswith("SCHED_RR"):
+            assert listeners.pid is not None
+            assert os.sched_getscheduler(listeners.pid) == os.SCHED_RR
         listeners.phase("busy", 4)
         until, held = time.monotonic() + 1.5, []
         while time.monotonic() < until:
