@@ -75,7 +75,7 @@ soak: setup
 faults: setup
 	$(PY) -m lab.faults stop heal overload --runs 3 --out results/reliability-faults.json.gz
 
-# The wheels a GPU machine without a registry needs for tests/gpu/, in parts of at most 60 MiB
+# The wheels a GPU machine without a registry needs for tests/gpu/, in parts of at most 56 MiB
 # to carry one a call (.whl/part-N; docs/gpu.md).
 gpu-wheels:
 	bash scripts/gpu-wheels.sh .whl

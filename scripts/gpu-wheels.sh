@@ -3,14 +3,15 @@
 # small enough to carry one part a call (docs/gpu.md, "Running the GPU tests and benchmarks").
 #   bash scripts/gpu-wheels.sh [DIR]        # DIR: .whl (ignored by git)
 # Downloads the wheels for CPython 3.12 on manylinux x86_64 (the GPU machines' Python) into
-# DIR/all, then files them into DIR/part-1, DIR/part-2, ... of at most PART_MIB MiB each (60),
+# DIR/all, then files them into DIR/part-1, DIR/part-2, ... of at most PART_MIB MiB each (56: a
+# part and the working tree, about 4 MiB, go in one device call of at most 64 MiB),
 # largest first; a file larger than a part is cut into pieces (NAME.piece-NN) that
 # tests/gpu/gpu_wheels.sh puts back together. piper-tts is kept to what an English voice
 # needs (espeak-ng's English data, not the Hebrew and Arabic diacritisers' models): 34 MiB down to a few.
 # A second run downloads nothing it has.
 set -euo pipefail
 DIR=${1:-.whl}
-PART_MIB=${PART_MIB:-60}
+PART_MIB=${PART_MIB:-56}
 PYTHON=${PYTHON:-python3}
 WHEELS=(
     nvidia-pytriton==0.7.0

@@ -2,7 +2,7 @@
 # The GPU measurements of a packed pod at the hardware's pace (docs/gpu.md), one stage a call,
 # from the repository root on a CUDA PyTorch machine; output in $OUT (default
 # results/runs/pace-<UTC time>/, which git ignores).
-#   bash scripts/gpu-wheels.sh              # here: the wheels, in parts of at most 60 MiB
+#   bash scripts/gpu-wheels.sh              # here: the wheels, in parts of at most 56 MiB
 #   STAGE=limits bash tests/gpu/pace_session.sh    # carrying .whl/part-1 (the voice)
 #   STAGE=keep bash tests/gpu/pace_session.sh      # carrying .whl/part-2
 #   STAGE=paced RUNS="1 2" bash tests/gpu/pace_session.sh   # carrying .whl/part-3
