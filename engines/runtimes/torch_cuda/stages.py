@@ -398,6 +398,7 @@ class TorchCudaStages:
         encoder_batch_buckets: Sequence[int] = ENCODER_BATCH_BUCKETS,
         encoder_launch: str = "inline",
         autotune: bool = True,
+        encoder_precision: str = "fp32",
     ) -> None:
         engine_dir = Path(engine_dir)
         self.device = torch.device(device)
@@ -438,8 +439,19 @@ class TorchCudaStages:
         self.encoder_core: EncoderCore | None = None
         self.encoder_stage: GraphedStage | None = None
         self.encoder: OnnxModule | None = None
+        if encoder_precision not in acoustic.TEXT_PRECISIONS:
+            raise TorchCudaError(
+                f"the encoder's text part runs {', '.join(acoustic.TEXT_PRECISIONS)}, "
+                f"not {encoder_precision!r}"
+            )
+        # What the encoder runs: its text part at `encoder_precision` where the encoder is
+        # the Piper VITS core (acoustic.TEXT_PRECISIONS), FP32 where it runs node by node.
+        self.encoder_precision = "fp32"
         try:
-            self.encoder_core = acoustic.from_onnx(engine_dir / "encoder.onnx", self.device)
+            self.encoder_core = acoustic.from_onnx(
+                engine_dir / "encoder.onnx", self.device, text_precision=encoder_precision
+            )
+            self.encoder_precision = encoder_precision
         except acoustic.NotPiperVits:
             self.encoder = OnnxModule(engine_dir / "encoder.onnx", self.device, torch.float32)
         launched = encoder_launch
