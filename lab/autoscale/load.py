@@ -51,7 +51,6 @@ from cluster.processes import die_with_parent
 from engines.bench.stats import is_refusal
 from engines.bench.systems import BalancedTritonSystem
 from engines.bench.timeline import Chunk, StreamRecord
-from engines.client.balancing import ResolvedEndpoints
 from engines.text.corpus import cycle_sentences, load_corpus, sentence_order
 
 Clock = Callable[[], float]
@@ -363,13 +362,12 @@ class LoopWitness:
 
 @dataclass(frozen=True)
 class ListenerSpec:
-    """What the listeners' process needs: the client layout, the voice and its Service's
-    address, how often a client looks it up again, and (importable by name) how to make a
-    client and where the sentences come from."""
+    """What the listeners' process needs: the client layout, the voice, how often the harness
+    looks its Service up again, and (importable by name) how to make a client and where the
+    sentences come from."""
 
     layout: str
     voice: str
-    address: str
     ttl_s: float = 2.0
     make: SystemFactory = balanced_system
     sentences: Callable[[], Iterator[str]] = corpus_sentences
@@ -440,7 +438,9 @@ async def _listen(
     loop.add_reader(conn.fileno(), readable)
 
     def source() -> Pods:
-        return ResolvedEndpoints(spec.address, spec.ttl_s, lambda _: list(known))
+        # The harness's answer is already looked up again every ttl_s: a client reads it as
+        # it stands, with no lookup thread of its own.
+        return lambda: list(known)
 
     await asyncio.wait_for(have_endpoints.wait(), READY_TIMEOUT_S)
     await reachable(source(), spec.voice, spec.make)

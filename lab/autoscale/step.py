@@ -77,7 +77,8 @@ POOL_DEPLOYMENT = f"voxfleet-triton-{POOL}"
 POOL_PODS = f"app.kubernetes.io/name=voxfleet-triton,voxfleet.io/pool={POOL}"
 JOE_PATH = "joe/en_US-joe-medium.onnx"
 GRPC_PORT, METRICS_PORT = 8001, 8002
-# How often a client looks the voice's headless Service up again (engines.client.tts's default).
+# How often the harness looks the voice's headless Service up again for the listeners
+# (engines.client.tts's default for a client's own lookups).
 RESOLVE_TTL_S = 2.0
 SCENARIOS = ("pool", "pool_shared", "per_voice")
 LAYOUT = {"pool": "per-listener", "pool_shared": "shared", "per_voice": "per-listener"}
@@ -326,16 +327,15 @@ class Sampler:
         }
 
 
-def voice_service(installation: Installation, voice: str) -> tuple[str, Callable[[], list[str]]]:
-    """The address of `voice`'s headless Service and its lookup: the ready pods its
-    EndpointSlices list (the harness runs on the host, outside cluster DNS: they are what a
-    lookup of the name would answer)."""
+def voice_lookup(installation: Installation, voice: str) -> Callable[[], list[str]]:
+    """What a lookup of `voice`'s headless Service would answer: the ready pods its
+    EndpointSlices list (the harness runs on the host, outside cluster DNS)."""
     service = f"{voice}-tts-pods"
 
     def lookup() -> list[str]:
         return list(installation.cluster.endpoints(NAMESPACE, service, GRPC_PORT))
 
-    return f"{service}.{NAMESPACE}.svc:{GRPC_PORT}", lookup
+    return lookup
 
 
 def run_load(
@@ -501,9 +501,10 @@ class Run:
         self.controllers = controllers
         self.records: list[TimedRecord] = []
         self.current = {"concurrency": 0}
-        address, lookup = voice_service(installation, voices[0])
         self.listeners = ListenerProcess(
-            ListenerSpec(layout, voices[0], address, RESOLVE_TTL_S), lookup, self.records
+            ListenerSpec(layout, voices[0], RESOLVE_TTL_S),
+            voice_lookup(installation, voices[0]),
+            self.records,
         )
         self.started = time.monotonic()
         self.first_event = len(controllers.events)

@@ -241,9 +241,7 @@ class PacedSystem:
 
 
 def paced_spec() -> ListenerSpec:
-    return ListenerSpec(
-        "per-listener", "joe", "joe-tts-pods.voxfleet.svc:8001", 0.2, PacedSystem, numbered
-    )
+    return ListenerSpec("per-listener", "joe", 0.2, PacedSystem, numbered)
 
 
 def test_the_listeners_keep_time_in_their_own_process_while_the_harness_is_busy() -> None:
