@@ -133,6 +133,7 @@ class DeviceBackend:
             launches_encoder=bool(async_calls and getattr(runtime, "launches_encoder", False)),
             sentence_flow=True,
             prepares_shapes=True,
+            groups_voices=bool(getattr(runtime, "groups_voices", False)),
         )
         self.pool = FramePool(initial_pages)
         frames = self.pool.capacity_frames

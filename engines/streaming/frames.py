@@ -113,6 +113,11 @@ class BackendFeatures:
     - `sentence_flow`: ``flow_sentences``: the flow over whole sentences after the encoder.
     - `prepares_shapes`: ``warmup`` and ``calibrate``: every call shape is prepared (CUDA
       graphs captured) before the first listener, and the cost model seeded.
+    - `groups_voices`: a vocoder call may carry windows of several voices (its `voice` a
+      sequence, a voice a row), each row decoded with its own voice's weights in one
+      grouped call (engines/runtimes/torch_cuda/weights.py, lanes). Where it is False a call
+      has one voice: onnxruntime's sessions hold their weights as constants of the graph,
+      so a voice is a session and one call runs one session.
     """
 
     fixed_call_costs: bool = False
@@ -124,6 +129,7 @@ class BackendFeatures:
     launches_encoder: bool = False
     sentence_flow: bool = False
     prepares_shapes: bool = False
+    groups_voices: bool = False
 
 
 class StreamBackend(Protocol):

@@ -110,7 +110,10 @@ class WindowRules:
     call's edges with zeros as they pad the sentence's in a one-shot decode, so the audio
     there is the one-shot decode's, from fewer frames. `first_audio_s`: a new stream's first
     audio is planned as due this long after it arrived (`Stream.deadline`); the CPU's is later
-    than a GPU's (`CPU_FIRST_AUDIO_S` says why).
+    than a GPU's (`CPU_FIRST_AUDIO_S` says why). `grouped_voices`: a vocoder call takes the
+    windows of every voice (the backend runs them as one grouped call, each voice's rows
+    against its own weights: `BackendFeatures.groups_voices`), so the vocoder's calls are
+    one per width, not one per width and voice.
     """
 
     exact_widths: bool = False
@@ -122,6 +125,7 @@ class WindowRules:
     ramp: float = 2.0
     trim_edges: bool = False
     first_audio_s: float = FIRST_AUDIO_S
+    grouped_voices: bool = False
 
     def __post_init__(self) -> None:
         if not self.ramp > 1.0:
@@ -249,7 +253,8 @@ def first_call_width(cfg: WindowConfig, rules: WindowRules) -> int:
 
 
 # A stage call: (stage, width, voice). Windows share a call only where all three agree: the
-# voices of one scheduler each run with their own weights (VoiceSlot).
+# voices of one scheduler each run with their own weights (VoiceSlot), unless the backend
+# groups them (`WindowRules.grouped_voices`: the vocoder's voice is then None).
 Call = tuple[str, int, object]
 
 
@@ -257,9 +262,10 @@ def window_calls(
     window: Window, cfg: WindowConfig, rules: WindowRules = WindowRules()
 ) -> list[Call]:
     """The (stage, width, voice) calls a window takes part in; same-width windows of one
-    voice share one."""
+    voice share one (of any voice, for the vocoder where `rules.grouped_voices`)."""
     voice = window.stream.voice
-    calls: list[Call] = [("vocoder", call_key(window, cfg, rules)[0], voice)]
+    vocoder_voice = None if rules.grouped_voices else voice
+    calls: list[Call] = [("vocoder", call_key(window, cfg, rules)[0], vocoder_voice)]
     if window.flow[1] > window.flow[0]:
         calls.append(("flow", call_key(window, cfg, rules, flow=True)[0], voice))
     return calls

@@ -176,7 +176,9 @@ class StreamScheduler:
     (a pod's voice host, engines/pod/voice_host) is given each stream's `VoiceSlot` at `submit`.
     Every step is planned over the streams of all voices, earliest deadline first, so a voice
     with one listener waits behind no voice with a thousand; the calls split by voice, since
-    each voice's run with its own weights, and each voice keeps stats of its own."""
+    each voice's run with its own weights, except the vocoder's where the backend groups
+    voices (`BackendFeatures.groups_voices`: one call a width, each voice's rows against its
+    own weights); each voice keeps stats of its own."""
 
     def __init__(
         self,
@@ -207,7 +209,10 @@ class StreamScheduler:
         self.rules = (
             cpu_rules(lead)
             if exact_widths
-            else WindowRules(batch_buckets=self.backend.features.batch_buckets)
+            else WindowRules(
+                batch_buckets=self.backend.features.batch_buckets,
+                grouped_voices=self.backend.features.groups_voices,
+            )
         )
         self.batching = cross_stream_batching
         self.stats = SchedulerStats()
@@ -605,9 +610,10 @@ class StreamScheduler:
             self.batching,
         ):
             self._flow(batch)
+        grouped = self.rules.grouped_voices
         for batch in group_calls(
             windows,
-            lambda w: (call_key(w, self.windows, self.rules), w.stream.voice),
+            lambda w: (call_key(w, self.windows, self.rules), None if grouped else w.stream.voice),
             self.batching,
         ):
             self._run_windows(batch)
@@ -782,12 +788,12 @@ class StreamScheduler:
     # -- flow and vocoder calls for batches of same-sized windows --------------------------------
     def _run_windows(self, windows: list[Window]) -> None:
         started = time.monotonic()
-        voice = windows[0].stream.voice  # one voice a call (`_run`)
         for window in windows:
             if window.stream.window_ready_at is not None:
                 waited = started - window.stream.window_ready_at
                 self.stats.queue_seconds_sum += waited
                 self.stats.queue_count += 1
+                voice = window.stream.voice
                 if voice is not None:
                     voice.stats.queue_seconds_sum += waited
                     voice.stats.queue_count += 1
@@ -879,15 +885,30 @@ class StreamScheduler:
             width,
             self._speakers(windows),
             (before * self.hop, (before + max(sizes)) * self.hop),
-            _weights(windows[0].stream.voice),
+            self._call_voices(windows),
         )
         return sizes, width, args
 
+    @staticmethod
+    def _call_voices(windows: list[Window]) -> Any:
+        """The call's voice argument: the voice's weights where its windows share one, else
+        (`WindowRules.grouped_voices`) each window's voice's, a row each."""
+        first = windows[0].stream.voice
+        if all(w.stream.voice is first for w in windows):
+            return _weights(first)
+        return [_weights(w.stream.voice) for w in windows]
+
     def _count_vocoder_batch(self, windows: list[Window]) -> None:
-        voice = windows[0].stream.voice
-        for stats in (self.stats, voice.stats) if voice is not None else (self.stats,):
-            batches = stats.vocoder_batches
-            batches[len(windows)] = batches.get(len(windows), 0) + 1
+        """The call's windows into the scheduler's batch sizes, and each voice's share of
+        them into its own (a grouped call carries several voices' windows)."""
+        batches = self.stats.vocoder_batches
+        batches[len(windows)] = batches.get(len(windows), 0) + 1
+        shares: dict[VoiceSlot, int] = {}
+        for window in windows:
+            if window.stream.voice is not None:
+                shares[window.stream.voice] = shares.get(window.stream.voice, 0) + 1
+        for voice, count in shares.items():
+            voice.stats.vocoder_batches[count] = voice.stats.vocoder_batches.get(count, 0) + 1
 
     def _vocode_launch(self, windows: list[Window]) -> tuple[Any, list[int], int]:
         sizes, width, args = self._vocoder_call(windows)

@@ -62,8 +62,10 @@ class ChunkReceiver(Protocol):
 class VoiceSlot:
     """One of the voices a scheduler serves: its name, its weights as the stream backend
     knows them (`weights`, passed to every stage call of its streams; None: the runtime's own
-    voice) and its own stats. Streams of different voices never share a stage call; each
-    voice's calls run with its own weights (engines/runtimes/torch_cuda/weights.py)."""
+    voice) and its own stats. Each voice's rows run with its own weights
+    (engines/runtimes/torch_cuda/weights.py): streams of different voices share a vocoder call
+    only where the backend groups voices (`BackendFeatures.groups_voices`), and no other
+    stage call."""
 
     name: str
     weights: Any = None

@@ -121,6 +121,8 @@ def test_streams_of_two_voices_on_one_scheduler_each_get_their_voice(
             assert snr_db(audio, reference[other]) < 30.0, name
     assert slots["joe"].stats.streams_total == slots["copy"].stats.streams_total == 3
     assert scheduler.stats.streams_total == 6
+    # The two voices' windows shared vocoder calls: grouped, each in a lane of its own.
+    assert sum(shared.vocoder_stage.lane_histogram.values()) > 0
 
 
 def test_a_voice_of_another_architecture_is_refused_with_the_reason(
@@ -144,3 +146,61 @@ def test_a_voice_of_another_architecture_is_refused_with_the_reason(
         shared.load_voice(other, "other")
     # The shared voice still speaks, and nothing of the refused one was kept.
     assert shared.default_voice.flats
+
+
+def test_rows_of_several_voices_in_one_call_each_get_their_own_voice(
+    entries: dict[str, Path],
+) -> None:
+    """A vocoder call with rows of two voices, interleaved, runs as one grouped call (each
+    voice in a lane of its own); every row is what its own voice's call makes of it."""
+    shared = TorchCudaStages(entries["joe"], device=DEVICE, precision=PRECISION)
+    copy = shared.load_voice(entries["copy"], "joe-copy")
+    assert shared.groups_voices
+    latent = torch.from_numpy(
+        np.random.default_rng(5).standard_normal((6, 192, 24)).astype(np.float32)
+    )
+    voices = [None, copy, copy, shared.default_voice, copy, None]
+    together = shared.vocode_tensor(latent, None, voices).float()
+    assert shared.vocoder_stage.lane_histogram == {(2, 4): 1}
+    for voice, rows in ((shared.default_voice, [0, 3, 5]), (copy, [1, 2, 4])):
+        alone = shared.vocode_tensor(latent[rows], None, voice).float()
+        scale = float(alone.abs().max())
+        assert float((together[rows] - alone).abs().max()) < 1e-3 * scale
+    # and the voices differ: a row in the other voice's lane would be caught.
+    joe_rows = shared.vocode_tensor(latent[[1]], None, shared.default_voice).float()
+    assert float((together[[1]] - joe_rows).abs().max()) > 1e-2 * float(joe_rows.abs().max())
+
+
+def test_a_voice_with_more_rows_than_a_lane_takes_runs_alone_and_is_still_itself(
+    entries: dict[str, Path],
+) -> None:
+    from engines.runtimes.torch_cuda.stages import MAX_LANE_ROWS
+
+    shared = TorchCudaStages(entries["joe"], device=DEVICE, precision=PRECISION)
+    copy = shared.load_voice(entries["copy"], "joe-copy")
+    rows = MAX_LANE_ROWS + 2
+    latent = torch.from_numpy(
+        np.random.default_rng(6).standard_normal((rows + 1, 192, 8)).astype(np.float32)
+    )
+    voices = [copy] * rows + [None]
+    together = shared.vocode_tensor(latent, None, voices).float()
+    assert shared.vocoder_stage.lane_histogram == {}  # no grouped call: two calls
+    alone = shared.vocode_tensor(latent[:rows], None, copy).float()
+    assert float((together[:rows] - alone).abs().max()) < 1e-3 * float(alone.abs().max())
+    joe = shared.vocode_tensor(latent[rows:], None, None).float()
+    assert float((together[rows:] - joe).abs().max()) < 1e-3 * float(joe.abs().max())
+
+
+def test_a_runtime_without_lanes_runs_each_voice_in_a_call_of_its_own(
+    entries: dict[str, Path],
+) -> None:
+    shared = TorchCudaStages(entries["joe"], device=DEVICE, precision=PRECISION, voice_lanes=1)
+    copy = shared.load_voice(entries["copy"], "joe-copy")
+    assert not shared.groups_voices
+    latent = torch.from_numpy(
+        np.random.default_rng(7).standard_normal((3, 192, 8)).astype(np.float32)
+    )
+    together = shared.vocode_tensor(latent, None, [copy, None, copy]).float()
+    assert shared.vocoder_stage.lane_histogram == {}
+    alone = shared.vocode_tensor(latent[[0, 2]], None, copy).float()
+    assert float((together[[0, 2]] - alone).abs().max()) < 1e-3 * float(alone.abs().max())

@@ -75,6 +75,16 @@ QUEUED_ENCODER_CALLS_IN_FLIGHT = 3
 CUDNN_WORKSPACE_MIB = 256
 CUDNN_WORKSPACE_ENV = "CUDNN_CONV_WSCAP_DBG"
 STAGES = ("encoder", "flow", "vocoder")
+# Grouped calls (`GraphedStage.run_lanes`): the voices one call takes, padded up to these
+# lane counts, and the most rows of one voice in it; a voice with more rows than that in a
+# call has a call of its own (its rows already fill one). The stages whose calls the stream
+# model sends with several voices' rows, and the lanes a runtime gives them by default: each
+# lane past the first costs one voice's weights of the stage (26.6 MiB for joe's FP16
+# vocoder).
+LANE_BUCKETS = (2, 4, 8)
+MAX_LANE_ROWS = 16
+GROUPED_STAGES = ("vocoder",)
+VOICE_LANES = 8
 LOGGER = logging.getLogger(__name__)
 # The stages whose graphs are captured with cuDNN's autotuning; the others take cuDNN's
 # heuristics. Autotuning is most of a warmup's time (87.7 s against 13.6 s for 228 graphs on
@@ -181,6 +191,16 @@ class GraphedStage:
         self.autotune: bool | None = None
         self.pool = pool
         self.graphs: dict[tuple[int, tuple[tuple[int, ...], ...]], _Captured] = {}
+        # Grouped calls (`run_lanes`): several voices' rows in one call, each lane against its
+        # own voice's weights; set by the runtime where the stage's weights have lanes
+        # (`TorchCudaStages`, `voice_lanes`). Graphed per (lanes, rows a lane, shape).
+        self.lane_function: StageFunction | None = None
+        self.lane_buckets: tuple[int, ...] = LANE_BUCKETS
+        self.max_lane_rows = MAX_LANE_ROWS
+        self.lane_autotune: bool | None = None  # the stage's own (`autotune`)
+        self.lane_graphs: dict[tuple[int, int, tuple[tuple[int, ...], ...]], _Captured] = {}
+        # Grouped calls by (lanes, rows a lane) they were padded to.
+        self.lane_histogram: dict[tuple[int, int], int] = {}
         self.batch_histogram: dict[int, int] = {}
         self.buffers = StaticBuffers(self.device)
         # The warm runs before each capture go on one stream: each stream a library call runs
@@ -215,25 +235,30 @@ class GraphedStage:
             name: self.buffers.view(("in", name), (bucket, *tensor.shape[1:]), tensor.dtype)
             for name, tensor in inputs.items()
         }
+        return self._capture_static(static, self.function, "out")
+
+    def _capture_static(
+        self, static: dict[str, torch.Tensor], function: StageFunction, outputs_key: str
+    ) -> _Captured:
         if self._warm_stream is None:
             self._warm_stream = torch.cuda.Stream(device=self.device)
         side = self._warm_stream
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):  # cuDNN picks its algorithms here, outside the capture
-                shapes = [(tuple(o.shape), o.dtype) for o in self.function(static)]
+                shapes = [(tuple(o.shape), o.dtype) for o in function(static)]
         torch.cuda.current_stream(self.device).wait_stream(side)
         # What the warm runs and cuDNN's autotuning left cached goes back before the capture
         # takes its own memory for the same shape.
         torch.cuda.empty_cache()
         outputs = [
-            self.buffers.view(("out", str(index)), shape, dtype)
+            self.buffers.view((outputs_key, str(index)), shape, dtype)
             for index, (shape, dtype) in enumerate(shapes)
         ]
         transfers = self._transfers()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            for out, result in zip(outputs, self.function(static), strict=True):
+            for out, result in zip(outputs, function(static), strict=True):
                 out.copy_(result)
         if self._transfers() != transfers:
             raise TorchCudaError("the stage moved values between host and device while captured")
@@ -243,21 +268,98 @@ class GraphedStage:
         return self.run(inputs)[0]
 
     def run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        return self._padded(inputs, self._run)
+
+    def _padded(
+        self,
+        inputs: dict[str, torch.Tensor],
+        call: Callable[[dict[str, torch.Tensor]], list[torch.Tensor] | None],
+    ) -> list[torch.Tensor] | None:
+        """`call` with the frames padded up to `frame_multiple`, its outputs cut back."""
         frames = next(iter(inputs.values())).shape[-1]
         padded = -(-frames // self.frame_multiple) * self.frame_multiple
         if padded == frames:
-            return self._run(inputs)
-        outputs = self._run(
+            return call(inputs)
+        outputs = call(
             {
                 name: torch.nn.functional.pad(t, (0, padded - frames)) if t.dim() == 3 else t
                 for name, t in inputs.items()
             }
         )
+        if outputs is None:
+            return None
         cut = []
         for output in outputs:
             per_frame = output.shape[-1] // padded
             cut.append(output[..., : frames * per_frame])
         return cut
+
+    def lane_shape(self, lanes: int, rows: int) -> tuple[int, int] | None:
+        """(lanes, rows a lane) a grouped call of `lanes` voices and at most `rows` rows each
+        is padded up to; None where no grouped call takes it (`lane_function` unset, or more
+        lanes or rows than `LANE_BUCKETS` and `max_lane_rows`)."""
+        if self.lane_function is None or lanes > self.lane_buckets[-1]:
+            return None
+        if rows > self.max_lane_rows:
+            return None
+        shape = bucket_for(lanes, self.lane_buckets), bucket_for(rows, self.buckets)
+        # No grouped graph takes more rows than the largest plain one: the graphs' pool holds
+        # the largest graph's working set.
+        return shape if shape[0] * shape[1] <= self.buckets[-1] else None
+
+    def run_lanes(
+        self, inputs: dict[str, torch.Tensor], lane: np.ndarray, position: np.ndarray
+    ) -> list[torch.Tensor] | None:
+        """One grouped call: row i of `inputs` runs in lane `lane[i]` (against the weights
+        bound to that lane) at place `position[i]`; the outputs come back in the rows' order.
+        None where this shape has no graph and none may be captured now (a pod that serves):
+        the caller runs the voices one call each instead."""
+        return self._padded(inputs, lambda padded: self._run_lanes(padded, lane, position))
+
+    def _run_lanes(
+        self, inputs: dict[str, torch.Tensor], lane: np.ndarray, position: np.ndarray
+    ) -> list[torch.Tensor] | None:
+        shape = self.lane_shape(int(lane.max()) + 1, int(position.max()) + 1)
+        if shape is None:
+            return None
+        lanes, rows = shape
+        where = torch.from_numpy(lane * rows + position).to(self.device)
+        assert self.lane_function is not None
+        with self._lock:
+            self.lane_histogram[shape] = self.lane_histogram.get(shape, 0) + 1
+            if not self.use_graphs:
+                lane_inputs = {}
+                for name, tensor in inputs.items():
+                    laid = tensor.new_zeros((lanes * rows, *tensor.shape[1:]))
+                    laid.index_copy_(0, where, tensor)
+                    lane_inputs[name] = laid.view(lanes, rows, *tensor.shape[1:])
+                outputs = self.lane_function(lane_inputs)
+                return [out.reshape(lanes * rows, *out.shape[2:])[where] for out in outputs]
+            shape_key = tuple(tuple(t.shape[1:]) for t in inputs.values())
+            captured = self.lane_graphs.get((lanes, rows, shape_key))
+            if captured is None:
+                if not self.capture_on_use:
+                    return None
+                captured = self._capture_lanes(lanes, rows, inputs)
+                self.lane_graphs[(lanes, rows, shape_key)] = captured
+            for name, tensor in inputs.items():
+                flat = captured.inputs[name].view(lanes * rows, *tensor.shape[1:])
+                flat.index_copy_(0, where, tensor)
+            captured.graph.replay()
+            return [out.view(lanes * rows, *out.shape[2:])[where] for out in captured.outputs]
+
+    def _capture_lanes(self, lanes: int, rows: int, inputs: dict[str, torch.Tensor]) -> _Captured:
+        """A grouped call's graph, its static inputs [lanes, rows, ...] in buffers of their own."""
+        assert self.lane_function is not None
+        static = {
+            name: self.buffers.view(
+                ("lanes-in", name), (lanes, rows, *tensor.shape[1:]), tensor.dtype
+            )
+            for name, tensor in inputs.items()
+        }
+        autotune = self.autotune if self.lane_autotune is None else self.lane_autotune
+        with self._cudnn(autotune):
+            return self._capture_static(static, self.lane_function, "lanes-out")
 
     def _run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         batch = next(iter(inputs.values())).shape[0]
@@ -349,7 +451,7 @@ def _graph_inputs(path: Path) -> list[str]:
     return [value.name for value in model.graph.input]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False)  # a voice is its identity (a key of grouped calls' lanes)
 class VoiceWeights:
     """One voice's weights: a flat buffer per stage, in the architecture's layout."""
 
@@ -399,8 +501,13 @@ class TorchCudaStages:
         encoder_launch: str = "inline",
         autotune: bool = True,
         encoder_precision: str = "fp32",
+        voice_lanes: int = VOICE_LANES,
     ) -> None:
         engine_dir = Path(engine_dir)
+        if voice_lanes < 1:
+            raise TorchCudaError(
+                f"voice_lanes is at least 1 (1: no grouped calls), got {voice_lanes}"
+            )
         self.device = torch.device(device)
         # cuDNN times its algorithms for each captured shape (else its heuristics choose).
         self.autotune = autotune
@@ -516,10 +623,16 @@ class TorchCudaStages:
         if self.encoder is not None:
             self._structures["encoder"] = self.encoder.structure()
         self._bindings: dict[str, WeightBinding] = {}
+        graphed_stages = {"flow": self.flow_stage, "vocoder": self.vocoder_stage}
         for stage, holder in self._weight_holders().items():
-            binding = WeightBinding(stage, holder.weight_tensors(), self.device)
+            lanes = voice_lanes if stage in GROUPED_STAGES else 1
+            binding = WeightBinding(stage, holder.weight_tensors(), self.device, lanes)
             holder.use_weights(binding.tensors)
             self._bindings[stage] = binding
+            if lanes > 1:
+                graphed = graphed_stages[stage]
+                graphed.lane_function = _lane_function(holder, graphed.function, binding)
+                graphed.lane_buckets = tuple(b for b in LANE_BUCKETS if b <= lanes)
         self.default_voice = VoiceWeights(
             engine_dir.name, {stage: b.bound for stage, b in self._bindings.items()}
         )
@@ -592,11 +705,80 @@ class TorchCudaStages:
     def _stage_dtype(self, stage: str) -> torch.dtype:
         return self.flow_module.float_dtype if stage == "flow" else self.vocoder_module.float_dtype
 
-    def _bind(self, stage: str, voice: VoiceWeights | None) -> None:
+    def _bind(self, stage: str, voice: VoiceWeights | None, lane: int = 0) -> None:
         voice = voice or self.default_voice
         if not voice.flats:
             raise TorchCudaError(f"voice {voice.name!r} is not loaded")
-        self._bindings[stage].bind(voice, voice.flats[stage])
+        self._bindings[stage].bind(voice, voice.flats[stage], lane)
+
+    @property
+    def groups_voices(self) -> bool:
+        """Whether a vocoder call may carry several voices' rows (`voice` a sequence, one
+        voice a row): they run as one grouped call, each voice's rows against its own
+        weights, where the runtime has lanes (`voice_lanes`)."""
+        return all(self._bindings[stage].lane_count > 1 for stage in GROUPED_STAGES)
+
+    def _call(
+        self,
+        stage: str,
+        graphed: GraphedStage,
+        feeds: dict[str, torch.Tensor],
+        voice: VoiceWeights | Sequence[VoiceWeights | None] | None,
+    ) -> torch.Tensor:
+        """A stage call for one voice, or for rows of several (`voice` a sequence, a voice a
+        row): the voices whose rows fit a grouped call (`GraphedStage.lane_shape`) share one
+        per `lanes` of them, each in a lane of its own; any other voice's rows run in a call of
+        their own. The rows come back in their order, each as its own voice's call makes it."""
+        if voice is None or isinstance(voice, VoiceWeights):
+            self._bind(stage, voice)
+            return graphed(feeds)
+        rows_of: dict[VoiceWeights, list[int]] = {}
+        for row, each in enumerate(voice):
+            rows_of.setdefault(each or self.default_voice, []).append(row)
+        if len(rows_of) == 1:
+            self._bind(stage, next(iter(rows_of)))
+            return graphed(feeds)
+        lanes = self._bindings[stage].lane_count
+        # Voices into grouped calls in turn, a call taking voices while its padded shape has
+        # a graph (`lane_shape`) and a lane is free.
+        chunks: list[list[tuple[VoiceWeights, list[int]]]] = [[]]
+        alone: list[tuple[VoiceWeights, list[int]]] = []
+        # (In a steady order, so that the same voices take the same lanes call after call,
+        # and their weights are not copied again: `WeightBinding.bind`.)
+        for each, rows in sorted(rows_of.items(), key=lambda item: id(item[0])):
+            if graphed.lane_shape(2, len(rows)) is None:
+                alone.append((each, rows))
+                continue
+            chunk = chunks[-1]
+            most = max([len(rows)] + [len(r) for _, r in chunk])
+            if len(chunk) >= lanes or graphed.lane_shape(len(chunk) + 1, most) is None:
+                chunks.append(chunk := [])
+            chunk.append((each, rows))
+        parts: list[tuple[list[int], torch.Tensor]] = []
+        for chunk in chunks:
+            if len(chunk) < 2:
+                alone.extend(chunk)
+                continue
+            order = [row for _, rows in chunk for row in rows]
+            lane = np.concatenate([np.full(len(rows), i) for i, (_, rows) in enumerate(chunk)])
+            position = np.concatenate([np.arange(len(rows)) for _, rows in chunk])
+            for i, (each, _) in enumerate(chunk):
+                self._bind(stage, each, lane=i)
+            index = torch.as_tensor(order, device=self.device)
+            out = graphed.run_lanes({k: t[index] for k, t in feeds.items()}, lane, position)
+            if out is None:  # no graph for this shape while serving: a call per voice
+                alone.extend(chunk)
+                continue
+            parts.append((order, out[0]))
+        for each, rows in alone:
+            self._bind(stage, each)
+            index = torch.as_tensor(rows, device=self.device)
+            parts.append((rows, graphed({k: t[index] for k, t in feeds.items()})))
+        first = parts[0][1]
+        result = first.new_empty((len(voice), *first.shape[1:]))
+        for rows, out in parts:
+            result[torch.as_tensor(rows, device=self.device)] = out
+        return result
 
     # -- tensor API: stays on the device (pipelines and benchmarks) --------------------------
 
@@ -742,22 +924,23 @@ class TorchCudaStages:
         prior: torch.Tensor,
         mask: torch.Tensor,
         speaker_ids=None,
-        voice: VoiceWeights | None = None,
+        voice: VoiceWeights | Sequence[VoiceWeights | None] | None = None,
     ) -> torch.Tensor:
         dtype = self.flow_module.float_dtype
         feeds = {"prior": prior.to(self.device, dtype), "mask": mask.to(self.device, dtype)}
         feeds.update(self._speaker(self.flow_module.input_names, prior.shape[0], speaker_ids))
-        self._bind("flow", voice)
-        return self.flow_stage(feeds)
+        return self._call("flow", self.flow_stage, feeds, voice)
 
     def vocode_tensor(
-        self, latent: torch.Tensor, speaker_ids=None, voice: VoiceWeights | None = None
+        self,
+        latent: torch.Tensor,
+        speaker_ids=None,
+        voice: VoiceWeights | Sequence[VoiceWeights | None] | None = None,
     ) -> torch.Tensor:
         dtype = self.vocoder_module.float_dtype
         feeds = {"latent": latent.to(self.device, dtype)}
         feeds.update(self._speaker(self.vocoder_module.input_names, latent.shape[0], speaker_ids))
-        self._bind("vocoder", voice)
-        audio = self.vocoder_stage(feeds)
+        audio = self._call("vocoder", self.vocoder_stage, feeds, voice)
         return audio.reshape(audio.shape[0], -1)
 
     # -- StageRuntime (numpy in, numpy out) ---------------------------------------------------
@@ -800,7 +983,7 @@ class TorchCudaStages:
         autotuned them (AUTOTUNED_STAGES)."""
         stages = {"encoder": self.encoder_stage, "flow": self.flow_stage}
         stages["vocoder"] = self.vocoder_stage
-        return {
+        report = {
             name: {
                 "graphs": len(stage.graphs),
                 "seconds": round(self._warmup_seconds.get(name, 0.0), 2),
@@ -809,6 +992,17 @@ class TorchCudaStages:
             for name, stage in stages.items()
             if stage is not None
         }
+        if self.vocoder_stage.lane_graphs:
+            report["vocoder-lanes"] = {
+                "graphs": len(self.vocoder_stage.lane_graphs),
+                "seconds": round(self._warmup_seconds.get("vocoder-lanes", 0.0), 2),
+                "autotuned": bool(
+                    self.vocoder_stage.autotune
+                    if self.vocoder_stage.lane_autotune is None
+                    else self.vocoder_stage.lane_autotune
+                ),
+            }
+        return report
 
     def stop_capturing(self) -> None:
         """From now on a call of a shape without a graph runs eagerly rather than capturing
@@ -821,7 +1015,9 @@ class TorchCudaStages:
 
     def graph_count(self) -> int:
         stages = [self.flow_stage, self.vocoder_stage, self.encoder_stage]
-        return sum(len(stage.graphs) for stage in stages if stage is not None)
+        return sum(
+            len(stage.graphs) + len(stage.lane_graphs) for stage in stages if stage is not None
+        )
 
     def static_buffer_bytes(self) -> int:
         stages = [self.flow_stage, self.vocoder_stage, self.encoder_stage]
@@ -858,6 +1054,9 @@ class TorchCudaStages:
             for batch in up_to(max_batch):
                 self.vocode_tensor(torch.zeros(batch, channels, frames, device=self.device))
         clock.lap("vocoder")
+        if self.groups_voices:
+            self._warm_lanes(self.vocoder_stage, vocoder_frames, max_batch)
+            clock.lap("vocoder-lanes")
         flow_limits = (
             dict(flow_frames)
             if isinstance(flow_frames, Mapping)
@@ -883,6 +1082,53 @@ class TorchCudaStages:
             # allocator: hand them back, so that what the pod reports as used is what it uses.
             torch.cuda.empty_cache()
         return self.graph_count()
+
+    def _warm_lanes(
+        self, graphed: GraphedStage, frames: Sequence[int], max_batch: int | None
+    ) -> None:
+        """Capture a stage's grouped calls: every lane bucket, every row bucket up to
+        `max_lane_rows` (and `max_batch`), for each of these widths."""
+        rows = [
+            b
+            for b in graphed.buckets
+            if b <= graphed.max_lane_rows and b <= bucket_for(max_batch or b, graphed.buckets)
+        ]
+        for width in sorted(frames, reverse=True):
+            for lanes in sorted(graphed.lane_buckets, reverse=True):
+                for count in sorted(rows, reverse=True):
+                    feeds = {
+                        "latent": torch.zeros(
+                            lanes * count, 192, width, device=self.device, dtype=self.vocoder_dtype
+                        )
+                    }
+                    feeds.update(
+                        self._speaker(self.vocoder_module.input_names, lanes * count, None)
+                    )
+                    graphed.run_lanes(
+                        feeds, np.repeat(np.arange(lanes), count), np.tile(np.arange(count), lanes)
+                    )
+
+
+def _lane_function(holder: Any, function: StageFunction, binding: WeightBinding) -> StageFunction:
+    """A stage's call over lanes: inputs [lanes, rows, ...], each lane's rows against the
+    weights bound to that lane (`WeightBinding.lane_tensors`), as one call: `torch.func.vmap`
+    over the voice axis makes each convolution a grouped one and each matrix product a
+    batched one. The modules read the first lane's weights again afterwards."""
+
+    def grouped(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        lanes = next(iter(inputs.values())).shape[0]
+        weights = {name: tensor[:lanes] for name, tensor in binding.lane_tensors.items()}
+
+        def one(own: dict[str, torch.Tensor], feeds: dict[str, torch.Tensor]) -> tuple:
+            holder.use_weights(own)
+            return tuple(function(feeds))
+
+        try:
+            return list(torch.func.vmap(one)(weights, inputs))
+        finally:
+            holder.use_weights(binding.tensors)
+
+    return grouped
 
 
 class _StageClock:

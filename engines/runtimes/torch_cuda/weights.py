@@ -11,6 +11,13 @@ A copy costs the voice's bytes at the device's copy rate: for the joe voice's vo
 (26.6 MiB in FP16) about 20 us on an H100. A voice whose tensors do not match the bound
 layout (names, shapes, strides, dtype) is refused with `ArchitectureMismatch`, before
 anything of it is on the device.
+
+*Lanes*: a binding may hold several bound buffers side by side (`lanes`, one row each; the
+first is the one the modules read). A grouped call (engines/runtimes/torch_cuda/stages.py,
+`GraphedStage.run_lanes`) runs up to that many voices' rows in one call, each lane's rows
+against its own lane's weights (`lane_tensors`: every tensor with a leading lane axis). A
+lane keeps the voice last bound to it, so the same voices in the same lanes step after step
+cost no copy. Each lane past the first costs one voice's weights of that stage.
 """
 
 from __future__ import annotations
@@ -105,6 +112,18 @@ class WeightLayout:
             for slot in self.slots
         }
 
+    def lane_views(self, lanes: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each tensor of `lanes` ([lanes, numel], one buffer a row) with a leading lane axis."""
+        width = lanes.stride(0)
+        return {
+            slot.name: lanes.as_strided(
+                (lanes.shape[0], *slot.shape),
+                (width, *slot.stride),
+                lanes.storage_offset() + slot.offset,
+            )
+            for slot in self.slots
+        }
+
     def pack(self, tensors: Mapping[str, torch.Tensor], device: torch.device) -> torch.Tensor:
         """A new flat buffer on `device` holding `tensors` at this layout's places."""
         flat = torch.zeros(self.numel, dtype=self.dtype, device=device)
@@ -115,30 +134,45 @@ class WeightLayout:
 
 
 class WeightBinding:
-    """One stage's bound buffer: the tensors its modules (and graphs) read."""
+    """One stage's bound buffers: the tensors its modules (and graphs) read, lane 0's, and
+    `lanes - 1` more for grouped calls (`lane_tensors`)."""
 
-    def __init__(self, stage: str, tensors: Mapping[str, torch.Tensor], device: torch.device):
+    def __init__(
+        self,
+        stage: str,
+        tensors: Mapping[str, torch.Tensor],
+        device: torch.device,
+        lanes: int = 1,
+    ):
+        if lanes < 1:
+            raise ValueError(f"a weight binding needs at least one lane, got {lanes}")
         self.stage = stage
         self.layout = WeightLayout.of(tensors)
-        self.bound = self.layout.pack(tensors, device)
+        self.lanes = torch.zeros(lanes, self.layout.numel, dtype=self.layout.dtype, device=device)
+        self.bound = self.lanes[0]
+        self.bound.copy_(self.layout.pack(tensors, device))
         self.tensors = self.layout.views(self.bound)
-        self._bound_to: object = None
+        self.lane_tensors = self.layout.lane_views(self.lanes)
+        self._bound_to: list[object] = [None] * lanes
+
+    @property
+    def lane_count(self) -> int:
+        return len(self._bound_to)
 
     def pack(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """A voice's own buffer for this stage; ArchitectureMismatch where it does not fit."""
         self.layout.check(WeightLayout.of(tensors), self.stage)
         return self.layout.pack(tensors, self.bound.device)
 
-    def bind(self, owner: object, flat: torch.Tensor) -> None:
-        """Make `flat` (a voice's buffer, `owner` its identity) what the modules read, for the
-        calls queued on the current stream from now on."""
-        if owner is self._bound_to:
+    def bind(self, owner: object, flat: torch.Tensor, lane: int = 0) -> None:
+        """Make `flat` (a voice's buffer, `owner` its identity) what lane `lane` reads (lane 0:
+        what the modules read), for the calls queued on the current stream from now on."""
+        if owner is self._bound_to[lane]:
             return
-        self.bound.copy_(flat, non_blocking=True)
-        self._bound_to = owner
+        self.lanes[lane].copy_(flat, non_blocking=True)
+        self._bound_to[lane] = owner
 
     def forget(self, owner: object) -> None:
         """`owner` is unloaded: its weights may still be bound, but no later bind may be
         skipped for an object that reuses its identity."""
-        if owner is self._bound_to:
-            self._bound_to = None
+        self._bound_to = [None if bound is owner else bound for bound in self._bound_to]

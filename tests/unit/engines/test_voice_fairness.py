@@ -7,17 +7,48 @@ calls split by voice (each runs with its own weights). No runtime: the planner i
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
+import pytest
+from host_device import SlowDevice
+from known_costs import RATE, TEXT, KnownCosts, Listener
 
 from engines.contract.plan import WindowConfig
+from engines.streaming import StreamScheduler
 from engines.streaming.costs import CostModel
-from engines.streaming.planner import encoder_calls, group_calls, plan_step, window_calls
+from engines.streaming.planner import (
+    WindowRules,
+    encoder_calls,
+    group_calls,
+    plan_step,
+    window_calls,
+)
 from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams, VoiceSlot
-from engines.text.frontend import Sentence
+from engines.text.frontend import Sentence, text_to_sentences
+from engines.text.voice import Voice
 
 NOW = 1000.0
 CFG = WindowConfig(max_batch_windows=32, max_encoder_batch=8)
+
+
+# Stages of a GPU's shape: a call's cost mostly fixed.
+PACED_COSTS = {"encoder": (2e-3, 2e-6), "flow": (0.5e-3, 1e-6), "vocoder": (1.5e-3, 1e-6)}
+
+
+class AsyncKnownCosts(KnownCosts):
+    name = "known-costs"
+
+    def stream_backend(self) -> SlowDevice:
+        backend = SlowDevice(self)
+        backend.features = replace(backend.features, fixed_call_costs=True)
+        return backend
+
+
+@pytest.fixture(scope="module")
+def sentences(joe: Voice) -> list[Sentence]:
+    return text_to_sentences(TEXT, joe.config, phrase_chars=None)
 
 
 def playing(stream_id: int, voice: VoiceSlot, buffered_s: float) -> Stream:
@@ -82,3 +113,89 @@ def test_a_steps_windows_split_into_calls_by_voice() -> None:
     assert len(groups) == 2
     assert all(len({w.stream.voice for w in group}) == 1 for group in groups)
     assert sorted(len(g) for g in groups) == [6, 6]
+
+
+def test_where_voices_are_grouped_a_quiet_voice_is_still_first_and_calls_are_by_width() -> None:
+    busy, quiet = VoiceSlot("busy"), VoiceSlot("quiet")
+    rules = WindowRules(grouped_voices=True)
+    streams = [playing(i, busy, 0.4 + i / 1000) for i in range(1000)]
+    lonely = playing(5000, quiet, 0.1)
+    plan = plan_step([*streams, lonely], CFG, gpu_costs(), True, NOW, rules)
+    assert plan.windows[0].stream is lonely
+    keys = {window_calls(w, CFG, rules)[0] for w in plan.windows}
+    assert {voice for _, _, voice in keys} == {None}  # one vocoder call a width, any voice
+
+
+class GroupingDevice(SlowDevice):
+    """A GPU backend that groups voices: a vocoder call carries rows of several voices (its
+    `voice` a sequence, a row each) and costs the stages one call; it records each call's
+    voices."""
+
+    def __init__(self, runtime: Any) -> None:
+        super().__init__(runtime)
+        self.features = replace(self.features, fixed_call_costs=True, groups_voices=True)
+        self.voices_per_call: list[int] = []
+
+    def vocode(self, tables, starts, limits, width, speakers, cut, voice=None):
+        rows = voice if isinstance(voice, list) else [voice] * len(tables)
+        self.voices_per_call.append(len({id(each) for each in rows}))
+        return super().vocode(tables, starts, limits, width, speakers, cut)
+
+
+class VoiceOf:
+    """A voice's weights as a host backend takes them: the stages' calls, an identity of its
+    own."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.runtime = runtime
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runtime, name)
+
+
+def voices_run(sentences: list[Sentence], grouped: bool) -> dict[str, Any]:
+    """Four voices with five listeners each, all at once, on stages of known cost."""
+    runtime = AsyncKnownCosts(PACED_COSTS)
+    if grouped:
+        device = GroupingDevice(runtime)
+        runtime.stream_backend = lambda: device  # type: ignore[method-assign]
+    scheduler = StreamScheduler(runtime, RATE, windows=WindowConfig(), exact_widths=False)
+    assert scheduler.rules.grouped_voices is grouped
+    voices = [VoiceSlot(f"v{i}", weights=VoiceOf(runtime)) for i in range(4)]
+    listeners: list[tuple[VoiceSlot, Listener]] = []
+    scheduler.start()
+    try:
+        for index in range(20):
+            voice = voices[index % 4]
+            listeners.append((voice, Listener()))
+            scheduler.submit(list(sentences), SynthesisParams(), listeners[-1][1], voice=voice)
+        for _, listener in listeners:
+            assert listener.done.wait(60), "a stream never finished"
+    finally:
+        scheduler.stop()
+    return {
+        "calls": runtime.calls["vocoder"],
+        "errors": [listener.error for _, listener in listeners if listener.error],
+        "audio_s": {
+            voice.name: sum(listener.received_s for v, listener in listeners if v is voice)
+            for voice in voices
+        },
+        "voice_windows": {
+            voice.name: sum(n * c for n, c in voice.stats.vocoder_batches.items())
+            for voice in voices
+        },
+        "voices_per_call": getattr(runtime.stream_backend(), "voices_per_call", []),
+    }
+
+
+def test_a_backend_that_groups_voices_gets_one_vocoder_call_for_all_of_them(sentences) -> None:
+    """Where the backend groups voices, a step's windows of every voice share one vocoder call
+    a width: fewer calls for the same audio, every voice's audio whole, and each voice's
+    windows still counted as its own."""
+    grouped = voices_run(sentences, grouped=True)
+    split = voices_run(sentences, grouped=False)
+    assert not grouped["errors"] and not split["errors"]
+    assert grouped["audio_s"] == pytest.approx(split["audio_s"], rel=1e-6)
+    assert max(grouped["voices_per_call"]) >= 3  # calls carried several voices' windows
+    assert grouped["calls"] < 0.7 * split["calls"], (grouped["calls"], split["calls"])
+    assert grouped["voice_windows"] == split["voice_windows"]
