@@ -216,8 +216,12 @@ class DeviceBackend:
             padded = torch.nn.functional.pad(part[..., :width], (0, size - width))
             valid = np.arange(size)[None, :] < part_frames[:, None]
             mask = self._upload(valid[:, None, :].astype(np.float32))
+            part_voice = [voice[row] for row in rows] if isinstance(voice, list) else voice
             latent = self.runtime.flow_tensor(
-                padded, mask, speakers[rows] if speakers is not None else None, **_voice(voice)
+                padded,
+                mask,
+                speakers[rows] if speakers is not None else None,
+                **_voice(part_voice),
             )
             index, valid = FramePool.window_index(
                 part_tables, np.zeros(len(rows), np.int64), part_frames, size

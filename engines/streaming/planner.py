@@ -113,7 +113,8 @@ class WindowRules:
     than a GPU's (`CPU_FIRST_AUDIO_S` says why). `grouped_voices`: a vocoder call takes the
     windows of every voice (the backend runs them as one grouped call, each voice's rows
     against its own weights: `BackendFeatures.groups_voices`), so the vocoder's calls are
-    one per width, not one per width and voice.
+    one per width, not one per width and voice (and the encoder's, `encoder_calls`, not one
+    per voice).
     """
 
     exact_widths: bool = False
@@ -571,17 +572,23 @@ def _least_other_slack(closest: list[tuple[float, int]], stream: Stream) -> floa
 
 
 def encoder_calls(
-    waiting: list[Stream], costs: CostModel, batching: bool
+    waiting: list[Stream], costs: CostModel, batching: bool, grouped_voices: bool = False
 ) -> Iterator[tuple[Scales, list[Stream]]]:
     """The encoder calls for streams whose next sentence is to be encoded: batches sharing
-    scales, speaker and voice, sorted by length and split where padding costs more than a call.
+    scales, speaker and voice (any voice where `grouped_voices`: the backend runs several
+    voices' rows in one call), sorted by length and split where padding costs more than a
+    call.
 
     A generator: each split is decided with the cost model as it stands after the calls
     before it have run and been observed.
     """
     groups: dict[tuple[float, float, float, int, object], list[Stream]] = {}
     for stream in waiting:
-        key = (*stream.params.scales(), stream.params.speaker_id, stream.voice)
+        key = (
+            *stream.params.scales(),
+            stream.params.speaker_id,
+            None if grouped_voices else stream.voice,
+        )
         groups.setdefault(key, []).append(stream)
     for (noise, length, noise_w, _, _), streams in groups.items():
         # Padding a short sentence to a long one costs the long one's time: split at 1.25x,

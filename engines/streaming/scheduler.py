@@ -176,9 +176,9 @@ class StreamScheduler:
     (a pod's voice host, engines/pod/voice_host) is given each stream's `VoiceSlot` at `submit`.
     Every step is planned over the streams of all voices, earliest deadline first, so a voice
     with one listener waits behind no voice with a thousand; the calls split by voice, since
-    each voice's run with its own weights, except the vocoder's where the backend groups
+    each voice's run with its own weights, except where the backend groups
     voices (`BackendFeatures.groups_voices`: one call a width, each voice's rows against its
-    own weights); each voice keeps stats of its own."""
+    own weights, and the encoder's likewise); each voice keeps stats of its own."""
 
     def __init__(
         self,
@@ -490,7 +490,7 @@ class StreamScheduler:
         # not stand between a stream and the window it needs before its buffer runs out.
         self._run(plan.windows)
         clock.part("windows")
-        calls = encoder_calls(plan.encodes, self.costs, self.batching)
+        calls = encoder_calls(plan.encodes, self.costs, self.batching, self.rules.grouped_voices)
         if self.backend.features.launches_encoder and not self._beside:
             self._encode_launched(list(calls))
         else:
@@ -697,7 +697,7 @@ class StreamScheduler:
         sentences, ids, lengths, scale_array, speakers, longest = self._encoder_inputs(
             streams, scales
         )
-        voice = _weights(streams[0].voice)  # one voice a call (planner.encoder_calls)
+        voice = self._stream_voices(streams)  # planner.encoder_calls
         call = self._device.encode_launch(ids, lengths, scale_array, speakers, voice)
         return _Encoding(call, streams, speakers, longest, [len(s.ids) for s in sentences])
 
@@ -710,7 +710,7 @@ class StreamScheduler:
         sentences, ids, lengths, scale_array, speakers, longest = self._encoder_inputs(
             streams, scales
         )
-        voice = _weights(streams[0].voice)  # one voice a call (planner.encoder_calls)
+        voice = self._stream_voices(streams)  # planner.encoder_calls
         started = time.perf_counter()
         # With asynchronous calls the device may still be decoding an earlier call: time the
         # encoder's own device work, not the wait for that one.
@@ -768,7 +768,7 @@ class StreamScheduler:
         self.backend.store_prior(prior, tables, frames)
         # GPU backends may run the flow over the whole sentences here (engines/runtimes/torch_cuda/
         # backend.py); the windows then need the vocoder only.
-        voice = _weights(streams[0].voice)
+        voice = self._stream_voices(streams)
         flowed = self.backend.features.sentence_flow and self._device.flow_sentences(
             prior, tables, frames, speakers, voice
         )
@@ -893,10 +893,15 @@ class StreamScheduler:
     def _call_voices(windows: list[Window]) -> Any:
         """The call's voice argument: the voice's weights where its windows share one, else
         (`WindowRules.grouped_voices`) each window's voice's, a row each."""
-        first = windows[0].stream.voice
-        if all(w.stream.voice is first for w in windows):
+        return StreamScheduler._stream_voices([w.stream for w in windows])
+
+    @staticmethod
+    def _stream_voices(streams: list[Stream]) -> Any:
+        """`_call_voices` for a call of these streams' rows (an encoder call's)."""
+        first = streams[0].voice
+        if all(stream.voice is first for stream in streams):
             return _weights(first)
-        return [_weights(w.stream.voice) for w in windows]
+        return [_weights(stream.voice) for stream in streams]
 
     def _count_vocoder_batch(self, windows: list[Window]) -> None:
         """The call's windows into the scheduler's batch sizes, and each voice's share of

@@ -83,8 +83,11 @@ STAGES = ("encoder", "flow", "vocoder")
 # vocoder).
 LANE_BUCKETS = (2, 4, 8)
 MAX_LANE_ROWS = 16
-GROUPED_STAGES = ("vocoder",)
+GROUPED_STAGES = ("encoder",)
 VOICE_LANES = 8
+# An encoder call's voices rarely bring more than a few sentences each (a voice with more
+# fills a call of its own), and its graphs are captured per phoneme width (20 of them).
+MAX_ENCODER_LANE_ROWS = 4
 LOGGER = logging.getLogger(__name__)
 # The stages whose graphs are captured with cuDNN's autotuning; the others take cuDNN's
 # heuristics. Autotuning is most of a warmup's time (87.7 s against 13.6 s for 228 graphs on
@@ -268,7 +271,9 @@ class GraphedStage:
         return self.run(inputs)[0]
 
     def run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        return self._padded(inputs, self._run)
+        outputs = self._padded(inputs, self._run)
+        assert outputs is not None  # a plain call always runs
+        return outputs
 
     def _padded(
         self,
@@ -502,6 +507,7 @@ class TorchCudaStages:
         autotune: bool = True,
         encoder_precision: str = "fp32",
         voice_lanes: int = VOICE_LANES,
+        grouped_stages: Sequence[str] = GROUPED_STAGES,
     ) -> None:
         engine_dir = Path(engine_dir)
         if voice_lanes < 1:
@@ -623,16 +629,24 @@ class TorchCudaStages:
         if self.encoder is not None:
             self._structures["encoder"] = self.encoder.structure()
         self._bindings: dict[str, WeightBinding] = {}
-        graphed_stages = {"flow": self.flow_stage, "vocoder": self.vocoder_stage}
+        graphed_stages = {
+            "encoder": self.encoder_stage,
+            "flow": self.flow_stage,
+            "vocoder": self.vocoder_stage,
+        }
         for stage, holder in self._weight_holders().items():
-            lanes = voice_lanes if stage in GROUPED_STAGES else 1
+            grouped = stage in grouped_stages and graphed_stages[stage] is not None
+            lanes = voice_lanes if grouped else 1
             binding = WeightBinding(stage, holder.weight_tensors(), self.device, lanes)
             holder.use_weights(binding.tensors)
             self._bindings[stage] = binding
             if lanes > 1:
                 graphed = graphed_stages[stage]
+                assert graphed is not None
                 graphed.lane_function = _lane_function(holder, graphed.function, binding)
                 graphed.lane_buckets = tuple(b for b in LANE_BUCKETS if b <= lanes)
+                if stage == "encoder":
+                    graphed.max_lane_rows = MAX_ENCODER_LANE_ROWS
         self.default_voice = VoiceWeights(
             engine_dir.name, {stage: b.bound for stage, b in self._bindings.items()}
         )
@@ -713,10 +727,17 @@ class TorchCudaStages:
 
     @property
     def groups_voices(self) -> bool:
-        """Whether a vocoder call may carry several voices' rows (`voice` a sequence, one
-        voice a row): they run as one grouped call, each voice's rows against its own
-        weights, where the runtime has lanes (`voice_lanes`)."""
-        return all(self._bindings[stage].lane_count > 1 for stage in GROUPED_STAGES)
+        """Whether encoder, flow and vocoder calls may carry several voices' rows (`voice` a
+        sequence, one voice a row; they always may here): the stages with lanes
+        (`grouped_stages`, `voice_lanes`) run them as one grouped call, each voice's rows
+        against its own weights, the others one call a voice. True where any stage has
+        lanes."""
+        return any(binding.lane_count > 1 for binding in self._bindings.values())
+
+    @property
+    def grouped_stages(self) -> tuple[str, ...]:
+        """The stages whose calls over several voices run as one grouped call."""
+        return tuple(s for s, b in self._bindings.items() if b.lane_count > 1)
 
     def _call(
         self,
@@ -729,15 +750,25 @@ class TorchCudaStages:
         row): the voices whose rows fit a grouped call (`GraphedStage.lane_shape`) share one
         per `lanes` of them, each in a lane of its own; any other voice's rows run in a call of
         their own. The rows come back in their order, each as its own voice's call makes it."""
+        return self._call_outputs(stage, graphed, feeds, voice)[0]
+
+    def _call_outputs(
+        self,
+        stage: str,
+        graphed: GraphedStage,
+        feeds: dict[str, torch.Tensor],
+        voice: VoiceWeights | Sequence[VoiceWeights | None] | None,
+    ) -> list[torch.Tensor]:
+        """`_call` with every output of the stage."""
         if voice is None or isinstance(voice, VoiceWeights):
             self._bind(stage, voice)
-            return graphed(feeds)
+            return graphed.run(feeds)
         rows_of: dict[VoiceWeights, list[int]] = {}
         for row, each in enumerate(voice):
             rows_of.setdefault(each or self.default_voice, []).append(row)
         if len(rows_of) == 1:
             self._bind(stage, next(iter(rows_of)))
-            return graphed(feeds)
+            return graphed.run(feeds)
         lanes = self._bindings[stage].lane_count
         # Voices into grouped calls in turn, a call taking voices while its padded shape has
         # a graph (`lane_shape`) and a lane is free.
@@ -754,7 +785,7 @@ class TorchCudaStages:
             if len(chunk) >= lanes or graphed.lane_shape(len(chunk) + 1, most) is None:
                 chunks.append(chunk := [])
             chunk.append((each, rows))
-        parts: list[tuple[list[int], torch.Tensor]] = []
+        parts: list[tuple[list[int], list[torch.Tensor]]] = []
         for chunk in chunks:
             if len(chunk) < 2:
                 alone.extend(chunk)
@@ -769,16 +800,17 @@ class TorchCudaStages:
             if out is None:  # no graph for this shape while serving: a call per voice
                 alone.extend(chunk)
                 continue
-            parts.append((order, out[0]))
+            parts.append((order, out))
         for each, rows in alone:
             self._bind(stage, each)
             index = torch.as_tensor(rows, device=self.device)
-            parts.append((rows, graphed({k: t[index] for k, t in feeds.items()})))
-        first = parts[0][1]
-        result = first.new_empty((len(voice), *first.shape[1:]))
-        for rows, out in parts:
-            result[torch.as_tensor(rows, device=self.device)] = out
-        return result
+            parts.append((rows, graphed.run({k: t[index] for k, t in feeds.items()})))
+        results = [out.new_empty((len(voice), *out.shape[1:])) for out in parts[0][1]]
+        for rows, outs in parts:
+            index = torch.as_tensor(rows, device=self.device)
+            for result, out in zip(results, outs, strict=True):
+                result[index] = out
+        return results
 
     # -- tensor API: stays on the device (pipelines and benchmarks) --------------------------
 
@@ -824,10 +856,9 @@ class TorchCudaStages:
             "lengths": self._upload(lengths.to(torch.int64)),
             "noise": noise,
         }
-        self._bind("encoder", voice)
         # FP32, cuDNN timing its algorithms (a graph keeps its capture's kernels).
         with torch.backends.cudnn.flags(enabled=True, benchmark=self.autotune, allow_tf32=False):
-            outputs = self.encoder_stage.run(inputs)
+            outputs = self._call_outputs("encoder", self.encoder_stage, inputs, voice)
         return outputs, length_scale, noise_scale
 
     def encode_tensor(
@@ -992,14 +1023,14 @@ class TorchCudaStages:
             for name, stage in stages.items()
             if stage is not None
         }
-        if self.vocoder_stage.lane_graphs:
-            report["vocoder-lanes"] = {
-                "graphs": len(self.vocoder_stage.lane_graphs),
-                "seconds": round(self._warmup_seconds.get("vocoder-lanes", 0.0), 2),
+        for name, stage in stages.items():
+            if stage is None or not stage.lane_graphs:
+                continue
+            report[f"{name}-lanes"] = {
+                "graphs": len(stage.lane_graphs),
+                "seconds": round(self._warmup_seconds.get(f"{name}-lanes", 0.0), 2),
                 "autotuned": bool(
-                    self.vocoder_stage.autotune
-                    if self.vocoder_stage.lane_autotune is None
-                    else self.vocoder_stage.lane_autotune
+                    stage.autotune if stage.lane_autotune is None else stage.lane_autotune
                 ),
             }
         return report
@@ -1054,7 +1085,7 @@ class TorchCudaStages:
             for batch in up_to(max_batch):
                 self.vocode_tensor(torch.zeros(batch, channels, frames, device=self.device))
         clock.lap("vocoder")
-        if self.groups_voices:
+        if self.vocoder_stage.lane_function is not None:
             self._warm_lanes(self.vocoder_stage, vocoder_frames, max_batch)
             clock.lap("vocoder-lanes")
         flow_limits = (
@@ -1076,6 +1107,9 @@ class TorchCudaStages:
                     ids = torch.full((batch, phonemes), 20, dtype=torch.int64)
                     self.encode_tensor(ids, torch.full((batch,), phonemes), scales)
             clock.lap("encoder")
+            if self.encoder_stage.lane_function is not None:
+                self._warm_lanes(self.encoder_stage, list(encoder_phonemes), max_sentences)
+                clock.lap("encoder-lanes")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             # cuDNN's autotuning and the eager parts' first calls leave blocks cached in the
@@ -1096,14 +1130,21 @@ class TorchCudaStages:
         for width in sorted(frames, reverse=True):
             for lanes in sorted(graphed.lane_buckets, reverse=True):
                 for count in sorted(rows, reverse=True):
-                    feeds = {
-                        "latent": torch.zeros(
-                            lanes * count, 192, width, device=self.device, dtype=self.vocoder_dtype
-                        )
-                    }
-                    feeds.update(
-                        self._speaker(self.vocoder_module.input_names, lanes * count, None)
-                    )
+                    total = lanes * count
+                    if graphed is self.encoder_stage:
+                        width = padded_phonemes(width)
+                        feeds = {
+                            "ids": torch.full((total, width), 20, device=self.device),
+                            "lengths": torch.full((total,), width, device=self.device),
+                            "noise": torch.zeros(total, 2, width, device=self.device),
+                        }
+                    else:
+                        feeds = {
+                            "latent": torch.zeros(
+                                total, 192, width, device=self.device, dtype=self.vocoder_dtype
+                            )
+                        }
+                        feeds.update(self._speaker(self.vocoder_module.input_names, total, None))
                     graphed.run_lanes(
                         feeds, np.repeat(np.arange(lanes), count), np.tile(np.arange(count), lanes)
                     )
@@ -1113,7 +1154,11 @@ def _lane_function(holder: Any, function: StageFunction, binding: WeightBinding)
     """A stage's call over lanes: inputs [lanes, rows, ...], each lane's rows against the
     weights bound to that lane (`WeightBinding.lane_tensors`), as one call: `torch.func.vmap`
     over the voice axis makes each convolution a grouped one and each matrix product a
-    batched one. The modules read the first lane's weights again afterwards."""
+    batched one. The modules read the first lane's weights again afterwards.
+
+    A module that runs its 1-D convolutions on channels-last rows (FP16 on a GPU) runs them
+    as plain ones here: vmap cannot lay a batched tensor out channels-last. The weights'
+    rows form is the same memory, read through its plain view."""
 
     def grouped(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         lanes = next(iter(inputs.values())).shape[0]
@@ -1123,10 +1168,15 @@ def _lane_function(holder: Any, function: StageFunction, binding: WeightBinding)
             holder.use_weights(own)
             return tuple(function(feeds))
 
+        rows_layout = bool(getattr(holder, "channels_last", False))
+        if rows_layout:
+            holder.channels_last = False
         try:
             return list(torch.func.vmap(one)(weights, inputs))
         finally:
             holder.use_weights(binding.tensors)
+            if rows_layout:
+                holder.channels_last = True
 
     return grouped
 

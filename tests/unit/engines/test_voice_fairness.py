@@ -135,11 +135,17 @@ class GroupingDevice(SlowDevice):
         super().__init__(runtime)
         self.features = replace(self.features, fixed_call_costs=True, groups_voices=True)
         self.voices_per_call: list[int] = []
+        self.voices_per_encoder_call: list[int] = []
 
     def vocode(self, tables, starts, limits, width, speakers, cut, voice=None):
         rows = voice if isinstance(voice, list) else [voice] * len(tables)
         self.voices_per_call.append(len({id(each) for each in rows}))
         return super().vocode(tables, starts, limits, width, speakers, cut)
+
+    def encode(self, ids, lengths, scales, speakers, voice=None):
+        rows = voice if isinstance(voice, list) else [voice] * len(ids)
+        self.voices_per_encoder_call.append(len({id(each) for each in rows}))
+        return super().encode(ids, lengths, scales, speakers)
 
 
 class VoiceOf:
@@ -185,13 +191,15 @@ def voices_run(sentences: list[Sentence], grouped: bool) -> dict[str, Any]:
             for voice in voices
         },
         "voices_per_call": getattr(runtime.stream_backend(), "voices_per_call", []),
+        "encoder_calls": runtime.calls["encoder"],
+        "voices_per_encoder_call": getattr(runtime.stream_backend(), "voices_per_encoder_call", []),
     }
 
 
-def test_a_backend_that_groups_voices_gets_one_vocoder_call_for_all_of_them(sentences) -> None:
+def test_a_backend_that_groups_voices_gets_one_call_for_all_of_them(sentences) -> None:
     """Where the backend groups voices, a step's windows of every voice share one vocoder call
-    a width: fewer calls for the same audio, every voice's audio whole, and each voice's
-    windows still counted as its own."""
+    a width, and its sentences one encoder call: fewer calls for the same audio, every
+    voice's audio whole, and each voice's windows still counted as its own."""
     grouped = voices_run(sentences, grouped=True)
     split = voices_run(sentences, grouped=False)
     assert not grouped["errors"] and not split["errors"]
@@ -199,3 +207,6 @@ def test_a_backend_that_groups_voices_gets_one_vocoder_call_for_all_of_them(sent
     assert max(grouped["voices_per_call"]) >= 3  # calls carried several voices' windows
     assert grouped["calls"] < 0.7 * split["calls"], (grouped["calls"], split["calls"])
     assert grouped["voice_windows"] == split["voice_windows"]
+    # and the four voices' first sentences, asked for at once, shared encoder calls.
+    assert max(grouped["voices_per_encoder_call"]) >= 3
+    assert grouped["encoder_calls"] < split["encoder_calls"]
