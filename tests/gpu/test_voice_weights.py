@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from engines.artifacts.split import split_voice  # noqa: E402
+from engines.contract.plan import WindowConfig  # noqa: E402
 from engines.runtimes.torch_cuda.stages import TorchCudaStages  # noqa: E402
 from engines.runtimes.torch_cuda.weights import ArchitectureMismatch  # noqa: E402
 from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, VoiceSlot  # noqa: E402
@@ -155,7 +156,11 @@ def test_rows_of_several_voices_in_one_call_each_get_their_own_voice(
     """A vocoder call with rows of two voices, interleaved, runs as one grouped call (each
     voice in a lane of its own); every row is what its own voice's call makes of it."""
     shared = TorchCudaStages(
-        entries["joe"], device=DEVICE, precision=PRECISION, grouped_stages=("vocoder",)
+        entries["joe"],
+        device=DEVICE,
+        precision=PRECISION,
+        voice_lanes=8,
+        grouped_stages=("vocoder",),
     )
     copy = shared.load_voice(entries["copy"], "joe-copy")
     assert shared.groups_voices
@@ -180,7 +185,11 @@ def test_a_voice_with_more_rows_than_a_lane_takes_runs_alone_and_is_still_itself
     from engines.runtimes.torch_cuda.stages import MAX_LANE_ROWS
 
     shared = TorchCudaStages(
-        entries["joe"], device=DEVICE, precision=PRECISION, grouped_stages=("vocoder",)
+        entries["joe"],
+        device=DEVICE,
+        precision=PRECISION,
+        voice_lanes=8,
+        grouped_stages=("vocoder",),
     )
     copy = shared.load_voice(entries["copy"], "joe-copy")
     rows = MAX_LANE_ROWS + 2
@@ -215,8 +224,8 @@ def test_sentences_of_several_voices_in_one_encoder_call_each_get_their_own_voic
     entries: dict[str, Path], corpus_ids
 ) -> None:
     """An encoder call with sentences of two voices runs as one grouped call (the encoder's
-    lanes, on by default); each sentence's prior and durations are its own voice's."""
-    shared = TorchCudaStages(entries["joe"], device=DEVICE, precision=PRECISION)
+    lanes); each sentence's prior and durations are its own voice's."""
+    shared = TorchCudaStages(entries["joe"], device=DEVICE, precision=PRECISION, voice_lanes=8)
     copy = shared.load_voice(entries["copy"], "joe-copy")
     assert shared.grouped_stages == ("encoder",)
     rows = corpus_ids[:4]
@@ -233,3 +242,19 @@ def test_sentences_of_several_voices_in_one_encoder_call_each_get_their_own_voic
         width = alone_prior.shape[-1]
         scale = float(np.abs(alone_prior).max())
         assert float(np.abs(prior[picked][..., :width] - alone_prior).max()) < TOLERANCE * scale
+
+
+def test_grouped_calls_are_off_by_default_and_a_bad_setting_is_named(
+    entries: dict[str, Path], monkeypatch
+) -> None:
+    from engines.runtimes.torch_cuda import load
+    from engines.runtimes.torch_cuda.stages import TorchCudaError
+
+    assert not TorchCudaStages(entries["joe"], device=DEVICE, precision=PRECISION).groups_voices
+    monkeypatch.setenv("VOXFLEET_VOICE_LANES", "many")
+    with pytest.raises(TorchCudaError, match="VOXFLEET_VOICE_LANES"):
+        load(entries["joe"], WindowConfig())
+    monkeypatch.setenv("VOXFLEET_VOICE_LANES", "8")
+    monkeypatch.setenv("VOXFLEET_GROUPED_STAGES", "flow")
+    with pytest.raises(TorchCudaError, match="not flow"):
+        load(entries["joe"], WindowConfig())

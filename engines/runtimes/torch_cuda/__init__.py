@@ -17,6 +17,37 @@ from engines.streaming.stages import StageRuntime
 # up (3.6 ms for 32, 13.1 ms for 128; `python -m lab.gpu_memory`, docs/gpu.md), so
 # two replays of 64 should cost what one of 128 did; not measured yet.
 MAX_GRAPH_WINDOWS = 64
+# Grouped calls over several voices (engines/runtimes/torch_cuda/weights.py, lanes): off by
+# default (docs/gpu.md, "One call for several voices"); these turn them on for measuring.
+VOICE_LANES_ENV = "VOXFLEET_VOICE_LANES"
+GROUPED_STAGES_ENV = "VOXFLEET_GROUPED_STAGES"
+
+
+def _lanes_from_environment() -> dict:
+    """`voice_lanes` and `grouped_stages` from the environment, where set; a clear error
+    naming the variable where a value is not one."""
+    import os
+
+    from engines.runtimes.torch_cuda.stages import GROUPED_STAGES, TorchCudaError
+
+    settings: dict = {}
+    lanes = os.environ.get(VOICE_LANES_ENV, "").strip()
+    if lanes:
+        if not lanes.isdigit() or int(lanes) < 1:
+            raise TorchCudaError(f"{VOICE_LANES_ENV} is a whole number from 1, not {lanes!r}")
+        settings["voice_lanes"] = int(lanes)
+    stages = os.environ.get(GROUPED_STAGES_ENV, "").strip()
+    if stages:
+        names = tuple(name.strip() for name in stages.split(",") if name.strip())
+        unknown = [name for name in names if name not in ("encoder", "vocoder")]
+        if unknown:
+            raise TorchCudaError(
+                f"{GROUPED_STAGES_ENV} names encoder or vocoder, not {', '.join(unknown)}"
+            )
+        settings["grouped_stages"] = names
+    else:
+        settings["grouped_stages"] = GROUPED_STAGES
+    return settings
 
 
 def load(engine_dir: Path, windows: WindowConfig, cpu_threads: int | None = None) -> StageRuntime:
@@ -35,5 +66,6 @@ def load(engine_dir: Path, windows: WindowConfig, cpu_threads: int | None = None
         batch_buckets=buckets,
         encoder_batch_buckets=[b for b in ENCODER_BATCH_BUCKETS if b < 2 * max_sentences],
         encoder_launch=windows.encoder_launch,
+        **_lanes_from_environment(),
     )
     return stages

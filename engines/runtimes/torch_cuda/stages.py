@@ -84,7 +84,7 @@ STAGES = ("encoder", "flow", "vocoder")
 LANE_BUCKETS = (2, 4, 8)
 MAX_LANE_ROWS = 16
 GROUPED_STAGES = ("encoder",)
-VOICE_LANES = 8
+VOICE_LANES = 1
 # An encoder call's voices rarely bring more than a few sentences each (a voice with more
 # fills a call of its own), and its graphs are captured per phoneme width (20 of them).
 MAX_ENCODER_LANE_ROWS = 4
