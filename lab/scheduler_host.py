@@ -39,6 +39,7 @@ import numpy as np
 from engines.contract.plan import WindowConfig
 from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
 from engines.streaming.costs import CostModel
+from engines.streaming.types import VoiceSlot
 from engines.text.frontend import Sentence
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ class NoArithmetic:
 
     name = "torch-cuda"
 
-    def __init__(self, pages: int) -> None:
+    def __init__(self, pages: int, groups_voices: bool = False) -> None:
         import torch
 
         from engines.runtimes.torch_cuda.stages import DEFAULT_BATCH_BUCKETS
@@ -92,9 +93,11 @@ class NoArithmetic:
         self.device = torch.device("cpu")
         self.flow_dtype = self.vocoder_dtype = torch.float32
         self.pages = pages
+        # Calls may carry several voices' rows (`BackendFeatures.groups_voices`).
+        self.groups_voices = groups_voices
 
     def encode_tensor(
-        self, ids: Any, lengths: Any, scales: Any, speaker_ids: Any = None
+        self, ids: Any, lengths: Any, scales: Any, speaker_ids: Any = None, voice: Any = None
     ) -> tuple[Any, Any]:
         torch = self.torch
         frames = np.ceil(lengths.numpy() * FRAMES_PER_ID).astype(np.int64)
@@ -102,10 +105,10 @@ class NoArithmetic:
         mask = torch.from_numpy(np.arange(longest)[None, :] < frames[:, None]).float()
         return torch.zeros(len(frames), CHANNELS, longest), mask[:, None, :]
 
-    def flow_tensor(self, prior: Any, mask: Any, speaker_ids: Any = None) -> Any:
+    def flow_tensor(self, prior: Any, mask: Any, speaker_ids: Any = None, voice: Any = None) -> Any:
         return self.torch.zeros_like(prior)
 
-    def vocode_tensor(self, latent: Any, speaker_ids: Any = None) -> Any:
+    def vocode_tensor(self, latent: Any, speaker_ids: Any = None, voice: Any = None) -> Any:
         return self.torch.zeros(latent.shape[0], latent.shape[-1] * HOP)
 
     def stream_backend(self) -> DeviceBackend:
@@ -144,15 +147,29 @@ class Listener(StreamSink):
 
 
 class HostProbe:
-    def __init__(self, streams: int, corpus: list[list[int]], lead_ms: int = 0) -> None:
+    def __init__(
+        self,
+        streams: int,
+        corpus: list[list[int]],
+        lead_ms: int = 0,
+        voices: int = 1,
+        grouped: bool = False,
+    ) -> None:
         windows = WindowConfig(max_batch_windows=128, max_encoder_batch=32, max_lead_ms=lead_ms)
         # Frame stores for every listener's sentence from the start: growing them copies the
         # stores, which costs the CPU far more than a GPU.
-        stages = NoArithmetic(pages=streams * PAGES_PER_STREAM)
+        stages = NoArithmetic(pages=streams * PAGES_PER_STREAM, groups_voices=grouped)
         self.scheduler = StreamScheduler(stages, SAMPLE_RATE, HOP, windows=windows)
         self.scheduler.costs = HeldCosts()
         self.corpus = corpus
         self.streams = streams
+        # Several voices: each a weight set of its own (an identity here), the listeners
+        # spread over them evenly, as a pool pod's voice host serves them.
+        self.voices = (
+            [VoiceSlot(f"voice-{index:03d}", weights=object()) for index in range(voices)]
+            if voices > 1
+            else [None]
+        )
         self.samples = self.finished = self.errors = self.submitted = 0
         self.running = True
 
@@ -161,7 +178,8 @@ class HostProbe:
             return
         ids = self.corpus[self.submitted % len(self.corpus)]
         self.submitted += 1
-        self.scheduler.submit([Sentence("", ids)], SynthesisParams(), listener)
+        voice = self.voices[self.submitted % len(self.voices)]
+        self.scheduler.submit([Sentence("", ids)], SynthesisParams(), listener, voice=voice)
 
     def run(self, seconds: float) -> dict[str, Any]:
         times = self.scheduler.step_times  # the scheduler thread's own accounting
@@ -178,6 +196,8 @@ class HostProbe:
         count = max(1, times.steps - steps)
         result = {
             "streams": self.streams,
+            "voices": len(self.voices),
+            "grouped": self.scheduler.rules.grouped_voices,
             "lead_ms": self.scheduler.windows.max_lead_ms,
             "seconds": round(wall, 2),
             "steps_per_s": round((times.steps - steps) / wall, 1),
@@ -207,16 +227,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lead-ms", type=int, default=0, help="the listeners' lead limit (0: not paced)"
     )
+    parser.add_argument("--voices", type=int, default=1, help="voices the listeners spread over")
+    parser.add_argument(
+        "--grouped", action="store_true", help="calls carry several voices' rows (lanes)"
+    )
     args = parser.parse_args(argv)
-    if args.streams < 1 or args.seconds <= 0:
-        parser.error("--streams must be at least 1 and --seconds more than 0")
+    if args.streams < 1 or args.seconds <= 0 or args.voices < 1:
+        parser.error("--streams and --voices must be at least 1 and --seconds more than 0")
     try:
         import torch
     except ImportError:
         parser.error("needs PyTorch (the CPU build is enough); see this module's docstring")
     torch.set_num_threads(1)
     corpus = [entry["ids"] for entry in json.loads(CORPUS_IDS.read_text())["sentences"]]
-    probe = HostProbe(args.streams, corpus, args.lead_ms)
+    probe = HostProbe(args.streams, corpus, args.lead_ms, args.voices, args.grouped)
     print(json.dumps(probe.run(args.seconds)), flush=True)
     return 0
 

@@ -365,8 +365,10 @@ def plan_step(
             if stream.first_audio_at is None and now - stream.arrived < hold:
                 continue
             # New streams' encoder call (one per step is counted: they split by length
-            # only) and first windows (a vocoder call of their own, after the encoder).
-            calls: list[Call] = [("encoder", 0, stream.voice), ("first-window", 0, stream.voice)]
+            # only; one per voice, unless the backend groups voices) and first windows (a
+            # vocoder call of their own, after the encoder).
+            voice = None if rules.grouped_voices else stream.voice
+            calls: list[Call] = [("encoder", 0, voice), ("first-window", 0, voice)]
             cost = 0.0
             if not encoder_beside:
                 cost = costs.estimate(
