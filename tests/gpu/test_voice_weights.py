@@ -150,11 +150,8 @@ def test_a_voice_of_another_architecture_is_refused_with_the_reason(
     assert shared.default_voice.flats
 
 
-def test_rows_of_several_voices_in_one_call_each_get_their_own_voice(
-    entries: dict[str, Path],
-) -> None:
-    """A vocoder call with rows of two voices, interleaved, runs as one grouped call (each
-    voice in a lane of its own); every row is what its own voice's call makes of it."""
+def grouped_vocoder(entries: dict[str, Path]) -> tuple[TorchCudaStages, object]:
+    """joe's runtime with the vocoder in 8 lanes, and the copy loaded into it."""
     shared = TorchCudaStages(
         entries["joe"],
         device=DEVICE,
@@ -162,7 +159,15 @@ def test_rows_of_several_voices_in_one_call_each_get_their_own_voice(
         voice_lanes=8,
         grouped_stages=("vocoder",),
     )
-    copy = shared.load_voice(entries["copy"], "joe-copy")
+    return shared, shared.load_voice(entries["copy"], "joe-copy")
+
+
+def test_rows_of_several_voices_in_one_call_each_get_their_own_voice(
+    entries: dict[str, Path],
+) -> None:
+    """A vocoder call with rows of two voices, interleaved, runs as one grouped call (each
+    voice in a lane of its own); every row is what its own voice's call makes of it."""
+    shared, copy = grouped_vocoder(entries)
     assert shared.groups_voices
     latent = torch.from_numpy(
         np.random.default_rng(5).standard_normal((6, 192, 24)).astype(np.float32)
@@ -184,14 +189,7 @@ def test_a_voice_with_more_rows_than_a_lane_takes_runs_alone_and_is_still_itself
 ) -> None:
     from engines.runtimes.torch_cuda.stages import MAX_LANE_ROWS
 
-    shared = TorchCudaStages(
-        entries["joe"],
-        device=DEVICE,
-        precision=PRECISION,
-        voice_lanes=8,
-        grouped_stages=("vocoder",),
-    )
-    copy = shared.load_voice(entries["copy"], "joe-copy")
+    shared, copy = grouped_vocoder(entries)
     rows = MAX_LANE_ROWS + 2
     latent = torch.from_numpy(
         np.random.default_rng(6).standard_normal((rows + 1, 192, 8)).astype(np.float32)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -15,6 +16,8 @@ HOP, RATE = 256, 22050
 # (per call, per frame) seconds of each stage: a GPU's shape (a call's cost mostly fixed),
 # slowed down so that the capacity is tens of streams, which one test thread can drive.
 KNOWN = {"encoder": (6e-3, 25e-6), "flow": (1.5e-3, 3e-6), "vocoder": (7e-3, 12e-6)}
+# A GPU's shape, small enough that one test thread runs 40 streams with room to spare.
+FAST_GPU = {"encoder": (2e-3, 2e-6), "flow": (0.5e-3, 1e-6), "vocoder": (1.5e-3, 1e-6)}
 TEXT = (
     "The quick brown fox jumps over the lazy dog near the quiet river bank. "
     "A second sentence follows the first, so that the stream lasts a while longer. "
@@ -89,3 +92,17 @@ class Listener(StreamSink):
     def finish(self, error: Exception | None = None) -> None:
         self.error = error
         self.done.set()
+
+
+class AsyncKnownCosts(KnownCosts):
+    """Known costs behind a GPU backend's asynchronous calls (host_device.SlowDevice), each
+    call's cost mostly fixed."""
+
+    name = "known-costs"
+
+    def stream_backend(self) -> HostBackend:
+        from host_device import SlowDevice
+
+        backend = SlowDevice(self)
+        backend.features = replace(backend.features, fixed_call_costs=True)
+        return backend

@@ -8,35 +8,21 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import replace
 from typing import Any
 
 import pytest
-from host_device import SlowDevice
-from known_costs import RATE, TEXT, KnownCosts, Listener
+from known_costs import FAST_GPU, RATE, TEXT, AsyncKnownCosts, Listener
 
 from engines.contract.plan import WindowConfig
 from engines.streaming import StreamScheduler, SynthesisParams
 from engines.text.frontend import Sentence, text_to_sentences
 from engines.text.voice import Voice
 
-# A GPU's shape, small enough that one test thread runs 40 streams with room to spare.
-COSTS = {"encoder": (2e-3, 2e-6), "flow": (0.5e-3, 1e-6), "vocoder": (1.5e-3, 1e-6)}
+COSTS = FAST_GPU
 STREAMS = 40
 LEAD_MS = 300
 # Short windows (32 frames, 0.37 s of audio), so that paced streams come due often.
 WINDOWS = dict(window_frames=32, max_lead_ms=LEAD_MS)
-
-
-class AsyncKnownCosts(KnownCosts):
-    name = "known-costs"
-
-    def stream_backend(self) -> SlowDevice:
-        """Host frame stores with a GPU backend's asynchronous calls, each call's cost mostly
-        fixed."""
-        backend = SlowDevice(self)
-        backend.features = replace(backend.features, fixed_call_costs=True)
-        return backend
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from host_device import SlowDevice
-from known_costs import RATE, TEXT, KnownCosts, Listener
+from known_costs import FAST_GPU, RATE, TEXT, AsyncKnownCosts, Listener
 
 from engines.contract.plan import WindowConfig
 from engines.streaming import StreamScheduler
@@ -31,19 +31,6 @@ from engines.text.voice import Voice
 
 NOW = 1000.0
 CFG = WindowConfig(max_batch_windows=32, max_encoder_batch=8)
-
-
-# Stages of a GPU's shape: a call's cost mostly fixed.
-PACED_COSTS = {"encoder": (2e-3, 2e-6), "flow": (0.5e-3, 1e-6), "vocoder": (1.5e-3, 1e-6)}
-
-
-class AsyncKnownCosts(KnownCosts):
-    name = "known-costs"
-
-    def stream_backend(self) -> SlowDevice:
-        backend = SlowDevice(self)
-        backend.features = replace(backend.features, fixed_call_costs=True)
-        return backend
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +148,7 @@ class VoiceOf:
 
 def voices_run(sentences: list[Sentence], grouped: bool) -> dict[str, Any]:
     """Four voices with five listeners each, all at once, on stages of known cost."""
-    runtime = AsyncKnownCosts(PACED_COSTS)
+    runtime = AsyncKnownCosts(FAST_GPU)
     if grouped:
         device = GroupingDevice(runtime)
         runtime.stream_backend = lambda: device  # type: ignore[method-assign]
