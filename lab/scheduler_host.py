@@ -2,6 +2,7 @@
 nothing: the host's own ceiling on the GPU path, to compare host-side changes with each other.
 
     python -m lab.scheduler_host [--streams 2000] [--seconds 10] [--lead-ms 300]
+        [--voices 10 [--grouped]]
 
 The scheduler runs as on a GPU (`DeviceBackend`: asynchronous vocoder calls, fixed window
 sizes, calls padded to batch buckets) over stages that do no arithmetic: the encoder gives
@@ -9,7 +10,9 @@ zero prior frames, 2.2 frames per phoneme id, the flow and the vocoder zeros of 
 all on the CPU with PyTorch. N closed-loop listeners each ask for one corpus sentence at a
 time (ids from tests/gpu/data/corpus_ids.json), as `voxfleet bench` does; with `--lead-ms`,
 paced as real-time listeners are (the plan's `max_lead_ms`: a stream gets no work while it has
-that much audio ahead of its listener, so it lasts as long as its audio). It prints, as JSON,
+that much audio ahead of its listener, so it lasts as long as its audio). With `--voices`, the listeners spread
+evenly over that many voices, whose calls split by voice as a pool pod's do, or with
+`--grouped` share one call a stage (the backend's `groups_voices`). It prints, as JSON,
 the host's work alone after the first second: steps, sentences finished and audio per second
 of wall time, the scheduler thread's CPU time per step (there is no device to wait for), its
 wall time per step by part (`StreamScheduler.step_times`, which a server's call log reports
