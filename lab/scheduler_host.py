@@ -10,10 +10,10 @@ zero prior frames, 2.2 frames per phoneme id, the flow and the vocoder zeros of 
 all on the CPU with PyTorch. N closed-loop listeners each ask for one corpus sentence at a
 time (ids from tests/gpu/data/corpus_ids.json), as `voxfleet bench` does; with `--lead-ms`,
 paced as real-time listeners are (the plan's `max_lead_ms`: a stream gets no work while it has
-that much audio ahead of its listener, so it lasts as long as its audio). With `--voices`, the listeners spread
-evenly over that many voices, whose calls split by voice as a pool pod's do, or with
-`--grouped` share one call a stage (the backend's `groups_voices`). It prints, as JSON,
-the host's work alone after the first second: steps, sentences finished and audio per second
+that much audio ahead of its listener, so it lasts as long as its audio). With `--voices`, the
+listeners spread evenly over that many voices, whose calls split by voice as a pool pod's do,
+or with `--grouped` share one call a stage (the backend's `groups_voices`). It prints, as
+JSON, the host's work alone after the first second: steps, sentences finished and audio per second
 of wall time, the scheduler thread's CPU time per step (there is no device to wait for), its
 wall time per step by part (`StreamScheduler.step_times`, which a server's call log reports
 with VOXFLEET_COSTS_LOG_S) and the vocoder rows per step. It runs the scheduler's Python and
