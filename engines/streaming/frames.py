@@ -113,11 +113,12 @@ class BackendFeatures:
     - `sentence_flow`: ``flow_sentences``: the flow over whole sentences after the encoder.
     - `prepares_shapes`: ``warmup`` and ``calibrate``: every call shape is prepared (CUDA
       graphs captured) before the first listener, and the cost model seeded.
-    - `groups_voices`: a vocoder call may carry windows of several voices (its `voice` a
-      sequence, a voice a row), each row decoded with its own voice's weights in one
-      grouped call (engines/runtimes/torch_cuda/weights.py, lanes). Where it is False a call
-      has one voice: onnxruntime's sessions hold their weights as constants of the graph,
-      so a voice is a session and one call runs one session.
+    - `groups_voices`: an encoder, flow or vocoder call may carry rows of several voices
+      (its `voice` a sequence, a voice a row), each row run with its own voice's weights:
+      in one grouped call where the stage has lanes (engines/runtimes/torch_cuda/weights.py),
+      else in a call a voice. Where it is False a call has one voice: onnxruntime's
+      sessions hold their weights as constants of the graph, so a voice is a session and
+      one call runs one session.
     """
 
     fixed_call_costs: bool = False

@@ -889,17 +889,16 @@ class StreamScheduler:
         )
         return sizes, width, args
 
-    @staticmethod
-    def _call_voices(windows: list[Window]) -> Any:
+    def _call_voices(self, windows: list[Window]) -> Any:
         """The call's voice argument: the voice's weights where its windows share one, else
         (`WindowRules.grouped_voices`) each window's voice's, a row each."""
-        return StreamScheduler._stream_voices([w.stream for w in windows])
+        return self._stream_voices([w.stream for w in windows])
 
-    @staticmethod
-    def _stream_voices(streams: list[Stream]) -> Any:
-        """`_call_voices` for a call of these streams' rows (an encoder call's)."""
+    def _stream_voices(self, streams: list[Stream]) -> Any:
+        """`_call_voices` for a call of these streams' rows (an encoder call's). Calls split
+        by voice unless the backend groups voices: only then are the rows looked at."""
         first = streams[0].voice
-        if all(stream.voice is first for stream in streams):
+        if not self.rules.grouped_voices or all(stream.voice is first for stream in streams):
             return _weights(first)
         return [_weights(stream.voice) for stream in streams]
 
@@ -909,9 +908,12 @@ class StreamScheduler:
         batches = self.stats.vocoder_batches
         batches[len(windows)] = batches.get(len(windows), 0) + 1
         shares: dict[VoiceSlot, int] = {}
-        for window in windows:
-            if window.stream.voice is not None:
-                shares[window.stream.voice] = shares.get(window.stream.voice, 0) + 1
+        if self.rules.grouped_voices:
+            for window in windows:
+                if window.stream.voice is not None:
+                    shares[window.stream.voice] = shares.get(window.stream.voice, 0) + 1
+        elif windows[0].stream.voice is not None:  # one voice a call
+            shares[windows[0].stream.voice] = len(windows)
         for voice, count in shares.items():
             voice.stats.vocoder_batches[count] = voice.stats.vocoder_batches.get(count, 0) + 1
 

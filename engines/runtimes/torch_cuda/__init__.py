@@ -28,7 +28,11 @@ def _lanes_from_environment() -> dict:
     naming the variable where a value is not one."""
     import os
 
-    from engines.runtimes.torch_cuda.stages import GROUPED_STAGES, TorchCudaError
+    from engines.runtimes.torch_cuda.stages import (
+        GROUPABLE_STAGES,
+        GROUPED_STAGES,
+        TorchCudaError,
+    )
 
     settings: dict = {}
     lanes = os.environ.get(VOICE_LANES_ENV, "").strip()
@@ -39,10 +43,11 @@ def _lanes_from_environment() -> dict:
     stages = os.environ.get(GROUPED_STAGES_ENV, "").strip()
     if stages:
         names = tuple(name.strip() for name in stages.split(",") if name.strip())
-        unknown = [name for name in names if name not in ("encoder", "vocoder")]
+        unknown = [name for name in names if name not in GROUPABLE_STAGES]
         if unknown:
             raise TorchCudaError(
-                f"{GROUPED_STAGES_ENV} names encoder or vocoder, not {', '.join(unknown)}"
+                f"{GROUPED_STAGES_ENV} names {' or '.join(GROUPABLE_STAGES)}, "
+                f"not {', '.join(unknown)}"
             )
         settings["grouped_stages"] = names
     else:

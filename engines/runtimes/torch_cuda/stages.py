@@ -84,6 +84,7 @@ STAGES = ("encoder", "flow", "vocoder")
 LANE_BUCKETS = (2, 4, 8)
 MAX_LANE_ROWS = 16
 GROUPED_STAGES = ("encoder",)
+GROUPABLE_STAGES = ("encoder", "vocoder")
 VOICE_LANES = 1
 # An encoder call's voices rarely bring more than a few sentences each (a voice with more
 # fills a call of its own), and its graphs are captured per phoneme width (20 of them).
@@ -513,6 +514,11 @@ class TorchCudaStages:
         if voice_lanes < 1:
             raise TorchCudaError(
                 f"voice_lanes is at least 1 (1: no grouped calls), got {voice_lanes}"
+            )
+        unknown = [name for name in grouped_stages if name not in GROUPABLE_STAGES]
+        if unknown:
+            raise TorchCudaError(
+                f"grouped calls are for {' or '.join(GROUPABLE_STAGES)}, not {', '.join(unknown)}"
             )
         self.device = torch.device(device)
         # cuDNN times its algorithms for each captured shape (else its heuristics choose).
@@ -1130,24 +1136,27 @@ class TorchCudaStages:
         for width in sorted(frames, reverse=True):
             for lanes in sorted(graphed.lane_buckets, reverse=True):
                 for count in sorted(rows, reverse=True):
-                    total = lanes * count
-                    if graphed is self.encoder_stage:
-                        width = padded_phonemes(width)
-                        feeds = {
-                            "ids": torch.full((total, width), 20, device=self.device),
-                            "lengths": torch.full((total,), width, device=self.device),
-                            "noise": torch.zeros(total, 2, width, device=self.device),
-                        }
-                    else:
-                        feeds = {
-                            "latent": torch.zeros(
-                                total, 192, width, device=self.device, dtype=self.vocoder_dtype
-                            )
-                        }
-                        feeds.update(self._speaker(self.vocoder_module.input_names, total, None))
                     graphed.run_lanes(
-                        feeds, np.repeat(np.arange(lanes), count), np.tile(np.arange(count), lanes)
+                        self._lane_feeds(graphed, lanes * count, width),
+                        np.repeat(np.arange(lanes), count),
+                        np.tile(np.arange(count), lanes),
                     )
+
+    def _lane_feeds(self, graphed: GraphedStage, rows: int, width: int) -> dict[str, torch.Tensor]:
+        """A grouped warmup call's inputs: `rows` sentences of `width` phonemes (the encoder),
+        or `rows` latent windows of `width` frames (the vocoder)."""
+        if graphed is self.encoder_stage:
+            width = padded_phonemes(width)
+            return {
+                "ids": torch.full((rows, width), 20, device=self.device),
+                "lengths": torch.full((rows,), width, device=self.device),
+                "noise": torch.zeros(rows, 2, width, device=self.device),
+            }
+        feeds = {
+            "latent": torch.zeros(rows, 192, width, device=self.device, dtype=self.vocoder_dtype)
+        }
+        feeds.update(self._speaker(self.vocoder_module.input_names, rows, None))
+        return feeds
 
 
 def _lane_function(holder: Any, function: StageFunction, binding: WeightBinding) -> StageFunction:

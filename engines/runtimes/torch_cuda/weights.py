@@ -157,7 +157,7 @@ class WeightBinding:
 
     @property
     def lane_count(self) -> int:
-        return len(self._bound_to)
+        return self.lanes.shape[0]
 
     def pack(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """A voice's own buffer for this stage; ArchitectureMismatch where it does not fit."""
