@@ -55,7 +55,11 @@ def split_host_options(args: list[str]) -> tuple[HostOptions, list[str]]:
 
 
 def triton_command(args: list[str], work_dir: Path) -> tuple[list[str], dict[str, str]]:
-    """The command and environment that run tritonserver with `args`."""
+    """The command and environment that run tritonserver with `args` (and the flags every
+    voxfleet server runs with, `with_pod_flags`)."""
+    from engines.pod.triton_server import with_pod_flags
+
+    args = with_pod_flags(args)
     installed = shutil.which("tritonserver")
     if installed:
         return [installed, *args], dict(os.environ)

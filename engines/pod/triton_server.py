@@ -21,6 +21,16 @@ from engines.pod.processes import end_process_group, ended_with_this_process, ex
 # Triton waits this long for in-flight requests at shutdown; callers stopping the server give
 # it a little more before killing it.
 EXIT_TIMEOUT_SECONDS = 30
+# Every model voxfleet writes carries its whole config (engines/contract/repository.py). Left
+# on, Triton's Python backend starts a stub process at each load only to ask the model to
+# complete it: 1.2 to 1.3 s of a 1.9 s voice load on this project's 2-core CPU machine
+# (2026-11-29, `python -m lab.packing --runtime onnxruntime`), before the stub that serves.
+NO_AUTO_COMPLETE = "--disable-auto-complete-config"
+
+
+def with_pod_flags(args: list[str]) -> list[str]:
+    """tritonserver's arguments with the flags every voxfleet server runs with added."""
+    return args if NO_AUTO_COMPLETE in args else [*args, NO_AUTO_COMPLETE]
 
 
 class TritonError(RuntimeError):
@@ -113,7 +123,7 @@ class TritonServer:
 
     def command(self) -> list[str]:
         backends = prepare_backends(self._work)
-        return [
+        command = [
             str(tritonserver_dist() / "bin" / "tritonserver"),
             f"--model-repository={self.repository}",
             f"--backend-directory={backends}",
@@ -126,6 +136,7 @@ class TritonServer:
             f"--exit-timeout-secs={EXIT_TIMEOUT_SECONDS}",
             *self.extra_args,
         ]
+        return with_pod_flags(command)
 
     def start(self, timeout_s: float = 120.0, stdout_to_log: bool = True) -> TritonServer:
         from engines.pod.voice_host.process import VoiceHostError

@@ -60,3 +60,17 @@ def test_a_stubs_voice_is_read_from_its_instance_name() -> None:
     assert stub is not None
     assert (stub.model, stub.shm_region) == ("joe_2", "triton_python_backend_shm_region_1f2e")
     assert stub_of(FakeProcess("tritonserver", cmdline)) is None  # type: ignore[arg-type]
+
+
+def test_every_server_loads_voices_without_an_auto_complete_stub(tmp_path) -> None:
+    """A voice's model carries its whole config: the pod's tritonserver is told not to start a
+    process per load to complete it (the larger part of a voice's load time), whether it runs
+    the pool pod's rendered arguments, `voxfleet serve`'s own, or a user's that already say so."""
+    from engines.commands.triton import triton_command
+    from engines.pod.triton_server import NO_AUTO_COMPLETE, TritonServer
+
+    pool_pod, _ = triton_command(triton_args(), tmp_path)
+    server = TritonServer(tmp_path / "models", work_dir=tmp_path).command()
+    given, _ = triton_command(["--model-repository=/m", NO_AUTO_COMPLETE], tmp_path)
+    for command in (pool_pod, server, given):
+        assert command.count(NO_AUTO_COMPLETE) == 1, command
