@@ -382,6 +382,8 @@ class VoiceHost:
         self._voices: dict[int, _Voice] = {}
         self._handles = itertools.count(1)
         self._frontend: FrontendPool | None = None
+        # Starting the phonemiser workers takes about a second: not under `_lock`.
+        self._frontend_lock = threading.Lock()
         # Loads one at a time: each measures what it took.
         self._load_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -476,6 +478,18 @@ class VoiceHost:
         need = ARCHITECTURE_ESTIMATE_BYTES.get(plan.runtime, CPU_ARCHITECTURE_ESTIMATE_BYTES)
         self._check_fits(meter, need, f"voice {plan.name} (the first of its architecture)")
         before = meter.allocated()
+        if device == "gpu" and self._frontend_workers is None:
+            self._frontend_workers = GPU_FRONTEND_WORKERS
+        if self._frontend_workers:
+            # The workers start beside the warmup, each reading espeak-ng's data and this
+            # voice's config as it starts: a worker's first sentence took 120 ms longer than
+            # its next, and a new pod's first listeners met that as cold voices' slow tail.
+            NamedThread(
+                target=self._frontend_pool,
+                args=(plan.voice_config_path,),
+                name="voxfleet-phonemisers",
+                daemon=True,
+            ).start()
         try:
             runtime = load_stages(
                 plan.runtime, Path(plan.engine_dir), plan.windows, cpu_threads=self.cpu_threads
@@ -506,8 +520,6 @@ class VoiceHost:
         report = getattr(runtime, "warmup_report", None)
         if report is not None:
             LOGGER.info("warmup of %s by stage: %s", plan.name, json.dumps(report()))
-        if device == "gpu" and self._frontend_workers is None:
-            self._frontend_workers = GPU_FRONTEND_WORKERS
         self._architectures[key] = architecture
         report_s = float(os.environ.get(COSTS_LOG_ENV, "0") or 0)
         if report_s > 0:
@@ -626,10 +638,12 @@ class VoiceHost:
 
         self._frontend_pool().submit(voice.plan.voice_config_path, text, done)
 
-    def _frontend_pool(self) -> FrontendPool:
-        with self._lock:
+    def _frontend_pool(self, warm_config: str | None = None) -> FrontendPool:
+        """The pod's phonemisers, started on first use (`warm_config`: a voice config each
+        worker reads as it starts)."""
+        with self._frontend_lock:
             if self._frontend is None:
-                self._frontend = FrontendPool(self._frontend_workers or 0)
+                self._frontend = FrontendPool(self._frontend_workers or 0, warm_config)
                 LOGGER.info("phonemiser workers: %d", self._frontend_workers or 0)
             return self._frontend
 
@@ -645,8 +659,10 @@ class VoiceHost:
         for architecture in list(self._architectures.values()):
             architecture.scheduler.stop()
         self._architectures.clear()
-        if self._frontend is not None:
-            self._frontend.close()
+        with self._frontend_lock:  # after a start in progress
+            frontend, self._frontend = self._frontend, None
+        if frontend is not None:
+            frontend.close()
 
 
 def _report_costs(architecture: _Architecture, interval_s: float) -> None:

@@ -58,3 +58,35 @@ def test_a_killed_worker_fails_its_requests_and_is_replaced(joe: Voice) -> None:
     assert lost.error is not None, "a request to a dead worker must fail, not hang"
     assert recovered.error is None, recovered.error
     assert recovered.sentences == text_to_sentences(TEXT, joe.config)
+
+
+def test_a_pods_phonemisers_are_warm_before_its_first_listener(
+    monkeypatch: pytest.MonkeyPatch, joe_plan
+) -> None:
+    """The workers start with the voice's architecture, beside its warmup, each having read
+    espeak-ng's data and the voice's config: the first listeners do not pay for that."""
+    from known_costs import TEXT as SPOKEN
+    from known_costs import KnownCosts, Listener
+
+    from engines.pod.voice_host import host as host_module
+    from engines.streaming import SynthesisParams
+
+    monkeypatch.setattr(host_module, "load_stages", lambda *args, **kwargs: KnownCosts())
+    host = host_module.VoiceHost(frontend_workers=1)
+    try:
+        handle = host.load(joe_plan)
+        for _ in range(600):  # no stream has asked for them
+            if host._frontend is not None:
+                break
+            threading.Event().wait(0.1)
+        frontend = host._frontend
+        assert frontend is not None, "the phonemisers did not start with the voice"
+        assert frontend.warm_config == joe_plan.voice_config_path
+        assert frontend._pool is not None and len(frontend._pool._processes) == 1
+        listener = Listener()
+        host.start_stream(handle, SPOKEN, SynthesisParams(), listener)
+        assert listener.done.wait(60) and listener.error is None, listener.error
+        assert listener.received_s > 0.5
+    finally:
+        host.close()
+    assert host._frontend is None
