@@ -14,6 +14,7 @@ import ctypes.util
 import functools
 import sys
 import threading
+import time
 from typing import Any
 
 PR_SET_NAME = 15
@@ -50,3 +51,65 @@ class NamedThread(threading.Thread):
     def run(self) -> None:
         name_current_thread(self.name)
         super().run()
+
+
+class StackSampler:
+    """Where the threads named `thread_name` spend their wall time: their Python stacks,
+    sampled every `interval_s`, for profiling runs where no outside profiler can attach to
+    the process (py-spy needs ptrace, which a container may not grant). `collapsed()` gives
+    them in py-spy's raw format: a line per distinct stack, ``frame;frame;... weight``,
+    outermost first, each frame ``function (file:line)``
+    (engines.bench.profile.summarise_raw reads it).
+
+    A sample can only be taken when this thread holds the interpreter lock: a thread that
+    keeps the lock is sampled once per switch interval (5 ms), one that waits every
+    `interval_s`. So each sample weighs the wall time since the one before (microseconds),
+    not one; time inside a C call that keeps the lock counts to the Python line that made
+    it."""
+
+    def __init__(self, thread_name: str, interval_s: float = 0.002) -> None:
+        self.thread_name = thread_name
+        self.interval_s = interval_s
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: NamedThread | None = None
+
+    def start(self) -> StackSampler:
+        self._thread = NamedThread(target=self._run, name="voxfleet-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        last = time.perf_counter()
+        while not self._stop.wait(self.interval_s):
+            now = time.perf_counter()
+            weight, last = max(1, round((now - last) * 1e6)), now
+            idents = {t.ident for t in threading.enumerate() if t.name == self.thread_name}
+            frames = sys._current_frames()
+            for ident in idents:
+                frame = frames.get(ident) if ident is not None else None
+                stack: list[str] = []
+                while frame is not None:
+                    code = frame.f_code
+                    stack.append(f"{code.co_name} ({code.co_filename}:{frame.f_lineno})")
+                    frame = frame.f_back
+                if stack:
+                    key = ";".join(reversed(stack))
+                    with self._lock:
+                        self._counts[key] = self._counts.get(key, 0) + weight
+
+    def sampled_s(self) -> float:
+        """The wall time the samples weigh together (seconds)."""
+        with self._lock:
+            return sum(self._counts.values()) / 1e6
+
+    def collapsed(self) -> str:
+        with self._lock:
+            counts = sorted(self._counts.items(), key=lambda item: -item[1])
+        return "".join(f"{stack} {count}\n" for stack, count in counts)

@@ -47,7 +47,8 @@ from engines.streaming import (
     StreamSink,
     SynthesisParams,
 )
-from engines.streaming.threads import NamedThread
+from engines.streaming.scheduler import SCHEDULER_THREAD
+from engines.streaming.threads import NamedThread, StackSampler
 from engines.streaming.types import VoiceSlot
 from engines.text.frontend import Sentence
 from engines.text.frontend_pool import FrontendPool
@@ -67,6 +68,10 @@ CPU_VOICE_BYTES_PER_FILE_BYTE = 1.5
 # cost model and step times to stderr, as `voxfleet-costs <first voice> <json>` lines (read by
 # engines/bench/profile.py).
 COSTS_LOG_ENV = "VOXFLEET_COSTS_LOG_S"
+# Profiling runs: the schedulers' threads' stacks, sampled in the process (`StackSampler`),
+# written to this file every STACKS_WRITE_S in py-spy's raw format (wall microseconds).
+STACKS_FILE_ENV = "VOXFLEET_STACKS_FILE"
+STACKS_WRITE_S = 2.0
 # What a pod holds is predicted by each architecture's scheduler from its calls' costs
 # (`StreamScheduler.capacity`, engines/streaming/capacity.py). A pod that has its capacity of
 # live streams refuses a new one (RESOURCE_EXHAUSTED) at once rather than make every playing
@@ -382,6 +387,7 @@ class VoiceHost:
         self._voices: dict[int, _Voice] = {}
         self._handles = itertools.count(1)
         self._frontend: FrontendPool | None = None
+        self._sampler: StackSampler | None = None  # STACKS_FILE_ENV
         # Starting the phonemiser workers takes about a second: not under `_lock`.
         self._frontend_lock = threading.Lock()
         # Loads one at a time: each measures what it took.
@@ -530,6 +536,15 @@ class VoiceHost:
                 name="voxfleet-costs",
                 daemon=True,
             ).start()
+        stacks = os.environ.get(STACKS_FILE_ENV, "")
+        if stacks and self._sampler is None:
+            self._sampler = StackSampler(SCHEDULER_THREAD).start()
+            NamedThread(
+                target=_write_stacks,
+                args=(self._sampler, Path(stacks), self._closed),
+                name="voxfleet-stacks",
+                daemon=True,
+            ).start()
         return architecture
 
     def _load_weights(
@@ -659,6 +674,8 @@ class VoiceHost:
         for architecture in list(self._architectures.values()):
             architecture.scheduler.stop()
         self._architectures.clear()
+        if self._sampler is not None:
+            self._sampler.stop()
         with self._frontend_lock:  # after a start in progress
             frontend, self._frontend = self._frontend, None
         if frontend is not None:
@@ -689,6 +706,18 @@ def _report_costs(architecture: _Architecture, interval_s: float) -> None:
             line["first_audio_ms"] = scheduler.first_audio_paths.take()
         name = architecture.first_voice
         print(f"voxfleet-costs {name} {json.dumps(line)}", file=sys.stderr, flush=True)
+
+
+def _write_stacks(sampler: StackSampler, path: Path, closed: threading.Event) -> None:
+    """The sampler's stacks into `path` every STACKS_WRITE_S, replaced whole each time."""
+    while not closed.wait(STACKS_WRITE_S):
+        partial = path.with_name(path.name + ".partial")
+        try:
+            partial.write_text(sampler.collapsed())
+            partial.replace(path)
+        except OSError as error:
+            LOGGER.error("cannot write the sampled stacks to %s: %s", path, error)
+            return
 
 
 class _CountedSink(StreamSink):

@@ -1,0 +1,78 @@
+"""The voice host's in-process sampler (VOXFLEET_STACKS_FILE): where a named thread spends its
+time, in the raw format the bench's profile summary reads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from engines.bench.profile import summarise_raw
+from engines.streaming.threads import NamedThread, StackSampler
+
+
+def _busy_part(until: float) -> None:
+    while time.monotonic() < until:
+        sum(range(200))
+
+
+def _waiting_part(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def _worker(stop: threading.Event) -> None:
+    while not stop.is_set():
+        _busy_part(time.monotonic() + 0.03)
+        _waiting_part(0.01)
+
+
+def test_the_sampler_finds_where_the_named_thread_spends_its_time() -> None:
+    stop = threading.Event()
+    worker = NamedThread(target=_worker, args=(stop,), name="voxfleet-scheduler", daemon=True)
+    other = NamedThread(target=_waiting_part, args=(1.0,), name="voxfleet-delivery", daemon=True)
+    worker.start()
+    other.start()
+    sampler = StackSampler("voxfleet-scheduler", interval_s=0.002).start()
+    time.sleep(0.8)
+    sampler.stop()
+    stop.set()
+    worker.join()
+    text = sampler.collapsed()
+    assert 0.5 < sampler.sampled_s() < 1.0
+    summary = summarise_raw(text, top=50)
+    shares = {row["function"]: row["share"] for row in summary["inclusive"]}
+    # Only the named thread is sampled, and every sample of it is inside its loop.
+    assert not any("delivery" in line for line in text.splitlines())
+    worker_share = next(s for f, s in shares.items() if f.endswith("test_stack_sampler._worker"))
+    assert worker_share == 1.0
+    busy = next(s for f, s in shares.items() if f.endswith("._busy_part"))
+    waiting = next((s for f, s in shares.items() if f.endswith("._waiting_part")), 0.0)
+    # Three parts busy to one waiting: each sample weighs the time since the last, so a part
+    # that keeps the interpreter lock is not under-counted.
+    assert busy > 2 * waiting > 0.0, shares
+
+
+def test_a_voice_host_writes_its_schedulers_stacks_where_it_is_told(
+    monkeypatch, tmp_path, joe_plan
+) -> None:
+    from known_costs import TEXT, KnownCosts, Listener
+
+    from engines.pod.voice_host import host as host_module
+    from engines.streaming import SynthesisParams
+
+    stacks = tmp_path / "stacks.txt"
+    monkeypatch.setenv(host_module.STACKS_FILE_ENV, str(stacks))
+    monkeypatch.setattr(host_module, "STACKS_WRITE_S", 0.2)
+    monkeypatch.setattr(host_module, "load_stages", lambda *args, **kwargs: KnownCosts())
+    host = host_module.VoiceHost(frontend_workers=0)
+    try:
+        handle = host.load(joe_plan)
+        listener = Listener()
+        host.start_stream(handle, TEXT, SynthesisParams(), listener)
+        assert listener.done.wait(60) and listener.error is None
+        time.sleep(0.5)
+    finally:
+        host.close()
+    summary = summarise_raw(stacks.read_text(), top=100)
+    functions = {row["function"] for row in summary["inclusive"]}
+    assert "engines.streaming.scheduler._loop" in functions
+    assert "engines.streaming.scheduler.step" in functions  # it ran the stream's steps
