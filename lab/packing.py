@@ -10,7 +10,7 @@ explicit model control, under an MPS per-client memory limit when `--mps-limit` 
 3. a cold voice: the first request to each of `--cold` voices loaded but never used, one at a
    time: first audio p50/p95;
 4. a voice loaded while `--background` streams of ten other voices play: each load's time,
-   and the background streams that underran while the loads ran;
+   and the background streams that underran while the loads ran (none with 0);
 5. the closed-loop sweep (`voxfleet bench`'s runner, `--client-processes` listeners'
    processes) at `--levels` for: one voice; ten voices evenly; every voice with Zipf(1.1)
    popularity. The streams each pattern holds (every stream real time, first-audio p95 under
@@ -262,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mps-limit", default="", help="e.g. 16G: MPS per-client memory limit")
     parser.add_argument("--parallel", type=int, default=8, help="loads at a time (8)")
     parser.add_argument("--cold", type=int, default=20, help="cold voices to time (20)")
-    parser.add_argument("--background", type=int, default=200, help="streams while loading")
+    parser.add_argument(
+        "--background", type=int, default=200, help="streams while loading (0: no such loads)"
+    )
     parser.add_argument(
         "--levels", type=lambda v: [int(x) for x in v.split(",")], default=[250, 500, 1000]
     )
@@ -344,9 +346,10 @@ def main(argv: list[str] | None = None) -> int:
             "max": round(max(cold_ms), 1),
         }
         ten = loaded[:10]
-        result["loads_under_streams"] = _loads_under_streams(
-            pod, later, ten, args.background, load_corpus()
-        )
+        if args.background > 0:
+            result["loads_under_streams"] = _loads_under_streams(
+                pod, later, ten, args.background, load_corpus()
+            )
         patterns = {
             "one": ([template.name], "even"),
             "ten": (ten, "even"),

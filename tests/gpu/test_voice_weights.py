@@ -256,3 +256,16 @@ def test_grouped_calls_are_off_by_default_and_a_bad_setting_is_named(
     monkeypatch.setenv("VOXFLEET_GROUPED_STAGES", "flow")
     with pytest.raises(TorchCudaError, match="not flow"):
         load(entries["joe"], WindowConfig())
+
+
+def test_cudnns_autotuning_limit_is_read_from_the_environment(monkeypatch) -> None:
+    from engines.runtimes.torch_cuda import _settings_from_environment
+    from engines.runtimes.torch_cuda.stages import TorchCudaError
+
+    monkeypatch.delenv("VOXFLEET_CUDNN_BENCHMARK_LIMIT", raising=False)
+    assert "cudnn_benchmark_limit" not in _settings_from_environment()  # PyTorch's own
+    monkeypatch.setenv("VOXFLEET_CUDNN_BENCHMARK_LIMIT", "3")
+    assert _settings_from_environment()["cudnn_benchmark_limit"] == 3
+    monkeypatch.setenv("VOXFLEET_CUDNN_BENCHMARK_LIMIT", "few")
+    with pytest.raises(TorchCudaError, match="VOXFLEET_CUDNN_BENCHMARK_LIMIT"):
+        _settings_from_environment()

@@ -21,11 +21,14 @@ MAX_GRAPH_WINDOWS = 64
 # default (docs/gpu.md, "One call for several voices"); these turn them on for measuring.
 VOICE_LANES_ENV = "VOXFLEET_VOICE_LANES"
 GROUPED_STAGES_ENV = "VOXFLEET_GROUPED_STAGES"
+# How many of cuDNN's algorithms its autotuning times per convolution of a captured shape
+# (`torch.backends.cudnn.benchmark_limit`; unset: PyTorch's own, 10; 0: every one).
+CUDNN_BENCHMARK_LIMIT_ENV = "VOXFLEET_CUDNN_BENCHMARK_LIMIT"
 
 
-def _lanes_from_environment() -> dict:
-    """`voice_lanes` and `grouped_stages` from the environment, where set; a clear error
-    naming the variable where a value is not one."""
+def _settings_from_environment() -> dict:
+    """`voice_lanes`, `grouped_stages` and `cudnn_benchmark_limit` from the environment, where
+    set; a clear error naming the variable where a value is not one."""
     import os
 
     from engines.runtimes.torch_cuda.stages import (
@@ -52,6 +55,13 @@ def _lanes_from_environment() -> dict:
         settings["grouped_stages"] = names
     else:
         settings["grouped_stages"] = GROUPED_STAGES
+    limit = os.environ.get(CUDNN_BENCHMARK_LIMIT_ENV, "").strip()
+    if limit:
+        if not limit.isdigit():
+            raise TorchCudaError(
+                f"{CUDNN_BENCHMARK_LIMIT_ENV} is a whole number (0: every algorithm), not {limit!r}"
+            )
+        settings["cudnn_benchmark_limit"] = int(limit)
     return settings
 
 
@@ -71,6 +81,6 @@ def load(engine_dir: Path, windows: WindowConfig, cpu_threads: int | None = None
         batch_buckets=buckets,
         encoder_batch_buckets=[b for b in ENCODER_BATCH_BUCKETS if b < 2 * max_sentences],
         encoder_launch=windows.encoder_launch,
-        **_lanes_from_environment(),
+        **_settings_from_environment(),
     )
     return stages

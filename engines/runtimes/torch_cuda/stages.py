@@ -74,6 +74,9 @@ QUEUED_ENCODER_CALLS_IN_FLIGHT = 3
 # 47.99 GiB while loading; PyTorch reads the cap from this variable at its first convolution.
 CUDNN_WORKSPACE_MIB = 256
 CUDNN_WORKSPACE_ENV = "CUDNN_CONV_WSCAP_DBG"
+# The algorithms cuDNN's autotuning times per convolution and shape, best first by its
+# heuristics (`torch.backends.cudnn.benchmark_limit`); None: PyTorch's own (10).
+CUDNN_BENCHMARK_LIMIT: int | None = None
 STAGES = ("encoder", "flow", "vocoder")
 # Grouped calls (`GraphedStage.run_lanes`): the voices one call takes, padded up to these
 # lane counts, and the most rows of one voice in it; a voice with more rows than that in a
@@ -509,6 +512,7 @@ class TorchCudaStages:
         encoder_precision: str = "fp32",
         voice_lanes: int = VOICE_LANES,
         grouped_stages: Sequence[str] = GROUPED_STAGES,
+        cudnn_benchmark_limit: int | None = CUDNN_BENCHMARK_LIMIT,
     ) -> None:
         engine_dir = Path(engine_dir)
         if voice_lanes < 1:
@@ -545,6 +549,8 @@ class TorchCudaStages:
             # a bounded workspace (`CUDNN_WORKSPACE_MIB`).
             os.environ.setdefault(CUDNN_WORKSPACE_ENV, str(CUDNN_WORKSPACE_MIB))
             torch.backends.cudnn.benchmark = autotune
+            if cudnn_benchmark_limit is not None:
+                torch.backends.cudnn.benchmark_limit = cudnn_benchmark_limit
         if self.precision == "fp32" and self.device.type == "cuda":
             # TF32 matrix units would make "fp32" 1e-3-accurate, not fp32-accurate.
             torch.backends.cuda.matmul.allow_tf32 = False
