@@ -1,13 +1,15 @@
 """Where a torch-cuda architecture's start goes, by part and by captured graph, and what a
-limit on cuDNN's autotuning buys: `python -m lab.warmup_costs` (a CUDA GPU).
+setting of the runtime changes in it: `python -m lab.warmup_costs` (a CUDA GPU).
 
-    python -m lab.warmup_costs --engine-dir ENTRY --limits default,3,1 --out warmup-costs.json
+    python -m lab.warmup_costs --engine-dir ENTRY \
+        --variants VOXFLEET_AUTOTUNE_MIN_ROWS=1,default --out warmup-costs.json
 
 A pod is ready once its first voice's architecture has captured its graphs
 (`StreamScheduler.warmup`), and most of that is the vocoder's, whose captures autotune
-cuDNN's algorithms (engines/runtimes/torch_cuda/stages.py, AUTOTUNED_STAGES). For each limit
-(`VOXFLEET_CUDNN_BENCHMARK_LIMIT`; `default`: unset, PyTorch's own) one fresh process, one
-after another on the same GPU, reports:
+cuDNN's algorithms (engines/runtimes/torch_cuda/stages.py, AUTOTUNED_STAGES). For each variant
+(`default`: the runtime as it is; else `NAME=VALUE[+NAME=VALUE...]`, environment variables
+the runtime reads, such as `VOXFLEET_AUTOTUNE_MIN_ROWS`) one fresh process, one after another
+on the same GPU, reports:
 
 - `start_s`: from the process's spawn to `import torch` done, to CUDA's first call done, to
   the runtime made from the entry (`runtime_s`), to the scheduler's warmup done (`warmup_s`,
@@ -17,7 +19,7 @@ after another on the same GPU, reports:
   the capture), and `slowest`: the ten slowest captures;
 - `calls_ms`: after the warmup, the median time of a replayed call of each stage at each
   bucket of its widest shape (the vocoder's and flow's widest window, the encoder's
-  320-phoneme sentences), so that a limit's shorter warmup is weighed against its calls.
+  320-phoneme sentences), so that a variant's shorter warmup is weighed against its calls.
 """
 
 from __future__ import annotations
@@ -35,7 +37,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-LIMIT_ENV = "VOXFLEET_CUDNN_BENCHMARK_LIMIT"
+
+def parse_variant(text: str) -> dict[str, str]:
+    """`default` → {}; `A=1+B=2` → {"A": "1", "B": "2"}; ValueError otherwise."""
+    if text == "default":
+        return {}
+    settings = {}
+    for part in text.split("+"):
+        name, equals, value = part.partition("=")
+        if not equals or not name.strip():
+            raise ValueError(f"a variant is 'default' or NAME=VALUE[+NAME=VALUE...], not {text!r}")
+        settings[name.strip()] = value.strip()
+    return settings
 
 
 def _child(args: argparse.Namespace) -> dict[str, Any]:
@@ -125,8 +138,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         )
     order = ["spawned", "torch_imported", "cuda_ready", "runtime_made", "warmed"]
     return {
-        "limit": os.environ.get(LIMIT_ENV) or "default",
-        "cudnn_benchmark_limit": torch.backends.cudnn.benchmark_limit,
+        "variant": args.variant,
         "device": torch.cuda.get_device_name(0) if cuda else device,
         "torch": torch.__version__,
         "shapes": shapes,
@@ -166,25 +178,30 @@ def _median_ms(call: Any, sync: Any, repeats: int = 20) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab.warmup_costs", description=__doc__)
     parser.add_argument("--engine-dir", type=Path, required=True, help="a torch-cuda entry")
-    parser.add_argument("--limits", default="default,3,1", help="comma-separated (default,3,1)")
+    parser.add_argument(
+        "--variants",
+        default="VOXFLEET_AUTOTUNE_MIN_ROWS=1,default",
+        help="comma-separated: default, or NAME=VALUE[+NAME=VALUE...]",
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run (no graphs)")
     parser.add_argument("--max-bucket", type=int, default=256, help="largest batch timed")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--spawned-at", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--variant", default="default", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         args.out.write_text(json.dumps(_child(args)))
         return 0
-    limits = [limit.strip() for limit in args.limits.split(",") if limit.strip()]
-    for limit in limits:
-        if limit != "default" and not limit.isdigit():
-            parser.error(f"--limits takes whole numbers or 'default', not {limit!r}")
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    try:
+        settings = [parse_variant(variant) for variant in variants]
+    except ValueError as error:
+        parser.error(str(error))
     runs = []
-    for limit in limits:
-        env = {k: v for k, v in os.environ.items() if k != LIMIT_ENV}
-        if limit != "default":
-            env[LIMIT_ENV] = limit
+    for variant, setting in zip(variants, settings, strict=True):
+        env = {k: v for k, v in os.environ.items() if k not in setting}
+        env.update(setting)
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             command = [
                 sys.executable,
@@ -194,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--engine-dir={args.engine_dir}",
                 f"--out={out.name}",
                 f"--spawned-at={time.time()}",
+                f"--variant={variant}",
                 f"--device={args.device}",
                 f"--max-bucket={args.max_bucket}",
             ]
@@ -201,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             run = json.loads(Path(out.name).read_text())
         runs.append(run)
         summary = {
-            "limit": limit,
+            "variant": variant,
             "total_s": run["total_s"],
             "start_s": run["start_s"],
             "warmup": {k: v["seconds"] for k, v in run["warmup_report"].items()},

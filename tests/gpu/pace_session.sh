@@ -25,8 +25,9 @@
 #   fresh server each, side by side.
 # - packing: `lab.packing` on a fresh pool pod under an MPS limit of LIMIT (16G), with the
 #   GPU's own count of its used memory sampled beside it (nvidia-smi, every second).
-# - warmup: where an architecture's start goes, by part and captured graph, for each cuDNN
-#   autotuning limit of LIMITS (`lab.warmup_costs`, a fresh process each); needs part 1 only.
+# - warmup: where an architecture's start goes, by part and captured graph, and each stage's
+#   calls after it, for each of VARIANTS (settings of the runtime: `lab.warmup_costs`, a
+#   fresh process each); needs part 1 only.
 # - profile: for each pattern of PATTERNS (ten one), a fresh pool pod with PACKED (12) voices
 #   and its scheduler's stacks sampled in the process (VOXFLEET_STACKS_FILE), streaming that
 #   pattern at PACK_LEVELS listeners; each stack file summarised (stacks-PATTERN.json).
@@ -165,7 +166,8 @@ packing)
     echo "nvidia-smi memory.used, most seen: $(cut -d, -f2 "$OUT/gpu-memory-used-$RUN.csv" | sort -n | tail -n 1) MiB"
     ;;
 warmup)
-    timeout 500 python3 -m lab.warmup_costs --engine-dir "$ENTRY" --limits "${LIMITS:-default,3,1}" \
+    timeout 500 python3 -m lab.warmup_costs --engine-dir "$ENTRY" \
+        --variants "${VARIANTS:-VOXFLEET_AUTOTUNE_MIN_ROWS=1,default}" \
         --out "$OUT/warmup-costs.json" 2>&1 | cut -c1-1500
     ;;
 profile)

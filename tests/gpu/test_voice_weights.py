@@ -258,14 +258,33 @@ def test_grouped_calls_are_off_by_default_and_a_bad_setting_is_named(
         load(entries["joe"], WindowConfig())
 
 
-def test_cudnns_autotuning_limit_is_read_from_the_environment(monkeypatch) -> None:
+def test_only_graphs_of_many_rows_are_autotuned_and_the_threshold_is_read(monkeypatch) -> None:
+    """cuDNN's autotuning (about a second a capture) is kept for the graphs whose calls carry
+    enough rows for their kernels to matter; smaller ones take its heuristics."""
     from engines.runtimes.torch_cuda import _settings_from_environment
-    from engines.runtimes.torch_cuda.stages import TorchCudaError
+    from engines.runtimes.torch_cuda.stages import (
+        AUTOTUNE_MIN_ROWS,
+        GraphedStage,
+        TorchCudaError,
+    )
 
-    monkeypatch.delenv("VOXFLEET_CUDNN_BENCHMARK_LIMIT", raising=False)
-    assert "cudnn_benchmark_limit" not in _settings_from_environment()  # PyTorch's own
-    monkeypatch.setenv("VOXFLEET_CUDNN_BENCHMARK_LIMIT", "3")
-    assert _settings_from_environment()["cudnn_benchmark_limit"] == 3
-    monkeypatch.setenv("VOXFLEET_CUDNN_BENCHMARK_LIMIT", "few")
-    with pytest.raises(TorchCudaError, match="VOXFLEET_CUDNN_BENCHMARK_LIMIT"):
+    stage = GraphedStage(None, function=lambda inputs: [inputs["x"]], device=torch.device("cpu"))
+    stage.autotune, stage.autotune_min_rows = True, AUTOTUNE_MIN_ROWS
+    seen: list[bool] = []
+    monkeypatch.setattr(
+        stage, "_capture_now", lambda bucket, inputs: seen.append(torch.backends.cudnn.benchmark)
+    )
+    for bucket in (1, AUTOTUNE_MIN_ROWS // 2, AUTOTUNE_MIN_ROWS, 4 * AUTOTUNE_MIN_ROWS):
+        stage._capture(bucket, {"x": torch.zeros(bucket, 2)})
+    assert seen == [False, False, True, True]
+    stage.autotune = False  # a stage that is not autotuned never is
+    stage._capture(4 * AUTOTUNE_MIN_ROWS, {"x": torch.zeros(1, 2)})
+    assert seen[-1] is False
+
+    monkeypatch.delenv("VOXFLEET_AUTOTUNE_MIN_ROWS", raising=False)
+    assert "autotune_min_rows" not in _settings_from_environment()  # AUTOTUNE_MIN_ROWS
+    monkeypatch.setenv("VOXFLEET_AUTOTUNE_MIN_ROWS", "1")
+    assert _settings_from_environment()["autotune_min_rows"] == 1
+    monkeypatch.setenv("VOXFLEET_AUTOTUNE_MIN_ROWS", "0")
+    with pytest.raises(TorchCudaError, match="VOXFLEET_AUTOTUNE_MIN_ROWS"):
         _settings_from_environment()

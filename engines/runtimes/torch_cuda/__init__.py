@@ -21,14 +21,14 @@ MAX_GRAPH_WINDOWS = 64
 # default (docs/gpu.md, "One call for several voices"); these turn them on for measuring.
 VOICE_LANES_ENV = "VOXFLEET_VOICE_LANES"
 GROUPED_STAGES_ENV = "VOXFLEET_GROUPED_STAGES"
-# How many of cuDNN's algorithms its autotuning times per convolution of a captured shape
-# (`torch.backends.cudnn.benchmark_limit`; unset: PyTorch's own, 10; 0: every one).
-CUDNN_BENCHMARK_LIMIT_ENV = "VOXFLEET_CUDNN_BENCHMARK_LIMIT"
+# The fewest rows a graph of an autotuned stage is captured with cuDNN's autotuning at
+# (stages.AUTOTUNE_MIN_ROWS; 1: every graph), for measuring.
+AUTOTUNE_MIN_ROWS_ENV = "VOXFLEET_AUTOTUNE_MIN_ROWS"
 
 
 def _settings_from_environment() -> dict:
-    """`voice_lanes`, `grouped_stages` and `cudnn_benchmark_limit` from the environment, where
-    set; a clear error naming the variable where a value is not one."""
+    """`voice_lanes`, `grouped_stages` and `autotune_min_rows` from the environment, where set;
+    a clear error naming the variable where a value is not one."""
     import os
 
     from engines.runtimes.torch_cuda.stages import (
@@ -55,13 +55,11 @@ def _settings_from_environment() -> dict:
         settings["grouped_stages"] = names
     else:
         settings["grouped_stages"] = GROUPED_STAGES
-    limit = os.environ.get(CUDNN_BENCHMARK_LIMIT_ENV, "").strip()
-    if limit:
-        if not limit.isdigit():
-            raise TorchCudaError(
-                f"{CUDNN_BENCHMARK_LIMIT_ENV} is a whole number (0: every algorithm), not {limit!r}"
-            )
-        settings["cudnn_benchmark_limit"] = int(limit)
+    rows = os.environ.get(AUTOTUNE_MIN_ROWS_ENV, "").strip()
+    if rows:
+        if not rows.isdigit() or int(rows) < 1:
+            raise TorchCudaError(f"{AUTOTUNE_MIN_ROWS_ENV} is a whole number from 1, not {rows!r}")
+        settings["autotune_min_rows"] = int(rows)
     return settings
 
 

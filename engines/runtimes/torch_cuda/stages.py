@@ -74,9 +74,6 @@ QUEUED_ENCODER_CALLS_IN_FLIGHT = 3
 # 47.99 GiB while loading; PyTorch reads the cap from this variable at its first convolution.
 CUDNN_WORKSPACE_MIB = 256
 CUDNN_WORKSPACE_ENV = "CUDNN_CONV_WSCAP_DBG"
-# The algorithms cuDNN's autotuning times per convolution and shape, best first by its
-# heuristics (`torch.backends.cudnn.benchmark_limit`); None: PyTorch's own (10).
-CUDNN_BENCHMARK_LIMIT: int | None = None
 STAGES = ("encoder", "flow", "vocoder")
 # Grouped calls (`GraphedStage.run_lanes`): the voices one call takes, padded up to these
 # lane counts, and the most rows of one voice in it; a voice with more rows than that in a
@@ -100,6 +97,12 @@ LOGGER = logging.getLogger(__name__)
 # frames autotuned (256 windows) against 0.30 with the heuristics (128 windows); the flow
 # 0.055 ms a window of 304 frames either way, the encoder 0.71 against 0.78 ms a sentence.
 AUTOTUNED_STAGES = frozenset({"vocoder"})
+# Of those stages' graphs, only the ones of at least this many rows are autotuned: each
+# autotuned vocoder capture took 0.9 to 1.1 s whatever its rows, 25 of a 39 s warmup for 28
+# graphs, while a call of fewer rows is mostly its fixed cost (0.39 ms for 1 window of 144
+# frames, 1.1 ms for 8, 6.9 ms for 64; H200, 2026-11-29, `STAGE=warmup bash
+# tests/gpu/pace_session.sh`, docs/gpu.md).
+AUTOTUNE_MIN_ROWS = 16
 
 
 class TorchCudaError(RuntimeError):
@@ -194,8 +197,10 @@ class GraphedStage:
         # on a GPU) while this is set; once a pod serves, it runs eagerly instead, with
         # cuDNN's heuristics (`TorchCudaStages.stop_capturing`).
         self.capture_on_use = True
-        # cuDNN's autotuning for this stage's captures (None: the process's setting).
+        # cuDNN's autotuning for this stage's captures (None: the process's setting), for
+        # graphs of at least `autotune_min_rows` rows.
         self.autotune: bool | None = None
+        self.autotune_min_rows = 1
         self.pool = pool
         self.graphs: dict[tuple[int, tuple[tuple[int, ...], ...]], _Captured] = {}
         # Grouped calls (`run_lanes`): several voices' rows in one call, each lane against its
@@ -234,7 +239,10 @@ class GraphedStage:
     def _capture(
         self, bucket: int, inputs: dict[str, torch.Tensor], autotune: bool | None = None
     ) -> _Captured:
-        with self._cudnn(self.autotune if autotune is None else autotune):
+        tune = self.autotune if autotune is None else autotune
+        if tune and bucket < self.autotune_min_rows:
+            tune = False
+        with self._cudnn(tune):
             return self._capture_now(bucket, inputs)
 
     def _capture_now(self, bucket: int, inputs: dict[str, torch.Tensor]) -> _Captured:
@@ -252,7 +260,9 @@ class GraphedStage:
         side = self._warm_stream
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for _ in range(2):  # cuDNN picks its algorithms here, outside the capture
+            # cuDNN picks its algorithms here, outside the capture: timing them takes a
+            # second run; its heuristics pick at the first.
+            for _ in range(2 if torch.backends.cudnn.benchmark else 1):
                 shapes = [(tuple(o.shape), o.dtype) for o in function(static)]
         torch.cuda.current_stream(self.device).wait_stream(side)
         # What the warm runs and cuDNN's autotuning left cached goes back before the capture
@@ -512,7 +522,7 @@ class TorchCudaStages:
         encoder_precision: str = "fp32",
         voice_lanes: int = VOICE_LANES,
         grouped_stages: Sequence[str] = GROUPED_STAGES,
-        cudnn_benchmark_limit: int | None = CUDNN_BENCHMARK_LIMIT,
+        autotune_min_rows: int = AUTOTUNE_MIN_ROWS,
     ) -> None:
         engine_dir = Path(engine_dir)
         if voice_lanes < 1:
@@ -549,8 +559,6 @@ class TorchCudaStages:
             # a bounded workspace (`CUDNN_WORKSPACE_MIB`).
             os.environ.setdefault(CUDNN_WORKSPACE_ENV, str(CUDNN_WORKSPACE_MIB))
             torch.backends.cudnn.benchmark = autotune
-            if cudnn_benchmark_limit is not None:
-                torch.backends.cudnn.benchmark_limit = cudnn_benchmark_limit
         if self.precision == "fp32" and self.device.type == "cuda":
             # TF32 matrix units would make "fp32" 1e-3-accurate, not fp32-accurate.
             torch.backends.cuda.matmul.allow_tf32 = False
@@ -630,6 +638,7 @@ class TorchCudaStages:
         ):
             if graphed is not None:
                 graphed.autotune = autotune and name in AUTOTUNED_STAGES
+                graphed.autotune_min_rows = autotune_min_rows
         # What the warmup took and chose, by stage (`warmup_report`).
         self._warmup_seconds: dict[str, float] = {}
         # Every stage's weights move into a bound buffer the modules read from now on; the
@@ -1023,7 +1032,7 @@ class TorchCudaStages:
 
     def warmup_report(self) -> dict[str, Any]:
         """By stage: graphs captured, the seconds the warmup spent on them, and whether cuDNN
-        autotuned them (AUTOTUNED_STAGES)."""
+        autotuned them (AUTOTUNED_STAGES) from how many rows (AUTOTUNE_MIN_ROWS)."""
         stages = {"encoder": self.encoder_stage, "flow": self.flow_stage}
         stages["vocoder"] = self.vocoder_stage
         report = {
@@ -1031,6 +1040,7 @@ class TorchCudaStages:
                 "graphs": len(stage.graphs),
                 "seconds": round(self._warmup_seconds.get(name, 0.0), 2),
                 "autotuned": bool(stage.autotune),
+                "autotuned_from_rows": stage.autotune_min_rows if stage.autotune else None,
             }
             for name, stage in stages.items()
             if stage is not None
