@@ -28,7 +28,6 @@ import argparse
 import itertools
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,6 +70,10 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     from engines.runtimes.torch_cuda.stages import GraphedStage, TorchCudaStages
     from engines.streaming import StreamScheduler
     from engines.text.voice import read_voice_config
+    from lab.gpu_bench import median_seconds
+
+    def _ms(call: Any) -> float:
+        return median_seconds(call, repeats=20) * 1e3
 
     if cuda:
         windows = WindowConfig()
@@ -127,15 +130,13 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         latent = torch.randn(bucket, 192, vocoder_frames, device=device)
         prior = torch.randn(bucket, 192, flow_frames, device=device)
         mask = torch.ones(bucket, 1, flow_frames, device=device)
-        calls["vocoder"][bucket] = _median_ms(partial(runtime.vocode_tensor, latent), sync)
-        calls["flow"][bucket] = _median_ms(partial(runtime.flow_tensor, prior, mask), sync)
+        calls["vocoder"][bucket] = _ms(partial(runtime.vocode_tensor, latent))
+        calls["flow"][bucket] = _ms(partial(runtime.flow_tensor, prior, mask))
     encoder_buckets = runtime.encoder_stage.buckets if runtime.encoder_stage is not None else ()
     for bucket in [b for b in encoder_buckets if b <= args.max_bucket]:
         ids = torch.full((bucket, 320), 20, dtype=torch.int64)
         lengths = torch.full((bucket,), 320)
-        calls["encoder"][bucket] = _median_ms(
-            partial(runtime.encode_tensor, ids, lengths, scales), sync
-        )
+        calls["encoder"][bucket] = _ms(partial(runtime.encode_tensor, ids, lengths, scales))
     order = ["spawned", "torch_imported", "cuda_ready", "runtime_made", "warmed"]
     return {
         "variant": args.variant,
@@ -160,19 +161,6 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         "vocoder_frames": vocoder_frames,
         "flow_frames": flow_frames,
     }
-
-
-def _median_ms(call: Any, sync: Any, repeats: int = 20) -> float:
-    for _ in range(3):
-        call()
-    sync()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        call()
-        sync()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -658,8 +658,10 @@ class VoiceHost:
         worker reads as it starts)."""
         with self._frontend_lock:
             if self._frontend is None:
-                self._frontend = FrontendPool(self._frontend_workers or 0, warm_config)
-                LOGGER.info("phonemiser workers: %d", self._frontend_workers or 0)
+                # Closed meanwhile (a start beside a warmup that came too late): no workers.
+                workers = 0 if self._closed.is_set() else self._frontend_workers or 0
+                self._frontend = FrontendPool(workers, warm_config)
+                LOGGER.info("phonemiser workers: %d", workers)
             return self._frontend
 
     def _stream_ended(self, voice: _Voice) -> None:
