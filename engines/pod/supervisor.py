@@ -227,6 +227,10 @@ class Supervisor:
             if self.process is None or exit_status(self.process) is not None:
                 return False
             if self._http("GET", "/v2/health/ready") == 200:
+                # Watched from the moment the server is ready: a stub that dies before the
+                # watch loop's first look is a death, not a stub never seen.
+                self._stubs = {**self._stubs, **self._current_stubs()}
+                self._pending_config.update(stub.model for stub in self._stubs.values())
                 return True
             time.sleep(0.1)
         return False

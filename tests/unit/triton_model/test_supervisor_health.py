@@ -73,3 +73,29 @@ def test_a_stub_missed_by_one_listing_is_not_a_death(
         for process in (stub, supervisor.process):
             process.kill()
             process.wait()
+
+
+def test_a_stub_that_dies_the_moment_the_server_is_ready_is_a_death(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`voxfleet serve` says it is ready, then starts watching: a backend process killed in
+    between was never seen by the watch, and its voice stayed dead. It is watched from the
+    moment tritonserver is ready."""
+    from engines.pod import supervisor as module
+
+    supervisor = Supervisor(["sleep", "30"], {}, TritonEndpoints(), tmp_path, health_port=None)
+    supervisor.process = subprocess.Popen(["sleep", "30"])
+    stub = subprocess.Popen(["sleep", "30"])
+    listed = {stub.pid: module._Stub(model="joe", shm_region="joe-shm")}
+    monkeypatch.setattr(supervisor, "_current_stubs", lambda: dict(listed))
+    monkeypatch.setattr(supervisor, "_http", lambda method, path, *a, **k: 200)
+    try:
+        assert supervisor.wait_ready(5)
+        stub.kill()  # before the watch loop's first look
+        stub.wait()
+        listed.clear()
+        assert supervisor._dead_model() == "joe"
+    finally:
+        for process in (stub, supervisor.process):
+            process.kill()
+            process.wait()
