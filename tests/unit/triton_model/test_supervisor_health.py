@@ -50,52 +50,52 @@ def test_ready_fails_the_moment_tritonserver_has_exited(tmp_path: Path) -> None:
             supervisor._health.shutdown()
 
 
-def test_a_stub_missed_by_one_listing_is_not_a_death(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A stub still running but absent from one listing (its /proc entry unreadable for a
-    moment, as under a burst of loads) must not restart tritonserver and every voice with
-    it; the same stub gone for good, its voice still ready, is a death."""
-    from engines.pod import supervisor as module
-
+@pytest.fixture
+def watching(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A supervisor over a stand-in server whose voice `joe` is always ready, and a stand-in
+    stub process for it (not the server's child: never listed unless a test lists it)."""
     supervisor = Supervisor(["sleep", "30"], {}, TritonEndpoints(), tmp_path, health_port=None)
     supervisor.process = subprocess.Popen(["sleep", "30"])
-    stub = subprocess.Popen(["sleep", "30"])  # not a child of the server: never listed
+    stub = subprocess.Popen(["sleep", "30"])
     monkeypatch.setattr(supervisor, "_http", lambda method, path, *a, **k: 200)
     try:
-        supervisor._stubs = {stub.pid: module._Stub(model="joe", shm_region="joe-shm")}
-        assert supervisor._dead_model() is None
-        assert stub.pid in supervisor._stubs  # still watched
-        stub.kill()
-        stub.wait()
-        assert supervisor._dead_model() == "joe"
+        yield supervisor, stub
     finally:
         for process in (stub, supervisor.process):
             process.kill()
             process.wait()
 
 
+def _joe(stub: subprocess.Popen) -> dict:
+    from engines.pod import supervisor as module
+
+    return {stub.pid: module._Stub(model="joe", shm_region="joe-shm")}
+
+
+def test_a_stub_missed_by_one_listing_is_not_a_death(watching) -> None:
+    """A stub still running but absent from one listing (its /proc entry unreadable for a
+    moment, as under a burst of loads) must not restart tritonserver and every voice with
+    it; the same stub gone for good, its voice still ready, is a death."""
+    supervisor, stub = watching
+    supervisor._stubs = _joe(stub)
+    assert supervisor._dead_model() is None
+    assert stub.pid in supervisor._stubs  # still watched
+    stub.kill()
+    stub.wait()
+    assert supervisor._dead_model() == "joe"
+
+
 def test_a_stub_that_dies_the_moment_the_server_is_ready_is_a_death(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    watching, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`voxfleet serve` says it is ready, then starts watching: a backend process killed in
     between was never seen by the watch, and its voice stayed dead. It is watched from the
     moment tritonserver is ready."""
-    from engines.pod import supervisor as module
-
-    supervisor = Supervisor(["sleep", "30"], {}, TritonEndpoints(), tmp_path, health_port=None)
-    supervisor.process = subprocess.Popen(["sleep", "30"])
-    stub = subprocess.Popen(["sleep", "30"])
-    listed = {stub.pid: module._Stub(model="joe", shm_region="joe-shm")}
+    supervisor, stub = watching
+    listed = _joe(stub)
     monkeypatch.setattr(supervisor, "_current_stubs", lambda: dict(listed))
-    monkeypatch.setattr(supervisor, "_http", lambda method, path, *a, **k: 200)
-    try:
-        assert supervisor.wait_ready(5)
-        stub.kill()  # before the watch loop's first look
-        stub.wait()
-        listed.clear()
-        assert supervisor._dead_model() == "joe"
-    finally:
-        for process in (stub, supervisor.process):
-            process.kill()
-            process.wait()
+    assert supervisor.wait_ready(5)
+    stub.kill()  # before the watch loop's first look
+    stub.wait()
+    listed.clear()
+    assert supervisor._dead_model() == "joe"
