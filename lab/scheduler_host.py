@@ -19,10 +19,7 @@ wall time per step by part (`StreamScheduler.step_times`, which a server's call 
 with VOXFLEET_COSTS_LOG_S) and the vocoder rows per step. It runs the scheduler's Python and
 PyTorch's CPU tensor calls (the frame stores' gathers and scatters move real bytes), not
 CUDA's launches, Triton's response path or a GPU: compare its figures with each other, not
-with a server's. What the backend does on the device runs on the CPU here: since the gather
-and scatter indices are built on the device (and a scatter writes its padding to sink rows),
-that work counts as the host's in this lab, where on a GPU it is not; figures from before
-that change compare with later ones only on the scheduler's own parts.
+with a server's.
 
 The scheduler's cost model is held at the H100's figures (`H100_COSTS`, from a server's call
 log), so that the planner fills its steps by their estimated device time, as on that GPU,

@@ -3,8 +3,7 @@
 A GPU runtime (torch-cuda, tensorrt) gives the scheduler this backend instead of the host one:
 prior and latent frames of every live sentence stay on the device from the encoder to the
 vocoder, a batch of windows is cut with one gather kernel and stored with one scatter, and
-the only copies per call are the windows' starts, limits and page tables up (the gather index
-is built on the device from them) and the batch's int16 PCM down.
+the only copies per step are the gather indices up and the batch's int16 PCM down.
 
 The runtime must offer the device tensor API of `TorchCudaStages`: ``device``, ``flow_dtype``,
 ``vocoder_dtype``, ``encode_tensor``, ``flow_tensor`` and ``vocode_tensor``.
@@ -22,7 +21,6 @@ import torch
 
 from engines.streaming.frames import (
     LATENT_CHANNELS,
-    PAGE_FRAMES,
     SENTENCE_FLOW_FRAMES,
     BackendFeatures,
     FramePool,
@@ -31,29 +29,6 @@ from engines.streaming.frames import (
 
 # 4,096 pages of 32 frames: 131,072 frames (25 minutes of audio) before the stores first grow.
 INITIAL_PAGES = 4096
-# Rows past the pool's frames that a scatter's padding positions write to (`_store`), spread so
-# that no row takes more than a few of a call's writes: 1.5 MiB a store at FP16.
-SINK_ROWS = 4096
-
-
-def upload(value: np.ndarray | torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """A host array onto `device` without waiting for the work queued there.
-
-    On a CUDA device the copy goes through pinned memory. A copy from pageable memory is
-    staged by the driver, which may first wait for everything queued on the stream: the host
-    then stalls behind the calls it launched before, and the device idles while the host
-    launches the next ones. The pinned block goes back to the caching host allocator once the
-    copy is done. A tensor already on a device is returned as it is.
-    """
-    if isinstance(value, torch.Tensor):
-        tensor = value
-    else:
-        tensor = torch.from_numpy(np.ascontiguousarray(value))
-    if tensor.device.type != "cpu":
-        return tensor
-    if torch.device(device).type == "cuda":
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=True)
 
 
 def _voice(voice: Any) -> dict[str, Any]:
@@ -161,78 +136,28 @@ class DeviceBackend:
             groups_voices=bool(getattr(runtime, "groups_voices", False)),
         )
         self.pool = FramePool(initial_pages)
-        # Each store has SINK_ROWS rows past the pool's frames, which a scatter's padding
-        # positions write to (`_store`): a scatter then needs no count of its kept rows on
-        # the host.
-        frames = self.pool.capacity_frames + SINK_ROWS
+        frames = self.pool.capacity_frames
         self._prior = torch.zeros(
             (frames, LATENT_CHANNELS), dtype=runtime.flow_dtype, device=self.device
         )
         self._latent = torch.zeros(
             (frames, LATENT_CHANNELS), dtype=runtime.vocoder_dtype, device=self.device
         )
-        self._columns: dict[int, torch.Tensor] = {}
-        self._sinks = torch.arange(SINK_ROWS, device=self.device)
 
     def _fit(self) -> None:
-        grown = self.pool.capacity_frames + SINK_ROWS - self._prior.shape[0]
+        grown = self.pool.capacity_frames - self._prior.shape[0]
         if grown > 0:
-            stores = []
-            for store in (self._prior, self._latent):
-                store[-SINK_ROWS:].zero_()  # the old sinks become frames of new pages
-                stores.append(torch.cat([store, store.new_zeros(grown, LATENT_CHANNELS)]))
-            self._prior, self._latent = stores
+            self._prior = torch.cat([self._prior, self._prior.new_zeros(grown, LATENT_CHANNELS)])
+            self._latent = torch.cat([self._latent, self._latent.new_zeros(grown, LATENT_CHANNELS)])
 
     def _upload(self, array: np.ndarray) -> torch.Tensor:
-        return upload(array, self.device)
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)
 
-    def _window_index(
-        self,
-        tables: Sequence[np.ndarray],
-        starts: np.ndarray,
-        limits: np.ndarray,
-        width: int,
-        ends: np.ndarray | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`FramePool.window_index` computed on the device: (index [windows, width], valid
-        [windows, width], rows), where rows [3 or 4, windows] holds each window's start,
-        limit, page-table offset and, where given, end.
-
-        The host uploads each window's start, limit, end and page table in one copy, a few
-        hundred bytes, where the index it would build is [windows, width] int64 (180 KiB for
-        128 windows of 176 frames, whose temporaries cost the host more than their
-        arithmetic)."""
-        count = len(tables)
-        lengths = np.fromiter((len(t) for t in tables), dtype=np.int64, count=count)
-        offsets = np.cumsum(lengths) - lengths
-        per_row = [starts, limits, offsets] + ([] if ends is None else [ends])
-        packed = self._upload(
-            np.concatenate([np.asarray(a, dtype=np.int64) for a in per_row] + list(tables))
-        )
-        rows = packed[: len(per_row) * count].view(len(per_row), count)
-        flat = packed[len(per_row) * count :]
-        columns = self._columns.get(width)
-        if columns is None:
-            columns = self._columns[width] = torch.arange(width, device=self.device)
-        positions = rows[0][:, None] + columns[None, :]
-        valid = (positions >= 0) & (positions < rows[1][:, None])
-        clipped = positions.clamp_min(0)
-        slots = (rows[2][:, None] + clipped // PAGE_FRAMES).clamp_max(flat.shape[0] - 1)
-        index = flat[slots] * PAGE_FRAMES + clipped % PAGE_FRAMES
-        return torch.where(valid, index, 0), valid, rows
-
-    def _store(
-        self, store: torch.Tensor, values: torch.Tensor, index: torch.Tensor, keep: torch.Tensor
-    ) -> None:
-        """store[index[b, t]] = values[b, :, t] for every (b, t) kept; values [B, 192, W].
-        The others go to the sink rows past the pool's frames, which no window reads."""
-        count = index.numel()
-        if count > self._sinks.shape[0]:
-            self._sinks = torch.arange(count, device=self.device) % SINK_ROWS
-        sinks = self._sinks[:count] + (store.shape[0] - SINK_ROWS)
-        target = torch.where(keep.reshape(-1), index.reshape(-1), sinks)
-        rows = values.permute(0, 2, 1).reshape(count, values.shape[1])
-        store.index_copy_(0, target, rows.to(store.dtype))
+    def _scatter(self, store: torch.Tensor, values: torch.Tensor, index, keep) -> None:
+        """store[index[keep]] = values[b, :, t] for every (b, t) kept; values [B, 192, W]."""
+        rows, columns = np.nonzero(keep)
+        where = self._upload(np.stack([rows, columns, index[keep]]))
+        store[where[2]] = values[where[0], :, where[1]].to(store.dtype)
 
     @staticmethod
     def _encoder_inputs(ids, lengths, scales) -> tuple[torch.Tensor, ...]:
@@ -289,44 +214,43 @@ class DeviceBackend:
                 part_frames, part_tables = frames[rows], [tables[row] for row in rows]
             width = min(size, part.shape[-1])
             padded = torch.nn.functional.pad(part[..., :width], (0, size - width))
-            zeros = np.zeros(len(rows), np.int64)
-            index, valid, _ = self._window_index(part_tables, zeros, part_frames, size)
+            valid = np.arange(size)[None, :] < part_frames[:, None]
+            mask = self._upload(valid[:, None, :].astype(np.float32))
             part_voice = [voice[row] for row in rows] if isinstance(voice, list) else voice
             latent = self.runtime.flow_tensor(
                 padded,
-                valid[:, None, :].to(torch.float32),
+                mask,
                 speakers[rows] if speakers is not None else None,
                 **_voice(part_voice),
             )
-            self._store(self._latent, latent, index, valid)
+            index, valid = FramePool.window_index(
+                part_tables, np.zeros(len(rows), np.int64), part_frames, size
+            )
+            self._scatter(self._latent, latent, index, valid)
         return True
 
     def store_prior(self, prior, tables: Sequence[np.ndarray], frames: np.ndarray) -> None:
         self._fit()
-        zeros = np.zeros(len(tables), np.int64)
-        index, valid, _ = self._window_index(tables, zeros, frames, prior.shape[-1])
-        self._store(self._prior, prior, index, valid)
+        index, valid = FramePool.window_index(
+            tables, np.zeros(len(tables), np.int64), frames, prior.shape[-1]
+        )
+        self._scatter(self._prior, prior, index, valid)
 
     def flow(self, tables, starts, limits, width, context, ends, speakers, voice=None):
-        index, valid, rows = self._window_index(tables, starts, limits, width, ends)
-        prior = self._prior[index].permute(0, 2, 1)
-        latent = self.runtime.flow_tensor(
-            prior, valid[:, None, :].to(torch.float32), speakers, **_voice(voice)
-        )
-        # Only the frames past the window's context and before its end are the flow's.
-        columns = self._columns[width][None, :]
-        keep = valid & (columns >= context) & (rows[0][:, None] + columns < rows[3][:, None])
-        self._store(self._latent, latent, index, keep)
-
-    def _pcm(self, tables, starts, limits, width, speakers, cut, voice) -> torch.Tensor:
-        """A vocoder call's int16 PCM [windows, samples], on the device."""
-        index, _, _ = self._window_index(tables, starts, limits, width)
-        latent = self._latent[index].permute(0, 2, 1)
-        audio = self.runtime.vocode_tensor(latent, speakers, **_voice(voice))[:, cut[0] : cut[1]]
-        return (audio.float().clamp(-1.0, 1.0) * 32767.0).to(torch.int16)
+        index, valid = FramePool.window_index(tables, starts, limits, width)
+        prior = self._prior[self._upload(index)].permute(0, 2, 1)
+        mask = self._upload(valid[:, None, :].astype(np.float32))
+        latent = self.runtime.flow_tensor(prior, mask, speakers, **_voice(voice))
+        columns = np.arange(width)[None, :]
+        keep = valid & (columns >= context) & (starts[:, None] + columns < ends[:, None])
+        self._scatter(self._latent, latent, index, keep)
 
     def vocode(self, tables, starts, limits, width, speakers, cut, voice=None):
-        return self._pcm(tables, starts, limits, width, speakers, cut, voice).cpu().numpy()
+        index, _ = FramePool.window_index(tables, starts, limits, width)
+        latent = self._latent[self._upload(index)].permute(0, 2, 1)
+        audio = self.runtime.vocode_tensor(latent, speakers, **_voice(voice))[:, cut[0] : cut[1]]
+        pcm = (audio.float().clamp(-1.0, 1.0) * 32767.0).to(torch.int16)
+        return pcm.cpu().numpy()
 
     def vocode_async(
         self, tables, starts, limits, width, speakers, cut, voice=None
@@ -339,7 +263,10 @@ class DeviceBackend:
             return PendingAudio(torch.from_numpy(pcm), time.perf_counter() - started)
         start = torch.cuda.Event(enable_timing=True)
         start.record()
-        pcm = self._pcm(tables, starts, limits, width, speakers, cut, voice)
+        index, _ = FramePool.window_index(tables, starts, limits, width)
+        latent = self._latent[self._upload(index)].permute(0, 2, 1)
+        audio = self.runtime.vocode_tensor(latent, speakers, **_voice(voice))[:, cut[0] : cut[1]]
+        pcm = (audio.float().clamp(-1.0, 1.0) * 32767.0).to(torch.int16)
         # The caching host allocator hands the pinned block back once the copy is done and
         # nothing refers to it (the numpy rows sent as responses keep it alive until then).
         host = torch.empty(pcm.shape, dtype=torch.int16, pin_memory=True)

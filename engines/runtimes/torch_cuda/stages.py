@@ -52,7 +52,6 @@ import onnx
 import torch
 
 from engines.contract.plan import check_encoder_launch
-from engines.runtimes.device_frames import upload
 from engines.runtimes.torch_cuda import acoustic
 from engines.runtimes.torch_cuda.acoustic import EncoderCore
 from engines.runtimes.torch_cuda.convert import ROWS_PREFIX, OnnxModule, _as_rows
@@ -343,7 +342,7 @@ class GraphedStage:
         if shape is None:
             return None
         lanes, rows = shape
-        where = upload(lane * rows + position, self.device)
+        where = torch.from_numpy(lane * rows + position).to(self.device)
         assert self.lane_function is not None
         with self._lock:
             self.lane_histogram[shape] = self.lane_histogram.get(shape, 0) + 1
@@ -817,7 +816,7 @@ class TorchCudaStages:
             position = np.concatenate([np.arange(len(rows)) for _, rows in chunk])
             for i, (each, _) in enumerate(chunk):
                 self._bind(stage, each, lane=i)
-            index = upload(np.asarray(order, dtype=np.int64), self.device)
+            index = torch.as_tensor(order, device=self.device)
             out = graphed.run_lanes({k: t[index] for k, t in feeds.items()}, lane, position)
             if out is None:  # no graph for this shape while serving: a call per voice
                 alone.extend(chunk)
@@ -825,11 +824,11 @@ class TorchCudaStages:
             parts.append((order, out))
         for each, rows in alone:
             self._bind(stage, each)
-            index = upload(np.asarray(rows, dtype=np.int64), self.device)
+            index = torch.as_tensor(rows, device=self.device)
             parts.append((rows, graphed.run({k: t[index] for k, t in feeds.items()})))
         results = [out.new_empty((len(voice), *out.shape[1:])) for out in parts[0][1]]
         for rows, outs in parts:
-            index = upload(np.asarray(rows, dtype=np.int64), self.device)
+            index = torch.as_tensor(rows, device=self.device)
             for result, out in zip(results, outs, strict=True):
                 result[index] = out
         return results
@@ -848,13 +847,17 @@ class TorchCudaStages:
             if speaker_ids is not None
             else torch.zeros(batch, dtype=torch.int64)
         )
-        return {"sid": upload(sid, self.device)}
+        return {"sid": sid.to(self.device)}
 
     def _upload(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A host tensor onto the device without waiting for the work queued there (`upload`:
-        with a plain copy the encoder started only after the vocoder calls queued before it
-        had finished and the host had woken up)."""
-        return upload(tensor, self.device)
+        """A host tensor onto the device without waiting for the work queued there (a plain
+        copy from pageable memory waits for the stream: the encoder then started only after
+        the vocoder calls queued before it had finished and the host had woken up)."""
+        if tensor.device == self.device:
+            return tensor
+        if self.device.type == "cuda":
+            tensor = tensor.pin_memory()
+        return tensor.to(self.device, non_blocking=True)
 
     def _encode_core(
         self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, speaker_ids, voice
@@ -867,7 +870,7 @@ class TorchCudaStages:
         if padded != ids.shape[1]:
             ids = torch.nn.functional.pad(ids, (0, padded - ids.shape[1]))
         self._speaker(self.encoder_input_names, ids.shape[0], speaker_ids)  # refuses ids != 0
-        noise_scale, length_scale, noise_w = scales.reshape(-1)[:3].tolist()
+        noise_scale, length_scale, noise_w = (float(v) for v in scales.reshape(-1)[:3])
         noise = torch.randn(ids.shape[0], 2, ids.shape[1], device=self.device) * noise_w
         inputs = {
             "ids": self._upload(ids.to(torch.int64)),

@@ -27,8 +27,6 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.runtimes.device_frames import upload
-
 # Each tensor starts on a multiple of this many elements (128 bytes for FP16), as an
 # allocation would: the kernels that read them keep their aligned loads.
 ALIGN_ELEMENTS = 64
@@ -127,15 +125,12 @@ class WeightLayout:
         }
 
     def pack(self, tensors: Mapping[str, torch.Tensor], device: torch.device) -> torch.Tensor:
-        """A new flat buffer on `device` holding `tensors` at this layout's places. Tensors on
-        the host are packed there and go to the device in one copy (`upload`), not one per
-        tensor behind the calls already queued."""
-        on_host = all(tensor.device.type == "cpu" for tensor in tensors.values())
-        flat = torch.zeros(self.numel, dtype=self.dtype, device="cpu" if on_host else device)
+        """A new flat buffer on `device` holding `tensors` at this layout's places."""
+        flat = torch.zeros(self.numel, dtype=self.dtype, device=device)
         views = self.views(flat)
         for name, view in views.items():
             view.copy_(tensors[name])
-        return upload(flat, device) if on_host else flat
+        return flat
 
 
 class WeightBinding:
