@@ -109,7 +109,7 @@ def test_the_encoder_beside_the_windows_gives_the_audio_of_the_encoder_in_the_st
     for beside in ("inline", "beside", "queued"):
         stages = TorchCudaStages(entry_dir, precision="fp32", encoder_launch=beside)
         scheduler = StreamScheduler(stages, 22050)
-        assert scheduler.backend.encodes_beside is (beside != "inline")  # type: ignore[attr-defined]
+        assert scheduler.backend.features.encodes_beside is (beside != "inline")
         scheduler.start()
         try:
             sinks = [Sink() for _ in texts]
