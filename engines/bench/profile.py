@@ -1,6 +1,8 @@
-"""Where a Triton Python model spends its time during a run: py-spy on the backend stubs.
+"""Where a server's Python spends its time during a run: py-spy on the pod's voice host and
+its Triton backend stubs.
 
-Only the stub processes are sampled (the Python that runs model.py); the summary is the
+The voice host runs every voice's stages and scheduler; the stubs (the Python that runs
+model.py) pass requests and audio between Triton and it. Both are sampled; the summary is the
 share of samples in which each function was on the stack (inclusive), for the functions of
 the `engines` package and onnxruntime's `Session.run`, plus the busiest leaf frames.
 """
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from engines.bench.resources import ProcessTree
+from engines.bench.resources import ProcessTree, pod_of, runs_voice_host
 
 _OURS = ("engines.", "onnxruntime", "model.py")
 _FRAME = re.compile(r"^(?P<function>.+?) \((?P<file>[^()]*?):(?P<line>\d+)\)$")
@@ -201,25 +203,31 @@ def _py_spy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
-def backend_stubs(tree: ProcessTree) -> list[int]:
-    stubs = []
-    for process in tree.processes():
+def profiled_processes(tree: ProcessTree) -> dict[int, str]:
+    """The Python processes of the pod around `tree` to sample, by pid: its voice host and
+    its backend stubs (a server started without a voice host has only stubs)."""
+    found: dict[int, str] = {}
+    for process in pod_of(tree).processes():
         try:
-            if "triton_python_backend_stub" in " ".join(process.cmdline()):
-                stubs.append(process.pid)
+            if runs_voice_host(process):
+                found[process.pid] = "voice host"
+            elif "triton_python_backend_stub" in " ".join(process.cmdline()):
+                found[process.pid] = "backend stub"
         except psutil.Error:
             continue
-    return stubs
+    return found
 
 
 @dataclass
 class Profiler:
-    """py-spy record on every backend stub of a server, for `duration_s` seconds."""
+    """py-spy record on a server's voice host and backend stubs (`profiled_processes`), for
+    `duration_s` seconds."""
 
     tree: ProcessTree
     duration_s: float
     work_dir: Path
     _running: list[tuple[subprocess.Popen[bytes], Path]] = field(default_factory=list)
+    sampled: list[str] = field(default_factory=list)
     error: str | None = None
 
     def start(self) -> None:
@@ -227,12 +235,13 @@ class Profiler:
         if executable is None:
             self.error = "py-spy is not installed (pip install py-spy)"
             return
-        pids = backend_stubs(self.tree)
-        if not pids:
-            self.error = "no Python backend stub under the server process"
+        processes = profiled_processes(self.tree)
+        if not processes:
+            self.error = "no voice host or Python backend stub in the server's pod"
             return
+        self.sampled = sorted(set(processes.values()), reverse=True)  # the voice host first
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        for pid in pids:
+        for pid in processes:
             out = self.work_dir / f"py-spy-{pid}.txt"
             command = [
                 executable,
@@ -271,6 +280,7 @@ class Profiler:
             return {"error": "; ".join(errors) or "py-spy wrote nothing"}
         summary = summarise_raw("\n".join(texts))
         summary["duration_s"] = self.duration_s
+        summary["sampled"] = self.sampled
         return summary
 
 

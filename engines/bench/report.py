@@ -186,8 +186,10 @@ def profile_section(runs: Sequence[dict[str, Any]]) -> str:
         if profile.get("error"):
             lines.append(f"Not profiled: {profile['error']}\n")
             continue
+        # (Results from before the voice host was sampled too name no processes.)
+        sampled = " and ".join(f"the {kind}" for kind in profile.get("sampled", ["backend stub"]))
         lines.append(
-            f"py-spy, {profile['samples']} samples of the Python backend stub over "
+            f"py-spy, {profile['samples']} samples of {sampled} over "
             f"{_num(profile.get('duration_s'))} s; share of samples with the function on the "
             "stack:\n"
         )

@@ -68,7 +68,7 @@ def find_listening_process(port: int) -> ProcessTree | None:
 VOICE_HOST_MODULE = "engines.pod.voice_host"
 
 
-def _runs_voice_host(process: psutil.Process) -> bool:
+def runs_voice_host(process: psutil.Process) -> bool:
     try:
         return VOICE_HOST_MODULE in process.cmdline()  # `python -m engines.pod.voice_host`
     except psutil.Error:
@@ -80,7 +80,7 @@ def pod_of(tree: ProcessTree) -> ProcessTree:
     host (a supervisor); else the tree itself."""
     try:
         parent = psutil.Process(tree.pid).parent()
-        if parent is not None and any(_runs_voice_host(child) for child in parent.children()):
+        if parent is not None and any(runs_voice_host(child) for child in parent.children()):
             return ProcessTree(parent.pid, f"{tree.name} and its pod")
     except psutil.Error:
         pass
@@ -158,7 +158,7 @@ class ResourceSampler:
         processes = self._tree.processes()
         self._start_cpu = _cpu_seconds(processes)
         self._last_cpu = dict(self._start_cpu)
-        self._voice_host = next((p for p in processes if _runs_voice_host(p)), None)
+        self._voice_host = next((p for p in processes if runs_voice_host(p)), None)
         if self._voice_host is not None:
             self._start_threads = thread_seconds(self._voice_host)
         self._peak_rss = _rss_bytes(processes)

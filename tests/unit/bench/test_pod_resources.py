@@ -74,3 +74,45 @@ def test_the_server_is_the_whole_pod_and_its_busiest_thread_is_named() -> None:
             child.kill()
         supervisor.kill()
         supervisor.wait()
+
+
+# A stand-in tritonserver with one backend stub under it, beside a stand-in voice host.
+SERVER_WITH_STUB = """
+import subprocess, sys, time
+stub = [sys.executable, "-c", "import time; time.sleep(30)", "triton_python_" + "backend_stub"]
+subprocess.Popen(stub)
+time.sleep(30)
+"""
+SUPERVISOR_WITH_STUB = f"""
+import subprocess, sys, time
+server = subprocess.Popen([sys.executable, "-c", {SERVER_WITH_STUB!r}])
+idle = "import time; time.sleep(30)"
+host = subprocess.Popen([sys.executable, "-c", idle, "engines.pod.voice_host"])
+print(server.pid, host.pid, flush=True)
+time.sleep(30)
+"""
+
+
+def test_the_profile_samples_the_voice_host_beside_the_stubs() -> None:
+    """The voice host runs every stage and scheduler of the pod: a profile of the stubs alone
+    (the benchmark's before) showed only their response threads."""
+    from engines.bench.profile import profiled_processes
+
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISOR_WITH_STUB], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert supervisor.stdout is not None
+        server_pid, host_pid = (int(pid) for pid in supervisor.stdout.readline().split())
+        deadline = time.monotonic() + 20
+        while not psutil.Process(server_pid).children():
+            assert time.monotonic() < deadline, "the stand-in stub never started"
+            time.sleep(0.1)
+        stub_pid = psutil.Process(server_pid).children()[0].pid
+        sampled = profiled_processes(ProcessTree(server_pid, "tritonserver"))
+        assert sampled == {host_pid: "voice host", stub_pid: "backend stub"}
+    finally:
+        for process in psutil.Process(supervisor.pid).children(recursive=True):
+            process.kill()
+        supervisor.kill()
+        supervisor.wait()
