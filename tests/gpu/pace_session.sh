@@ -163,6 +163,7 @@ packing)
         --voices "${PACKED:-100}" --mps-limit "${LIMIT:-16G}" --levels "${PACK_LEVELS:-250,500}" \
         --duration "${DURATION:-6}" --drain "${DRAIN:-10}" --out "$OUT/gpu-packing-$RUN.json" 2>&1 | tail -n 30
     kill "$SMI" 2>/dev/null
+    wait "$SMI" 2>/dev/null  # its file is complete before the archive below reads it
     echo "nvidia-smi memory.used, most seen: $(cut -d, -f2 "$OUT/gpu-memory-used-$RUN.csv" | sort -n | tail -n 1) MiB"
     ;;
 warmup)
@@ -196,7 +197,14 @@ PY
     exit 2
     ;;
 esac
-# What comes back is a few files: everything of this stage in one archive beside gpu.txt.
-(cd "$OUT" && tar czf "pace-$STAGE.tgz" --exclude gpu.txt --exclude '*.tgz' . 2>/dev/null \
-    && find . -type f ! -name gpu.txt ! -name '*.tgz' -delete)
+# What comes back is a few files: everything of this stage in one archive beside gpu.txt
+# (the device returns at most 8 files a call). tar's status 1 (a file changed while it was
+# read) still leaves a whole archive; only a fatal error keeps the files as they are.
+(
+    cd "$OUT" || exit 0
+    tar czf "pace-$STAGE.tgz" --exclude gpu.txt --exclude '*.tgz' . 2>/dev/null
+    if (($? <= 1)); then
+        find . -type f ! -name gpu.txt ! -name '*.tgz' -delete
+    fi
+)
 exit 0
