@@ -121,8 +121,8 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     for capture in captures:
         stage = by_bucket.setdefault(capture["stage"], {})
         stage[capture["bucket"]] = stage.get(capture["bucket"], 0.0) + capture["seconds"]
-    vocoder_frames = max(s + 2 * windows.vocoder_context_frames for s in windows.window_sizes())
-    flow_frames = max(2 * s + 2 * windows.flow_context_frames for s in windows.window_sizes())
+    vocoder_frames = max(windows.vocoder_call_frames())
+    flow_frames = max(windows.flow_call_frames())
     calls: dict[str, dict[int, float]] = {"vocoder": {}, "flow": {}, "encoder": {}}
     buckets = [b for b in runtime.vocoder_stage.buckets if b <= args.max_bucket]
     scales = torch.tensor([0.667, 1.0, 0.8])
@@ -188,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     runs = []
     for variant, setting in zip(variants, settings, strict=True):
-        env = {k: v for k, v in os.environ.items() if k not in setting}
-        env.update(setting)
+        env = {**os.environ, **setting}
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             command = [
                 sys.executable,
