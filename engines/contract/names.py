@@ -62,6 +62,9 @@ LOAD_RATIO = "voxfleet_load_ratio"
 CAPACITY_STREAMS = "voxfleet_capacity_streams"
 # Streams of the voice refused (RESOURCE_EXHAUSTED) because the pod was full.
 REFUSED_STREAMS_TOTAL = "voxfleet_refused_streams_total"
+# Chunks of the voice's streams sent after the listener's audio ran out, by the pod's clock
+# (playback from the first chunk on): underruns as the pod sees them.
+LATE_CHUNKS_TOTAL = "voxfleet_late_chunks_total"
 VOCODER_BATCHES_TOTAL = "voxfleet_vocoder_batches_total"  # labelled batch_size too
 # Times `voxfleet triton` / `voxfleet serve` restarted the server to heal this voice after its
 # backend process died (set by the supervisor, so it carries across those restarts).

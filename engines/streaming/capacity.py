@@ -19,11 +19,21 @@ streams paced: their steps come that often); with the device's work asynchronous
 the two overlap, otherwise (the CPU) they add up. Listeners that are not paced (no lead
 limit) make their audio sooner but need no more of it per second: each counts as one
 real-time stream.
+
+Measured where the prediction is wrong: a machine shared with other work, a burst of new
+listeners whose first windows cost more than a steady stream's. A chunk sent after the
+listener's audio ran out (by the scheduler's clock, playback from the first chunk on) is
+late; where late chunks reach more than a few of the live streams (`Ceiling`), the pod holds
+no more than a little under what was live then, whatever the model says, and raises that
+figure slowly while its streams keep up, back to the prediction.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import threading
+from collections import deque
 from dataclasses import dataclass
 
 from engines.contract.plan import WindowConfig
@@ -207,3 +217,77 @@ def host_costs() -> CostModel:
     model = CostModel(fixed_part=True, stages=("step",))
     model.per_call["step"], model.per_frame["step"] = HOST_STEP_S, HOST_WINDOW_S
     return model
+
+
+# Where streams run late (`Ceiling`): the distinct streams late within LATE_WINDOW_S that mean
+# the pod holds fewer than are live (this share of them, at least one).
+LATE_WINDOW_S = 1.0
+LATE_SHARE = 0.005
+# What it holds then: this share of the streams live at the late chunk; cut again at most
+# every CUT_INTERVAL_S (a cut acts on new listeners, the admitted ones stay), and raised by
+# RAISE_SHARE (at least a stream) every RAISE_INTERVAL_S without late streams, until it meets
+# the prediction again.
+CUT_SHARE = 0.9
+# "0" in the environment: the prediction alone (late chunks are still counted).
+CEILING_ENV = "VOXFLEET_LATE_CEILING"
+CUT_INTERVAL_S = 1.0
+RAISE_INTERVAL_S = 2.0
+RAISE_SHARE = 0.02
+
+
+class Ceiling:
+    """The most streams a scheduler holds by what its streams measured: none (the prediction
+    stands) until late chunks reach more than LATE_SHARE of the live streams within
+    LATE_WINDOW_S; then CUT_SHARE of the live streams, raised again while they keep up.
+    Called from the scheduler's thread (`late`) and from the threads that admit streams
+    (`held`)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.value: float | None = None
+        self.live_at_cut = 0  # the live streams when it was last cut
+        self._late: deque[tuple[float, int]] = deque()  # (when, stream id)
+        self._cut_at = -math.inf
+        self._raised_at = -math.inf
+        self._lock = threading.Lock()
+
+    def late(self, now: float, stream_id: int, live: int) -> bool:
+        """A chunk of stream `stream_id` went out late, `live` streams live; True where that
+        cut what the scheduler holds."""
+        if not self.enabled:
+            return False
+        with self._lock:
+            self._late.append((now, stream_id))
+            while self._late and now - self._late[0][0] > LATE_WINDOW_S:
+                self._late.popleft()
+            streams = len({stream for _, stream in self._late})
+            if streams < max(1.0, LATE_SHARE * live) or now - self._cut_at < CUT_INTERVAL_S:
+                return False
+            cut = max(1, math.floor(CUT_SHARE * live))
+            self.value = cut if self.value is None else min(self.value, cut)
+            self.live_at_cut = live
+            self._cut_at = self._raised_at = now
+            self._late.clear()
+            return True
+
+    @classmethod
+    def from_environment(cls) -> Ceiling:
+        """On, unless CEILING_ENV is "0"."""
+        return cls(enabled=os.environ.get(CEILING_ENV, "1").strip() != "0")
+
+    def held(self, now: float, predicted: int) -> int:
+        """What the scheduler holds: `predicted`, or less where its streams ran late."""
+        with self._lock:
+            if self.value is None:
+                return predicted
+            raises = math.floor((now - self._raised_at) / RAISE_INTERVAL_S)
+            for _ in range(max(0, raises)):
+                self.value += max(1.0, self.value * RAISE_SHARE)
+                if self.value >= predicted:
+                    break
+            if raises > 0:
+                self._raised_at += raises * RAISE_INTERVAL_S
+            if self.value >= predicted:
+                self.value = None
+                return predicted
+            return math.floor(self.value)

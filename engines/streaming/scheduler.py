@@ -37,6 +37,7 @@ import numpy as np
 
 from engines.contract.plan import WindowConfig
 from engines.streaming.capacity import (
+    Ceiling,
     Layout,
     StreamPace,
     host_costs,
@@ -234,6 +235,9 @@ class StreamScheduler:
         self.host_costs = host_costs()
         self.pace = StreamPace()
         self._capacity: tuple[float, int] | None = None  # (when, streams)
+        # Below the prediction where its streams ran late (`capacity`).
+        self.ceiling = Ceiling.from_environment()
+        self._predicted = 0  # the last prediction, beside a ceiling below it
         self._sync_device_s = 0.0  # this step's synchronous stage calls (seconds)
         self._on_step = on_step
         self._on_step_error = ""
@@ -560,9 +564,19 @@ class StreamScheduler:
             return cached[1]
         layout = self.layout()
         demand = stream_demand(layout, self.pace, self.sample_rate / self.hop)
-        streams = predicted_capacity(demand, self.costs, self.host_costs, layout)
+        self._predicted = predicted_capacity(demand, self.costs, self.host_costs, layout)
+        streams = self.ceiling.held(now, self._predicted)
         self._capacity = (now, streams)
         return streams
+
+    def capacity_source(self) -> str:
+        """Where `capacity`'s figure comes from, in words for a refusal."""
+        if self.ceiling.value is None:
+            return "predicted from what its calls cost"
+        return (
+            f"its streams ran late with {self.ceiling.live_at_cut} live; "
+            f"predicted {self._predicted}"
+        )
 
     def _observe_timings(self) -> None:
         """Device times of asynchronous calls that have finished, into the cost model."""
@@ -634,6 +648,27 @@ class StreamScheduler:
             stream.sink.finish(error)
         except Exception:  # the client may be gone already
             LOGGER.debug("finishing stream %s failed", stream.stream_id, exc_info=True)
+
+    def _check_late(self, stream: Stream, now: float) -> None:
+        """A playing stream's chunk going out after its audio ran out (by this clock) is late:
+        counted (`late_chunks`) and told to the ceiling on what the scheduler holds."""
+        if stream.first_audio_at is None or stream.buffered_seconds(now) >= 0:
+            return
+        if isinstance(stream.sink, _Discard):
+            return  # the warmup's stream: no listener
+        for counted in (
+            (self.stats, stream.voice.stats) if stream.voice is not None else (self.stats,)
+        ):
+            counted.late_chunks += 1
+        if self.ceiling.late(now, stream.stream_id, self.live_streams()):
+            self._capacity = None  # worked out again at the next admission
+            LOGGER.warning(
+                "streams ran late with %d live: holding at most %d until they keep up "
+                "(predicted %d)",
+                self.ceiling.live_at_cut,
+                self.ceiling.value or 0,
+                self._predicted,
+            )
 
     def _count_first_audio(self, stats: SchedulerStats, stream: Stream, now: float) -> None:
         """A stream's first audio at `now`: its time from the request (`Stream.requested`) into
@@ -809,6 +844,7 @@ class StreamScheduler:
             stream, state = window.stream, window.stream.current
             assert state is not None
             state.vocoded = window.decode[1]
+            self._check_late(stream, now)
             if stream.first_audio_at is None:
                 stream.first_audio_at = now
                 self._count_first_audio(self.stats, stream, now)
@@ -847,6 +883,7 @@ class StreamScheduler:
             stream, state = window.stream, window.stream.current
             assert state is not None
             state.vocoded = window.decode[1]
+            self._check_late(stream, now)
             first = stream.first_audio_at is None
             if first:
                 # Playback is taken to start at the launch, a little before the audio arrives:

@@ -221,6 +221,9 @@ class SchedulerStats:
     queue_seconds_sum: float = 0.0
     queue_count: int = 0
     underrun_risk_streams: int = 0
+    # Chunks sent to a playing stream after its audio ran out, by the scheduler's clock
+    # (playback from the first chunk on): underruns as the server sees them.
+    late_chunks: int = 0
     vocoder_batches: dict[int, int] = field(default_factory=dict)
     # Set by the voice host for every voice of an architecture: its live streams over the
     # real-time streams it holds (1.0: full), those streams by its own measurement (0: not

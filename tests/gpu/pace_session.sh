@@ -8,6 +8,7 @@
 #   STAGE=paced RUNS="1 2" bash tests/gpu/pace_session.sh   # carrying .whl/part-3
 #   STAGE=packing RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=paced-steps RUN=k bash tests/gpu/pace_session.sh
+#   STAGE=paced-ceiling RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=warmup bash tests/gpu/pace_session.sh    # part 1 only
 #   STAGE=profile bash tests/gpu/pace_session.sh   # after parts 1 to 3
 # Every call first copies what it carried (.whl/part-*) to /tmp/keep, where later calls on the
@@ -23,6 +24,8 @@
 #   lead limit (unpaced) at SATURATE listeners for audio a second against the stage limit.
 # - paced-steps: as paced, with steps paced 30 ms apart and not at all (`--paced-step-ms`), a
 #   fresh server each, side by side.
+# - paced-ceiling: as paced, with the ceiling on what the pod holds where its streams run late
+#   on and off (VOXFLEET_LATE_CEILING), a fresh server each, side by side.
 # - packing: `lab.packing` on a fresh pool pod under an MPS limit of LIMIT (16G), with the
 #   GPU's own count of its used memory sampled beside it (nvidia-smi, every second).
 # - warmup: where an architecture's start goes, by part and captured graph, and each stage's
@@ -153,6 +156,23 @@ paced-steps)
         done
     done
     ;;
+paced-ceiling)
+    # The same paced levels with the ceiling on what the pod holds where its streams run late
+    # (the default) and off (VOXFLEET_LATE_CEILING=0), a fresh server each, side by side in
+    # one run; the order turns round from one run to the next.
+    for run in ${RUNS:-$RUN}; do
+        ceilings="1 0"
+        (( run % 2 == 0 )) && ceilings="0 1"
+        for ceiling in $ceilings; do
+            VOXFLEET_LATE_CEILING=$ceiling serve 300 "$OUT/serve-ceiling$ceiling-$run.log" || exit 1
+            echo "{\"ready_s\": $READY_S}" >"$OUT/ceiling$ceiling-$run-ready.json"
+            bench "ceiling$ceiling-paced-$run" "${LEVELS:-2000,3000}" "${RAMP:-3}"
+            bench "ceiling$ceiling-burst-$run" "${BURST:-2000}" 1
+            grep -E "streams ran late" "$OUT/serve-ceiling$ceiling-$run.log" | head -n 3 | cut -c1-300
+            stop
+        done
+    done
+    ;;
 packing)
     python3 -m lab.voices --entry "$ENTRY" --out /tmp/voices --count 105 >/dev/null || exit 1
     # The GPU's own count of its used memory beside the pod's figure (`GpuMemoryMeter`).
@@ -193,7 +213,7 @@ PY
     done
     ;;
 *)
-    echo "pace_session: STAGE is limits, keep, paced, paced-steps, packing, warmup or profile, not $STAGE" >&2
+    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, packing, warmup or profile, not $STAGE" >&2
     exit 2
     ;;
 esac

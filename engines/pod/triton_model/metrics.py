@@ -77,6 +77,11 @@ class ModelMetrics:
         self.refused = family(
             names.REFUSED_STREAMS_TOTAL, "Streams refused because the pod was full", counter
         )
+        self.late = family(
+            names.LATE_CHUNKS_TOTAL,
+            "Chunks sent after the listener's audio ran out, by the pod's clock",
+            counter,
+        )
         self._labels = labels
         self._batches_family = pb_utils.MetricFamily(
             name=names.VOCODER_BATCHES_TOTAL,
@@ -88,6 +93,7 @@ class ModelMetrics:
         # Each counter, by the SchedulerStats field it follows, and that field's last value.
         self._counters = {
             "refused_streams": self.refused,
+            "late_chunks": self.late,
             "streams_total": self.streams,
             "stream_seconds": self.stream_seconds,
             "queue_seconds_sum": self.queue_sum,

@@ -629,7 +629,7 @@ class VoiceHost:
                 voice.slot.stats.refused_streams += 1
                 raise StreamRefused(
                     f"this server is full: {live} live streams of the {capacity} it holds in "
-                    "real time (predicted from what its calls cost); try another server",
+                    f"real time ({scheduler.capacity_source()}); try another server",
                     "RESOURCE_EXHAUSTED",
                 )
             voice.streams += 1

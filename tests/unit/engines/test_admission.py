@@ -18,7 +18,12 @@ from engines.pod.voice_host import host as host_module
 from engines.pod.voice_host.host import StreamRefused, VoiceHost
 from engines.streaming import StreamSink, SynthesisParams
 from engines.streaming.capacity import (
+    CUT_INTERVAL_S,
+    CUT_SHARE,
     FULL_BUSY,
+    RAISE_INTERVAL_S,
+    RAISE_SHARE,
+    Ceiling,
     Layout,
     StreamPace,
     host_costs,
@@ -166,3 +171,80 @@ def test_a_pod_takes_a_few_streams_whatever_it_predicts(joe_plan, monkeypatch) -
         assert sink.done.wait(30) and sink.error is None
     finally:
         host.close()
+
+
+def test_a_ceiling_falls_where_streams_run_late_and_rises_back_while_they_keep_up() -> None:
+    """What a scheduler holds by what its streams measured (capacity.Ceiling)."""
+    ceiling = Ceiling()
+    assert ceiling.held(0.0, 100) == 100  # no late chunk: the prediction stands
+    # One late stream of 1,000 live is noise, not a pod past what it holds.
+    assert not ceiling.late(0.0, 1, 1000)
+    assert ceiling.held(0.1, 1200) == 1200
+    # Late streams past LATE_SHARE of the live ones within LATE_WINDOW_S: it holds a little
+    # under what was live, below the prediction.
+    for stream in range(2, 6):
+        cut = ceiling.late(0.2, stream, 1000)
+    assert cut
+    assert ceiling.held(0.2, 1200) == math.floor(CUT_SHARE * 1000)
+    # Late chunks go on while the streams admitted before the cut play: no second cut within
+    # CUT_INTERVAL_S; a second past it, a cut to what is live then.
+    for stream in range(10, 20):
+        assert not ceiling.late(0.5, stream, 990)
+    for stream in range(20, 30):
+        ceiling.late(0.2 + CUT_INTERVAL_S, stream, 920)
+    assert ceiling.held(1.2, 1200) == math.floor(CUT_SHARE * 920)
+    # While the streams keep up it rises by RAISE_SHARE every RAISE_INTERVAL_S...
+    held = ceiling.held(1.2 + RAISE_INTERVAL_S, 1200)
+    assert held == math.floor(CUT_SHARE * 920 * (1 + RAISE_SHARE))
+    # ... and gives way to the prediction once it meets it; a lower prediction wins anyway.
+    assert ceiling.held(1.2 + 10 * RAISE_INTERVAL_S, 500) == 500
+    assert ceiling.held(1.2 + 100 * RAISE_INTERVAL_S, 1200) == 1200
+    assert ceiling.value is None
+    # At a handful of live streams one late stream is enough.
+    small = Ceiling()
+    assert small.late(0.0, 1, 6) and small.held(0.0, 20) == 5
+    # Turned off (VOXFLEET_LATE_CEILING=0): the prediction alone.
+    off = Ceiling(enabled=False)
+    assert not any(off.late(0.0, stream, 6) for stream in range(6))
+    assert off.held(0.0, 20) == 20
+
+
+def test_a_pod_that_predicts_too_much_stops_admitting_once_its_streams_run_late(
+    voice_host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the prediction is wrong (here: a cost model that believes every call costs a
+    third of what it does, and learns nothing), the late chunks are measured and the pod holds
+    a little under what was live then: it refuses the listeners that would have made every
+    stream late, says why, and counts the late chunks."""
+    host, handle = voice_host
+    scheduler = next(iter(host._architectures.values())).scheduler
+    for stage in scheduler.costs.per_call:
+        scheduler.costs.per_call[stage] /= 3
+        scheduler.costs.per_frame[stage] /= 3
+    monkeypatch.setattr(scheduler.costs, "observe", lambda *args: None)
+    scheduler._capacity = None
+    predicted = scheduler.capacity()
+    admitted: list[Listener] = []
+    refusals: list[str] = []
+    admitted_at_cut: int | None = None
+    started = time.monotonic()
+    # 40 listeners a second, each with about 10 s of audio: past what the stages hold within
+    # a few seconds, and under what the model predicts for all 6.
+    while time.monotonic() - started < 6.0:
+        listener = Listener()
+        try:
+            host.start_stream(handle, TEXT, SynthesisParams(), listener)
+            admitted.append(listener)
+        except StreamRefused as refusal:
+            assert refusal.code == "RESOURCE_EXHAUSTED"
+            refusals.append(str(refusal))
+            if admitted_at_cut is None and "its streams ran late with" in str(refusal):
+                admitted_at_cut = len(admitted)
+        time.sleep(0.025)
+    held = scheduler.capacity()
+    assert host.stats(handle).late_chunks > 0
+    assert held < predicted, (held, predicted)
+    assert admitted_at_cut is not None, refusals[-1:]  # refused, and said why
+    assert len(admitted) < 0.6 * predicted, (len(admitted), predicted)
+    # Once its streams ran late it took no more (the admitted ones are still playing).
+    assert len(admitted) <= admitted_at_cut + 2, (len(admitted), admitted_at_cut)
