@@ -9,6 +9,7 @@ flight, refuse new ones with UNAVAILABLE, and stop as soon as none is left.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -121,6 +122,7 @@ def handle(args: argparse.Namespace) -> int:
     from engines.pod.mps import MpsDaemon
     from engines.pod.supervisor import Supervisor, TritonEndpoints
     from engines.pod.triton_server import EXIT_TIMEOUT_SECONDS, TritonError, server_env
+    from engines.pod.voice_host.process import HostOptions
     from engines.text.voice import VoiceError
 
     try:
@@ -139,6 +141,13 @@ def handle(args: argparse.Namespace) -> int:
             extra,
             instances=args.instances,
         )
+        # The voice host starts each plan's architecture (its warmup: most of a GPU pod's
+        # start) at once, beside tritonserver's own start, not when the voice is loaded.
+        prepare = []
+        for plan in plans:
+            path = server.work_dir / f"prepare-{plan.name}.json"
+            path.write_text(json.dumps(plan.to_dict()))
+            prepare.append(str(path))
         endpoints = TritonEndpoints(
             http_port=server.http_port,
             metrics_port=server.metrics_port,
@@ -151,6 +160,7 @@ def handle(args: argparse.Namespace) -> int:
             server.work_dir / "supervisor",
             health_port=args.health_port or None,
             mps=MpsDaemon(server.work_dir) if args.mps else None,
+            host_options=HostOptions(prepare=tuple(prepare)),
         )
         supervisor.install_signal_handlers()
         print(f"voxfleet: serving {', '.join(p.name for p in plans)}", file=sys.stderr)

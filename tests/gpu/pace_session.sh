@@ -25,7 +25,8 @@
 # - paced-steps: as paced, with steps paced 30 ms apart and not at all (`--paced-step-ms`), a
 #   fresh server each, side by side.
 # - paced-ceiling: as paced, with the ceiling on what the pod holds where its streams run late
-#   on and off (VOXFLEET_LATE_CEILING), a fresh server each, side by side.
+#   on and off (VOXFLEET_LATE_CEILING), a fresh server each, side by side; then one under an
+#   MPS per-client limit of BUDGET (16G; empty: none), `voxfleet serve --mps`.
 # - packing: `lab.packing` on a fresh pool pod under an MPS limit of LIMIT (16G), with the
 #   GPU's own count of its used memory sampled beside it (nvidia-smi, every second).
 # - warmup: where an architecture's start goes, by part and captured graph, and each stage's
@@ -98,8 +99,10 @@ serve() {  # LEAD_MS LOG [OPTION...]: a fresh `voxfleet serve` on the whole GPU;
     local started lead=$1 log=$2
     shift 2
     started=$(date +%s.%N)
-    python3 -m engines.cli serve --runtime torch-cuda --voice joe --max-lead-ms "$lead" --api-port 0 \
-        --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 "$@" >"$log" 2>&1 &
+    # (SERVE_DIR: where it runs from, an earlier build's checkout; its modules come first.)
+    (cd "${SERVE_DIR:-.}" && exec python3 -m engines.cli serve --runtime torch-cuda --voice joe \
+        --max-lead-ms "$lead" --api-port 0 --grpc-port 18000 --metrics-port 18001 --http-port 18002 \
+        --health-port 18003 "$@") >"$log" 2>&1 &
     SERVER=$!
     wait_ready 18002 "$SERVER" >/dev/null || { tail -n 40 "$log"; return 1; }
     READY_S=$(python3 -c "import time, sys; print(round(time.time() - float(sys.argv[1]), 1))" "$started")
@@ -159,8 +162,20 @@ paced-steps)
 paced-ceiling)
     # The same paced levels with the ceiling on what the pod holds where its streams run late
     # (the default) and off (VOXFLEET_LATE_CEILING=0), a fresh server each, side by side in
-    # one run; the order turns round from one run to the next.
+    # one run, the order turned round from one run to the next; then, where BUDGET is set
+    # (16G), a fresh server with the ceiling under that MPS per-client limit, at BUDGET_LEVELS.
+    # Where an earlier build's engines/ was carried (/tmp/keep/old-engines.tgz, `git archive`),
+    # each run first starts that build's server once, for its start to ready beside this one's.
+    if [[ -f /tmp/keep/old-engines.tgz ]]; then
+        rm -rf /tmp/old-build && mkdir -p /tmp/old-build
+        tar xzf /tmp/keep/old-engines.tgz -C /tmp/old-build || exit 1
+    fi
     for run in ${RUNS:-$RUN}; do
+        if [[ -d /tmp/old-build/engines ]]; then
+            SERVE_DIR=/tmp/old-build PYTHONPATH="/tmp/old-build:$PYTHONPATH" serve 300 "$OUT/serve-old-$run.log" || exit 1
+            echo "{\"ready_s\": $READY_S, \"build\": \"$(cat /tmp/old-build/BUILD 2>/dev/null)\"}" >"$OUT/old-$run-ready.json"
+            stop
+        fi
         ceilings="1 0"
         (( run % 2 == 0 )) && ceilings="0 1"
         for ceiling in $ceilings; do
@@ -171,6 +186,14 @@ paced-ceiling)
             grep -E "streams ran late" "$OUT/serve-ceiling$ceiling-$run.log" | head -n 3 | cut -c1-300
             stop
         done
+        if [[ -n "${BUDGET-16G}" ]]; then
+            if CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=${BUDGET-16G}" serve 300 "$OUT/serve-budget-$run.log" --mps; then
+                echo "{\"ready_s\": $READY_S, \"mps_limit\": \"${BUDGET-16G}\"}" >"$OUT/budget-$run-ready.json"
+                bench "budget-paced-$run" "${BUDGET_LEVELS:-2000}" "${RAMP:-3}"
+                bench "budget-burst-$run" "${BURST:-2000}" 1
+                stop
+            fi
+        fi
     done
     ;;
 packing)

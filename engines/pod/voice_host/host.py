@@ -340,6 +340,9 @@ class _Architecture:
     first_voice: str
     fixed_bytes: int = 0
     voices: set[int] = field(default_factory=set)
+    # Prepared before any voice (`VoiceHost.prepare`): the engine directory whose voice's
+    # weights the runtime loaded with it, until that voice's load takes them.
+    unclaimed: str | None = None
 
 
 @dataclass(eq=False)
@@ -454,6 +457,12 @@ class VoiceHost:
         with self._load_lock:
             key = architecture_key(plan)
             architecture = self._architectures.get(key)
+            if architecture is not None and architecture.unclaimed == plan.engine_dir:
+                # Prepared for this voice before it was asked for: its weights are loaded.
+                architecture.unclaimed = None
+                weights = getattr(architecture.runtime, "default_voice", None)
+                nbytes = architecture.runtime.weights_bytes() if weights is not None else 0
+                return self._add_voice(plan, config, architecture, weights, nbytes)
             if architecture is not None and not hasattr(architecture.runtime, "load_voice"):
                 key = (*key, plan.engine_dir)
                 architecture = self._architectures.get(key)
@@ -463,13 +472,45 @@ class VoiceHost:
                 nbytes = architecture.runtime.weights_bytes() if weights is not None else 0
             else:
                 weights, nbytes = self._load_weights(architecture, plan, config)
-            slot = VoiceSlot(plan.name, weights, max_lead_ms=plan.windows.max_lead_ms)
-            voice = _Voice(next(self._handles), plan, config, architecture, slot, nbytes)
-            with self._lock:
-                self._voices[voice.handle] = voice
-                architecture.voices.add(voice.handle)
+            return self._add_voice(plan, config, architecture, weights, nbytes)
+
+    def _add_voice(
+        self,
+        plan: ServingPlan,
+        config: VoiceConfig,
+        architecture: _Architecture,
+        weights: Any,
+        nbytes: int,
+    ) -> int:
+        slot = VoiceSlot(plan.name, weights, max_lead_ms=plan.windows.max_lead_ms)
+        voice = _Voice(next(self._handles), plan, config, architecture, slot, nbytes)
+        with self._lock:
+            self._voices[voice.handle] = voice
+            architecture.voices.add(voice.handle)
         LOGGER.info("voice %s loaded (%s, %.1f MiB)", plan.name, plan.runtime, voice.nbytes / MIB)
         return voice.handle
+
+    def prepare(self, plan: ServingPlan) -> None:
+        """Start `plan`'s architecture, its warmup included, before any voice asks for it: a
+        pod that knows its first voice (`voxfleet serve`) starts it while tritonserver and its
+        backend start, and that voice's load then finds it ready (loads wait for it). Where it
+        cannot start, the error is logged and the voice's own load reports it."""
+        try:
+            config = read_voice_config(plan.voice_config_path)
+            with self._load_lock:
+                key = architecture_key(plan)
+                if key in self._architectures:
+                    return
+                started = time.monotonic()
+                architecture = self._create(key, plan, config)
+                architecture.unclaimed = plan.engine_dir
+            LOGGER.info(
+                "architecture of %s prepared before its load, in %.1f s",
+                plan.name,
+                time.monotonic() - started,
+            )
+        except (LoadRefused, OSError, ValueError) as error:
+            LOGGER.error("preparing %s before its load failed: %s", plan.name, error)
 
     def _create(
         self, key: tuple[Any, ...], plan: ServingPlan, config: VoiceConfig

@@ -36,6 +36,9 @@ class HostOptions:
     margin_mib: int = names.MEMORY_MARGIN_MIB
     cpu_threads: int = 0  # threads per onnxruntime call (0: the CPUs the process may use)
     frontend_workers: int | None = None  # phonemiser processes (None: 4 on a GPU, else none)
+    # Serving plans (JSON files) whose architectures the host starts at once, before their
+    # voices are loaded (`voxfleet serve` knows its voices before tritonserver starts).
+    prepare: tuple[str, ...] = ()
 
     def arguments(self) -> list[str]:
         workers = (
@@ -46,6 +49,7 @@ class HostOptions:
             f"--margin-mib={self.margin_mib}",
             f"--cpu-threads={self.cpu_threads}",
             *workers,
+            *(f"--prepare={path}" for path in self.prepare),
         ]
 
 

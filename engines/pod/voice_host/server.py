@@ -10,6 +10,7 @@ streams with it: the streams are cancelled and the voices unloaded once those ha
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import queue
@@ -276,7 +277,22 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="phonemiser processes (default: 4 where a GPU runs the voices, else none)",
     )
+    parser.add_argument(
+        "--prepare",
+        type=Path,
+        action="append",
+        default=[],
+        help="a serving plan (JSON) whose architecture to start at once, before its voice is "
+        "loaded (repeatable)",
+    )
     args = parser.parse_args(argv)
+    prepare: list[ServingPlan] = []
+    for path in args.prepare:
+        try:
+            prepare.append(ServingPlan.from_dict(json.loads(path.read_text())))
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            print(f"voxfleet host: --prepare {path}: not a serving plan: {error}", file=sys.stderr)
+            return 2
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="voxfleet host: %(message)s")
     host = VoiceHost(
         budget_bytes=args.memory_mib * MIB,
@@ -297,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    for plan in prepare:
+        NamedThread(
+            target=host.prepare, args=(plan,), name="voxfleet-host-prepare", daemon=True
+        ).start()
     try:
         serve(args.socket, host)
     except OSError as error:
