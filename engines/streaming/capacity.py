@@ -228,11 +228,11 @@ LATE_SHARE = 0.005
 # RAISE_SHARE (at least a stream) every RAISE_INTERVAL_S without late streams, until it meets
 # the prediction again.
 CUT_SHARE = 0.9
-# "0" in the environment: the prediction alone (late chunks are still counted).
-CEILING_ENV = "VOXFLEET_LATE_CEILING"
 CUT_INTERVAL_S = 1.0
 RAISE_INTERVAL_S = 2.0
 RAISE_SHARE = 0.02
+# "0" in the environment: the prediction alone (late chunks are still counted).
+CEILING_ENV = "VOXFLEET_LATE_CEILING"
 
 
 class Ceiling:
