@@ -16,7 +16,7 @@ GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$namespace": ".*", "$voice": ".*
 PANELS = {
     "Live streams",
     "First audio p50 / p95",
-    "Underrun-risk streams",
+    "Underruns: streams at risk, late chunks",
     "Queue time",
     "Pods per voice",
     "Replicas vs desired",
