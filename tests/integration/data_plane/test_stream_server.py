@@ -30,12 +30,16 @@ LONG_TEXT = " ".join(
 )
 
 
-def live_streams(server: TritonServer) -> float:
+def metric(server: TritonServer, name: str) -> float:
     with urllib.request.urlopen(server.metrics_url, timeout=5) as response:
         text = response.read().decode()
-    match = re.search(r'^voxfleet_live_streams\{model="joe"\} ([0-9.e+-]+)$', text, re.M)
-    assert match, "the live-streams gauge is missing from Triton's metrics"
+    match = re.search(rf'^{name}\{{model="joe"\}} ([0-9.e+-]+)$', text, re.M)
+    assert match, f"{name} is missing from Triton's metrics"
     return float(match.group(1))
+
+
+def live_streams(server: TritonServer) -> float:
+    return metric(server, "voxfleet_live_streams")
 
 
 def say(*args: str) -> subprocess.CompletedProcess[bytes]:
@@ -139,6 +143,8 @@ def test_audio_streams_in_several_chunks(server: TritonServer) -> None:
     assert result.sample_rate == 22050
     assert result.first_audio_s is not None and result.first_audio_s < result.total_s / 3
     assert np.abs(result.audio).max() > 1000, "the voice should be audible, not silence"
+    # Operators see the chunks that came late (a counter, per voice, on Triton's port).
+    assert metric(server, "voxfleet_late_chunks_total") >= 0
 
 
 def test_the_last_audio_chunk_is_the_final_response(server: TritonServer) -> None:
