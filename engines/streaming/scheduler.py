@@ -296,7 +296,7 @@ class StreamScheduler:
         self._running = True
         if self._async:
             self._delivery = AudioDelivery(
-                lambda stream, now: self._count_first_audio(self.stats, stream, now),
+                self._count_first_audio,
                 lambda *observed: self._observed.append(observed),
             )
             self._delivery.start()
@@ -362,6 +362,8 @@ class StreamScheduler:
         if self._async or self._thread is not None:
             return
         on_step, self._on_step = self._on_step, None
+        # Its stream has no listener: late or not, it says nothing of what the pod holds.
+        ceiling, self.ceiling = self.ceiling, Ceiling(enabled=False)
         # Every window at once: a lead limit would end the warmup at its first rest.
         windows, self.windows = self.windows, replace(self.windows, max_lead_ms=0)
         try:
@@ -383,6 +385,7 @@ class StreamScheduler:
         finally:
             self.windows = windows
             self._on_step = on_step
+            self.ceiling = ceiling
             self.stats = SchedulerStats()
             self.pace = StreamPace()  # one sentence of one id repeated is no listener's
 
@@ -654,11 +657,7 @@ class StreamScheduler:
         counted (`late_chunks`) and told to the ceiling on what the scheduler holds."""
         if stream.first_audio_at is None or stream.buffered_seconds(now) >= 0:
             return
-        if isinstance(stream.sink, _Discard):
-            return  # the warmup's stream: no listener
-        for counted in (
-            (self.stats, stream.voice.stats) if stream.voice is not None else (self.stats,)
-        ):
+        for counted in self._stats_of(stream):
             counted.late_chunks += 1
         if self.ceiling.late(now, stream.stream_id, self.live_streams()):
             self._capacity = None  # worked out again at the next admission
@@ -670,13 +669,19 @@ class StreamScheduler:
                 self._predicted,
             )
 
-    def _count_first_audio(self, stats: SchedulerStats, stream: Stream, now: float) -> None:
+    def _stats_of(self, stream: Stream) -> tuple[SchedulerStats, ...]:
+        """The stats a stream counts in: the scheduler's, and its voice's where it has one."""
+        if stream.voice is None:
+            return (self.stats,)
+        return (self.stats, stream.voice.stats)
+
+    def _count_first_audio(self, stream: Stream, now: float) -> None:
         """A stream's first audio at `now`: its time from the request (`Stream.requested`) into
-        `stats` (the first-audio metric), and its path where a profiling run records it."""
+        the stats (the first-audio metric), and its path where a profiling run records it."""
         if self.first_audio_paths is not None:
             self.first_audio_paths.add(stream, now)
         waited = now - stream.requested
-        for counted in (stats, stream.voice.stats) if stream.voice is not None else (stats,):
+        for counted in self._stats_of(stream):
             counted.first_audio_seconds_sum += waited
             counted.first_audio_count += 1
             if len(counted.first_audio_samples) < MAX_FIRST_AUDIO_SAMPLES:
@@ -847,7 +852,7 @@ class StreamScheduler:
             self._check_late(stream, now)
             if stream.first_audio_at is None:
                 stream.first_audio_at = now
-                self._count_first_audio(self.stats, stream, now)
+                self._count_first_audio(stream, now)
             stream.audio_seconds_sent += len(pcm) / self.sample_rate
             self.audio_seconds += len(pcm) / self.sample_rate
             stream.windows_sent += 1

@@ -361,6 +361,13 @@ class _Voice:
         return self.plan.name
 
 
+def _first_weights(architecture: _Architecture) -> tuple[Any, int]:
+    """The weights an architecture's runtime loaded with it (its first voice's), and their
+    bytes; (None, 0) where its runtime holds no weight sets (a voice there is a session)."""
+    weights = getattr(architecture.runtime, "default_voice", None)
+    return weights, architecture.runtime.weights_bytes() if weights is not None else 0
+
+
 def architecture_key(plan: ServingPlan) -> tuple[Any, ...]:
     """What voices must share to share an architecture: runtime, precision, windows and
     batching (their graphs are captured for these shapes); a runtime that cannot load a
@@ -460,16 +467,13 @@ class VoiceHost:
             if architecture is not None and architecture.unclaimed == plan.engine_dir:
                 # Prepared for this voice before it was asked for: its weights are loaded.
                 architecture.unclaimed = None
-                weights = getattr(architecture.runtime, "default_voice", None)
-                nbytes = architecture.runtime.weights_bytes() if weights is not None else 0
-                return self._add_voice(plan, config, architecture, weights, nbytes)
+                return self._add_voice(plan, config, architecture, *_first_weights(architecture))
             if architecture is not None and not hasattr(architecture.runtime, "load_voice"):
                 key = (*key, plan.engine_dir)
                 architecture = self._architectures.get(key)
             if architecture is None:
                 architecture = self._create(key, plan, config)
-                weights = getattr(architecture.runtime, "default_voice", None)
-                nbytes = architecture.runtime.weights_bytes() if weights is not None else 0
+                weights, nbytes = _first_weights(architecture)
             else:
                 weights, nbytes = self._load_weights(architecture, plan, config)
             return self._add_voice(plan, config, architecture, weights, nbytes)
