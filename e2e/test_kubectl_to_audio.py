@@ -281,9 +281,26 @@ def test_deleting_a_voice_finishes_its_streams_and_removes_it(
     endpoint = fast["status"]["endpoint"]
     text = " ".join([LONG_TEXT] * 3)
     reference = piper_seconds(text, 1.25)
+
+    def accepted() -> int:
+        """joe-fast's streams accepted so far, by the pool pods' own count."""
+        return sum(
+            model_stats(installation, p["metadata"]["name"]).get("joe-fast", 0)
+            for p in pool_pods(installation)
+        )
+
+    before = accepted()
     with installation.reach_service(endpoint) as address, ThreadPoolExecutor(4) as pool:
         in_flight = [pool.submit(say, address, "joe-fast", text) for _ in range(4)]
-        time.sleep(3)  # four clients connected and streaming
+        # The voice goes only once all four streams are in flight: a client whose request came
+        # after it (four `voxfleet say` processes starting on a busy machine took over 3 s once)
+        # would rightly be told the voice is gone, which is not what this tests.
+        eventually(
+            lambda: accepted() >= before + 4,
+            timeout=60,
+            interval=0.2,
+            what="the four streams were accepted",
+        )
         kubectl.run("delete", "ttsv", "joe-fast", "--wait=false")
         unlabelled = eventually(
             lambda: (
