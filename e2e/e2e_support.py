@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from cluster.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "voxfleet"
@@ -151,12 +152,6 @@ class Helm:
         if check and result.returncode != 0:
             raise KubectlError(result.returncode, ["helm", *args], result.stdout, result.stderr)
         return result
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.contextmanager

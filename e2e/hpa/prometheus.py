@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -31,7 +30,7 @@ from types import TracebackType
 from typing import Any
 
 import yaml
-from cluster.processes import die_with_parent
+from cluster.processes import die_with_parent, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCRAPE_INTERVAL = "15s"
@@ -150,12 +149,6 @@ def scrape_interval(monitor: Mapping[str, Any], override: str | None = None) -> 
     return str(endpoints[0].get("interval") or DEFAULT_SCRAPE_INTERVAL)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 class PrometheusServer:
     """A Prometheus process on a loopback port; stopped (and its data removed) on exit."""
 
@@ -168,7 +161,7 @@ class PrometheusServer:
         metrics_path: str = "/metrics",
     ) -> None:
         self.host = host
-        self.port = port or _free_port(host)
+        self.port = port or free_port(host)
         self.scrape_interval = scrape_interval
         self.metrics_path = metrics_path
         self._own_dir = work_dir is None
