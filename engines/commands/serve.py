@@ -223,8 +223,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--instances",
         type=int,
         default=1,
-        help="stream-model instances per voice, each a process with its own scheduler on the "
-        "same GPU (default 1)",
+        help="stream-model instances per voice: processes that take its requests and send its "
+        "responses, sharing the voice host's one scheduler (default 1)",
     )
     parser.add_argument(
         "--mps",

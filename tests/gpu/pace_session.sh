@@ -9,6 +9,7 @@
 #   STAGE=packing RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=paced-steps RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=paced-ceiling RUN=k bash tests/gpu/pace_session.sh
+#   STAGE=launch RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=warmup bash tests/gpu/pace_session.sh    # part 1 only
 #   STAGE=profile bash tests/gpu/pace_session.sh   # after parts 1 to 3
 # Every call first copies what it carried (.whl/part-*) to /tmp/keep, where later calls on the
@@ -27,6 +28,11 @@
 # - paced-ceiling: as paced, with the ceiling on what the pod holds where its streams run late
 #   on and off (VOXFLEET_LATE_CEILING), a fresh server each, side by side; then one under an
 #   MPS per-client limit of BUDGET (16G; empty: none), `voxfleet serve --mps`.
+# - launch: how the encoder's calls are launched (`--encoder-launch`, each of LAUNCHES: inline,
+#   beside, queued), a fresh server each, side by side in one run, the order turned round
+#   from one run to the next: paced listeners at LEVELS (3000) over RAMP s with the lead limit,
+#   then a fresh server without it at SATURATE (2000) unpaced listeners. A mode whose server
+#   does not start is recorded as such and the run goes on.
 # - packing: `lab.packing` on a fresh pool pod under an MPS limit of LIMIT (16G), with the
 #   GPU's own count of its used memory sampled beside it (nvidia-smi, every second).
 # - warmup: where an architecture's start goes, by part and captured graph, and each stage's
@@ -196,6 +202,28 @@ paced-ceiling)
         fi
     done
     ;;
+launch)
+    for run in ${RUNS:-$RUN}; do
+        launches=${LAUNCHES:-inline beside queued}
+        # Each run starts from another mode: the first after a machine's start is not favoured.
+        for _ in $(seq 1 $(( (run - 1) % $(wc -w <<<"$launches") ))); do
+            launches="$(cut -d' ' -f2- <<<"$launches") $(cut -d' ' -f1 <<<"$launches")"
+        done
+        for launch in $launches; do
+            if serve 300 "$OUT/serve-$launch-paced-$run.log" --encoder-launch "$launch"; then
+                echo "{\"ready_s\": $READY_S, \"encoder_launch\": \"$launch\"}" >"$OUT/$launch-$run-ready.json"
+                bench "$launch-paced-$run" "${LEVELS:-3000}" "${RAMP:-3}"
+                stop
+            else
+                stop
+                echo "{\"failed\": \"paced server\", \"encoder_launch\": \"$launch\"}" >"$OUT/$launch-$run-ready.json"
+            fi
+            serve 0 "$OUT/serve-$launch-unpaced-$run.log" --encoder-launch "$launch" &&
+                bench "$launch-unpaced-$run" "${SATURATE:-2000}" 3
+            stop
+        done
+    done
+    ;;
 packing)
     python3 -m lab.voices --entry "$ENTRY" --out /tmp/voices --count 105 >/dev/null || exit 1
     # The GPU's own count of its used memory beside the pod's figure (`GpuMemoryMeter`).
@@ -236,7 +264,7 @@ PY
     done
     ;;
 *)
-    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, packing, warmup or profile, not $STAGE" >&2
+    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, packing, warmup or profile, not $STAGE" >&2
     exit 2
     ;;
 esac
