@@ -31,7 +31,7 @@
 # - launch: how the encoder's calls are launched (`--encoder-launch`, each of LAUNCHES: inline,
 #   beside, queued), a fresh server each, side by side in one run, the order turned round
 #   from one run to the next: paced listeners at LEVELS (3000) over RAMP s with the lead limit,
-#   then a fresh server without it at SATURATE (2000) unpaced listeners. A mode whose server
+#   then a fresh server without it at SATURATE (2000; 0: none) unpaced listeners. A mode whose server
 #   does not start is recorded as such and the run goes on.
 # - packing: `lab.packing` on a fresh pool pod under an MPS limit of LIMIT (16G), with the
 #   GPU's own count of its used memory sampled beside it (nvidia-smi, every second).
@@ -218,6 +218,7 @@ launch)
                 stop
                 echo "{\"failed\": \"paced server\", \"encoder_launch\": \"$launch\"}" >"$OUT/$launch-$run-ready.json"
             fi
+            [[ "${SATURATE:-2000}" == 0 ]] && continue
             serve 0 "$OUT/serve-$launch-unpaced-$run.log" --encoder-launch "$launch" &&
                 bench "$launch-unpaced-$run" "${SATURATE:-2000}" 3
             stop
