@@ -270,8 +270,9 @@ class ServingPlan:
     max_streams_per_pod: int = 0
     # 1.0 is the voice's own pace; 1.25 speaks 25 % faster (Piper's length scale / 1.25).
     speaking_rate: float = 1.0
-    # Stream-model instances a pod runs for this voice: processes on its one GPU, each with its
-    # own scheduler, CUDA graphs and frame stores, and its share of max_streams_per_pod.
+    # Stream-model instances a pod runs for this voice: processes that decode its requests and
+    # send its audio, each with its share of max_streams_per_pod. They share the pod's voice
+    # host (one scheduler, one set of graphs); each loads one more copy of the voice's weights.
     instances: int = 1
 
     def __post_init__(self) -> None:

@@ -187,10 +187,10 @@ class Batching(_Model):
         default=1,
         ge=1,
         le=MAX_INSTANCES,
-        description="Stream-model processes per pod for this voice, each with its own "
-        "scheduler and its share of limits.maxConcurrentStreams. Each holds its own copy of "
-        "the voice's state (on a GPU: CUDA graphs and frame stores), so only a large GPU fits "
-        "more than 1: on an H100 two gave 1.26 to 1.28 times the audio of one.",
+        description="Stream-model processes per pod for this voice: each takes its share of "
+        "limits.maxConcurrentStreams, decodes its requests and sends its streams' audio. "
+        "They share the pod's voice host (one scheduler, one set of CUDA graphs); each loads "
+        "one more copy of the voice's weights into it.",
     )
     encoder_launch: EncoderLaunch = Field(
         default=EncoderLaunch.INLINE,
