@@ -408,15 +408,17 @@ async def test_conflicts_are_retried_and_service_monitor_follows_its_crd(
         )
         assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
 
+        # The operator's next two patches of it are refused with 409 Conflict. Set before the
+        # drift: the operator answers it on a thread of its own, through the proxy, and its
+        # first patch may be served while the test's own patch is still being answered.
+        path = Api.path("apps/v1", "deployments", "voxfleet-triton-t4")
+        api.faults.conflicts[path] = 2
         await api.patch(
             "apps/v1",
             "deployments",
             "voxfleet-triton-t4",
             {"spec": {"template": {"spec": {"terminationGracePeriodSeconds": 10}}}},
         )
-        # The operator's next two patches of it are refused with 409 Conflict.
-        path = Api.path("apps/v1", "deployments", "voxfleet-triton-t4")
-        api.faults.conflicts[path] = 2
 
         async def restored() -> bool:
             deployment = await api.get("apps/v1", "deployments", "voxfleet-triton-t4")
