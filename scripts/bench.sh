@@ -7,6 +7,9 @@
 # Servers (each a real tritonserver from the nvidia-pytriton wheel, on free local ports):
 #   voxfleet          voxfleet serve --voice joe
 #   voxfleet-nobatch  voxfleet serve --voice joe --no-batching
+#   voxfleet-paced    voxfleet serve --voice joe --max-lead-ms BENCH_LEAD_MS (1000): the
+#                     setting for listeners who play the audio as it comes; the real-time
+#                     goal is read from it
 #   triton-naive      python -m engines.bench.naive   (monolithic voice, dynamic batching)
 #   voxfleet-api      voxfleet api --upstream <the voxfleet server>   (the speech API gateway,
 #                     in front of the same server the voxfleet system streams from directly)
@@ -17,7 +20,8 @@
 # BENCH_NOTE (a line for the page, e.g. what else was running), BENCH_OUT (folder of the raw
 # JSON and the plot, default docs), BENCH_MARKDOWN (the page to rewrite, default
 # docs/benchmarks.md; "none": no page), BENCH_PROFILE and BENCH_STAGE_COSTS (1 by default;
-# 0 leaves out the py-spy profile of one voxfleet level and the stage timings).
+# 0 leaves out the py-spy profile of one voxfleet level and the stage timings), BENCH_LEAD_MS
+# (the voxfleet-paced server's lead limit, default 1000, as `make autoscale`'s voices).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,7 +30,7 @@ VOXFLEET=.venv/bin/voxfleet
 RESULTS=${BENCH_OUT:-results}
 IMG=docs/img
 MARKDOWN=${BENCH_MARKDOWN:-docs/benchmarks.md}
-SYSTEMS=${BENCH_SYSTEMS:-piper,triton-naive,voxfleet-nobatch,voxfleet,voxfleet-api}
+SYSTEMS=${BENCH_SYSTEMS:-piper,triton-naive,voxfleet-nobatch,voxfleet,voxfleet-paced,voxfleet-api}
 WORK=$(mktemp -d -t voxfleet-bench-XXXXXX)
 PIDS=()
 
@@ -58,14 +62,14 @@ def free(port):
     return True
 base = 18000
 found = []
-while len(found) < 4:
+while len(found) < 5:
     if all(free(base + i) for i in range(4)):
         found.append(base)
     base += 10
 print(" ".join(str(b) for b in found))
 PYEOF
 }
-read -r VOX NOBATCH NAIVE API < <(free_ports)
+read -r VOX NOBATCH NAIVE API PACED < <(free_ports)
 
 wants() {  # system name: whether BENCH_SYSTEMS has it
   [[ ",$SYSTEMS," == *",$1,"* ]]
@@ -103,6 +107,10 @@ if wants voxfleet-nobatch; then
   start voxfleet-nobatch "$NOBATCH" "$VOXFLEET" serve --voice joe --no-batching \
     --health-port $((NOBATCH + 3)) --api-port 0
 fi
+if wants voxfleet-paced; then
+  start voxfleet-paced "$PACED" "$VOXFLEET" serve --voice joe --max-lead-ms "${BENCH_LEAD_MS:-1000}" \
+    --health-port $((PACED + 3)) --api-port 0
+fi
 if wants triton-naive; then
   start triton-naive "$NAIVE" "$PY" -m engines.bench.naive
 fi
@@ -113,6 +121,7 @@ if wants voxfleet-api; then
 fi
 if wants voxfleet || wants voxfleet-api; then wait_ready voxfleet "$VOX"; fi
 if wants voxfleet-nobatch; then wait_ready voxfleet-nobatch "$NOBATCH"; fi
+if wants voxfleet-paced; then wait_ready voxfleet-paced "$PACED"; fi
 if wants triton-naive; then wait_ready triton-naive "$NAIVE"; fi
 if wants voxfleet-api; then
   deadline=$((SECONDS + 60))
@@ -138,6 +147,7 @@ if [[ "$MARKDOWN" != none ]]; then EXTRA+=(--markdown "$MARKDOWN"); fi
 
 "$VOXFLEET" bench \
   --url "127.0.0.1:$VOX" --nobatch-url "127.0.0.1:$NOBATCH" --naive-url "127.0.0.1:$NAIVE" \
+  --paced-url "127.0.0.1:$PACED" \
   --api-url "http://127.0.0.1:$API" --systems "$SYSTEMS" \
   --concurrency "${BENCH_CONCURRENCY:-auto}" --duration "${BENCH_DURATION:-10}" \
   --json "$RESULTS/benchmarks-cpu.json.gz" --plot "$IMG/benchmarks-cpu.png" "${EXTRA[@]}"

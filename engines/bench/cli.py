@@ -10,13 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from engines.bench.results import read_json, write_json
-from engines.bench.stats import BALANCED_SYSTEM, SPEECH_API_SYSTEM, SYSTEMS
+from engines.bench.stats import BALANCED_SYSTEM, PACED_SYSTEM, SPEECH_API_SYSTEM, SYSTEMS
 from engines.commands.arguments import positive_seconds, seconds
 
 DEFAULT_CONCURRENCY = "1,4,16,32,64"
 # The speech API gateway runs only when asked for (it needs --api-url); scripts/bench.sh asks.
 # So does the balanced system, which needs the pods of a voice (--pods).
-DEFAULT_SYSTEMS = [name for name in SYSTEMS if name not in (SPEECH_API_SYSTEM, BALANCED_SYSTEM)]
+DEFAULT_SYSTEMS = [
+    name for name in SYSTEMS if name not in (SPEECH_API_SYSTEM, BALANCED_SYSTEM, PACED_SYSTEM)
+]
 
 
 def _concurrencies(value: str) -> list[int]:
@@ -92,6 +94,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="gRPC HOST:PORT of a server started with --no-batching",
     )
     parser.add_argument(
+        "--paced-url",
+        type=_host_port,
+        help=f"gRPC HOST:PORT of a server started with --max-lead-ms, for the {PACED_SYSTEM} "
+        "system (listeners who play the audio as it comes)",
+    )
+    parser.add_argument(
         "--naive-url",
         type=_host_port,
         help="gRPC HOST:PORT of the triton-naive server (python -m engines.bench.naive)",
@@ -123,7 +131,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=_systems,
         default=list(DEFAULT_SYSTEMS),
         help=f"comma-separated, from {','.join(SYSTEMS)} (default all but {SPEECH_API_SYSTEM}, "
-        f"which needs --api-url, and {BALANCED_SYSTEM}, which needs --pods)",
+        f"which needs --api-url, {PACED_SYSTEM}, which needs --paced-url, and "
+        f"{BALANCED_SYSTEM}, which needs --pods)",
     )
     parser.add_argument(
         "--concurrency",
@@ -299,6 +308,21 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                     args.model,
                     streaming=True,
                     metrics_url=_metrics_url(args.nobatch_url),
+                )
+            )
+        elif name == PACED_SYSTEM:
+            if not args.paced_url:
+                raise BenchSystemError(
+                    f"{PACED_SYSTEM} needs --paced-url: a server started with "
+                    "`voxfleet serve --max-lead-ms 1000`"
+                )
+            systems.append(
+                TritonSystem(
+                    name,
+                    args.paced_url,
+                    args.model,
+                    streaming=True,
+                    metrics_url=_metrics_url(args.paced_url),
                 )
             )
         elif name == "voxfleet-api":

@@ -13,6 +13,7 @@ _STYLE = {
     "triton-naive": ("tab:orange", "^"),
     "voxfleet-nobatch": ("tab:blue", "v"),
     "voxfleet": ("tab:green", "o"),
+    "voxfleet-paced": ("tab:purple", "P"),
     "voxfleet-api": ("tab:olive", "D"),
 }
 

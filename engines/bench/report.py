@@ -36,6 +36,12 @@ METHOD = """\
   `settings.ramp_s`). No new request starts after the run's duration; open ones may finish.
   A worker whose request failed waits 0.1 s before its next one, twice as long after each
   failure in a row (at most 2 s), instead of asking again at once.
+- **Paced listeners**: `voxfleet-paced` is the voxfleet server with a lead limit
+  (`voxfleet serve --max-lead-ms`, 1,000 ms in `make bench`, `BENCH_LEAD_MS`): a stream sends
+  audio as fast as it can until it is that far ahead of its listener, then as fast as it
+  plays, as for the listeners of a voice agent. `voxfleet` has no limit (as for a pipeline
+  that saves the audio). The goal of real-time streams against the machine limit is read
+  from `voxfleet-paced` where it ran; the comparison with `triton-naive` from `voxfleet`.
 - **First audio**: request sent → first non-empty audio chunk received. For `piper` and
   `triton-naive` that is when the whole sentence is ready, because that is all they offer.
 - **Underrun**: a chunk that arrives after all audio received before it would have finished

@@ -3,8 +3,9 @@
 - `piper`: piper-tts in this process, one full sentence per request, one thread per stream;
   its single chunk arrives when the whole sentence is ready.
 - `triton-naive`: a non-streaming model behind Triton (unary gRPC ModelInfer, one response).
-- `voxfleet`, `voxfleet-nobatch`: the decoupled stream model over gRPC ModelStreamInfer, one
-  stream per request, every response a chunk, ended by the empty final-flagged response.
+- `voxfleet`, `voxfleet-nobatch`, `voxfleet-paced`: the decoupled stream model over gRPC
+  ModelStreamInfer, one stream per request, every response a chunk, ended by the empty
+  final-flagged response (`voxfleet-paced`: a server with a lead limit).
 - `voxfleet-pods`: the same stream model on every pod of a voice (its headless Service, or a
   list of servers), a pod picked per stream by `engines.client.balancing` over a connection per pod,
   and a stream a full pod refuses sent to another (`BalancedTritonSystem`). With

@@ -48,6 +48,14 @@ def test_triton_systems_without_a_server_address_fail_before_any_load(
     assert "triton-naive needs --naive-url" in capsys.readouterr().err
 
 
+def test_the_paced_system_without_its_server_fails_before_any_load(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = build_parser().parse_args(["bench", "--systems", "voxfleet-paced"])
+    assert args.func(args) == 1
+    assert "voxfleet-paced needs --paced-url" in capsys.readouterr().err
+
+
 def test_a_ramp_as_long_as_the_duration_is_refused_before_any_load(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

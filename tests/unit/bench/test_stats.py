@@ -134,6 +134,25 @@ def test_goals_report_ratios_and_verdicts() -> None:
     assert "voxfleet holds 4 streams" in limit.measured
 
 
+def test_the_real_time_goal_is_read_from_the_paced_server_where_it_ran() -> None:
+    runs = [
+        _run("voxfleet", 1, 150),
+        _run("voxfleet", 2, 380),  # without a lead limit, first audio misses at 2 ...
+        _run("voxfleet-paced", 1, 140),
+        _run("voxfleet-paced", 2, 160),
+        _run("voxfleet-paced", 7, 250),  # ... with one, 7 listeners hold
+        _run("triton-naive", 1, 280),
+    ]
+    _, limit, versus = evaluate_goals(runs, machine_limit_streams=13.2)
+    assert limit.ratio == pytest.approx(7 / 13.2) and limit.met
+    assert "voxfleet-paced holds 7 streams" in limit.measured
+    # The comparison with triton-naive stays on the server without a lead limit.
+    assert "voxfleet 1 streams vs triton-naive 1" in versus.measured
+    # Without the paced server the goal is read from voxfleet, as before.
+    _, alone, _ = evaluate_goals(runs[:2], machine_limit_streams=13.2)
+    assert "voxfleet holds 1 streams" in alone.measured and alone.met is False
+
+
 def test_goals_without_the_systems_they_compare_are_not_measured() -> None:
     goals = evaluate_goals([_run("voxfleet", 1, 100)], machine_limit_streams=None)
     assert [goal.met for goal in goals] == [None, None, None]
