@@ -256,7 +256,8 @@ def evaluate_goals(
         goals.append(
             Goal(
                 "real-time streams vs machine limit",
-                f"{real_time} holds {capacity} streams (zero underruns, p95 < {p95_bound_ms:.0f} ms); "
+                f"{real_time} holds {capacity} streams "
+                f"(zero underruns, p95 < {p95_bound_ms:.0f} ms); "
                 f"machine limit 1/RTF = {machine_limit_streams:.1f} streams (ratio {ratio:.2f})",
                 MACHINE_LIMIT_TARGET,
                 ratio,
