@@ -14,8 +14,15 @@ from engines.bench.stats import BALANCED_SYSTEM, PACED_SYSTEM, SPEECH_API_SYSTEM
 from engines.commands.arguments import positive_seconds, seconds
 
 DEFAULT_CONCURRENCY = "1,4,16,32,64"
+# The stream model on servers of their own settings: the option that names the server, and
+# how it was started.
+OWN_SERVER_SYSTEMS = {
+    "voxfleet-nobatch": ("--nobatch-url", "`voxfleet serve --no-batching`"),
+    PACED_SYSTEM: ("--paced-url", "`voxfleet serve --max-lead-ms 1000`"),
+}
 # The speech API gateway runs only when asked for (it needs --api-url); scripts/bench.sh asks.
-# So does the balanced system, which needs the pods of a voice (--pods).
+# So do the paced server (--paced-url) and the balanced system, which needs the pods of a
+# voice (--pods).
 DEFAULT_SYSTEMS = [
     name for name in SYSTEMS if name not in (SPEECH_API_SYSTEM, BALANCED_SYSTEM, PACED_SYSTEM)
 ]
@@ -295,35 +302,13 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             if not args.naive_url:
                 raise BenchSystemError("triton-naive needs --naive-url (see scripts/bench.sh)")
             systems.append(TritonSystem(name, args.naive_url, args.naive_model, streaming=False))
-        elif name == "voxfleet-nobatch":
-            if not args.nobatch_url:
-                raise BenchSystemError(
-                    "voxfleet-nobatch needs --nobatch-url: a server started with "
-                    "`voxfleet serve --no-batching`"
-                )
+        elif name in OWN_SERVER_SYSTEMS:
+            option, server = OWN_SERVER_SYSTEMS[name]
+            url = getattr(args, option.removeprefix("--").replace("-", "_"))
+            if not url:
+                raise BenchSystemError(f"{name} needs {option}: a server started with {server}")
             systems.append(
-                TritonSystem(
-                    name,
-                    args.nobatch_url,
-                    args.model,
-                    streaming=True,
-                    metrics_url=_metrics_url(args.nobatch_url),
-                )
-            )
-        elif name == PACED_SYSTEM:
-            if not args.paced_url:
-                raise BenchSystemError(
-                    f"{PACED_SYSTEM} needs --paced-url: a server started with "
-                    "`voxfleet serve --max-lead-ms 1000`"
-                )
-            systems.append(
-                TritonSystem(
-                    name,
-                    args.paced_url,
-                    args.model,
-                    streaming=True,
-                    metrics_url=_metrics_url(args.paced_url),
-                )
+                TritonSystem(name, url, args.model, streaming=True, metrics_url=_metrics_url(url))
             )
         elif name == "voxfleet-api":
             from engines.bench.gateway import SpeechApiSystem
