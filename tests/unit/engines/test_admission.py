@@ -245,6 +245,10 @@ def test_a_pod_that_predicts_too_much_stops_admitting_once_its_streams_run_late(
     assert host.stats(handle).late_chunks > 0
     assert held < predicted, (held, predicted)
     assert admitted_at_cut is not None, refusals[-1:]  # refused, and said why
-    assert len(admitted) < 0.6 * predicted, (len(admitted), predicted)
+    # Without the cut it admits up to the prediction (all 135 or so). When the cut comes
+    # depends on the machine: new streams waiting for their first audio are not late yet, and
+    # a slow, shared machine (one-shot RTF 0.08 to 0.1 on 2026-11-30) delays it; 0.74 of the
+    # prediction was seen there.
+    assert len(admitted) < 0.85 * predicted, (len(admitted), predicted)
     # Once its streams ran late it took no more (the admitted ones are still playing).
     assert len(admitted) <= admitted_at_cut + 2, (len(admitted), admitted_at_cut)
