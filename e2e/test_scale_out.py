@@ -212,6 +212,15 @@ def test_a_pod_leaving_with_streams_in_flight_cuts_none(
         try:
             eventually(lambda: len(listeners.results) >= 2, timeout=120, what="streams done")
             before = {p["metadata"]["name"] for p in pool_pods(installation)}
+
+            def each_pod_streaming() -> dict[str, Any] | None:
+                counts = client.balancer.counts()
+                streaming = [c for c in counts.values() if c.in_flight >= 1]
+                return counts if len(streaming) >= len(before) else None
+
+            # The scale-in starts while every pod has a stream in flight, so that the one that
+            # leaves has one whichever it is (read at the start: it drains from then on).
+            counts = eventually(each_pod_streaming, timeout=60, what="a stream on every pod")
             # What the pool HPA writes when it scales in (it has no metrics in this suite).
             kubectl.run("scale", "deployment", POOL_DEPLOYMENT, "--replicas=1")
             leaving = eventually(
@@ -228,7 +237,7 @@ def test_a_pod_leaving_with_streams_in_flight_cuts_none(
                 what="a pool pod is leaving",
             )
             address = f"{leaving['status']['podIP']}:{GRPC_PORT}"
-            in_flight = client.balancer.counts().get(address)
+            in_flight = counts.get(address)
             left_at = time.monotonic()
             eventually(
                 lambda: (
