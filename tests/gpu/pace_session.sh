@@ -115,6 +115,14 @@ serve() {  # LEAD_MS LOG [OPTION...]: a fresh `voxfleet serve` on the whole GPU;
     echo "ready in $READY_S s (process start to ready)"
     grep -E "warmup of|architecture of" "$log" | sed 's/  */ /g' | cut -c1-900
 }
+turned() {  # RUN WORD...: the words, started from the ((RUN - 1) mod count)th, so that the
+    # setting a run starts with (the first after a machine's start) changes from run to run
+    local run=$1
+    shift
+    local words=("$@")
+    local first=$(( (run - 1) % ${#words[@]} ))
+    echo "${words[@]:first} ${words[@]:0:first}"
+}
 stop() {
     kill -TERM "$SERVER" 2>/dev/null
     wait "$SERVER" 2>/dev/null
@@ -182,9 +190,7 @@ paced-ceiling)
             echo "{\"ready_s\": $READY_S, \"build\": \"$(cat /tmp/old-build/BUILD 2>/dev/null)\"}" >"$OUT/old-$run-ready.json"
             stop
         fi
-        ceilings="1 0"
-        (( run % 2 == 0 )) && ceilings="0 1"
-        for ceiling in $ceilings; do
+        for ceiling in $(turned "$run" 1 0); do
             VOXFLEET_LATE_CEILING=$ceiling serve 300 "$OUT/serve-ceiling$ceiling-$run.log" || exit 1
             echo "{\"ready_s\": $READY_S}" >"$OUT/ceiling$ceiling-$run-ready.json"
             bench "ceiling$ceiling-paced-$run" "${LEVELS:-2000,3000}" "${RAMP:-3}"
@@ -204,12 +210,7 @@ paced-ceiling)
     ;;
 launch)
     for run in ${RUNS:-$RUN}; do
-        launches=${LAUNCHES:-inline beside queued}
-        # Each run starts from another mode: the first after a machine's start is not favoured.
-        for _ in $(seq 1 $(( (run - 1) % $(wc -w <<<"$launches") ))); do
-            launches="$(cut -d' ' -f2- <<<"$launches") $(cut -d' ' -f1 <<<"$launches")"
-        done
-        for launch in $launches; do
+        for launch in $(turned "$run" ${LAUNCHES:-inline beside queued}); do
             if serve 300 "$OUT/serve-$launch-paced-$run.log" --encoder-launch "$launch"; then
                 echo "{\"ready_s\": $READY_S, \"encoder_launch\": \"$launch\"}" >"$OUT/$launch-$run-ready.json"
                 bench "$launch-paced-$run" "${LEVELS:-3000}" "${RAMP:-3}"
