@@ -224,7 +224,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=1,
         help="stream-model instances per voice: processes that take its requests and send its "
-        "responses, sharing the voice host's one scheduler (default 1)",
+        "responses, sharing the voice host's one scheduler and the voice's weights (default 1)",
     )
     parser.add_argument(
         "--mps",

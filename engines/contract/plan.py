@@ -272,7 +272,8 @@ class ServingPlan:
     speaking_rate: float = 1.0
     # Stream-model instances a pod runs for this voice: processes that decode its requests and
     # send its audio, each with its share of max_streams_per_pod. They share the pod's voice
-    # host (one scheduler, one set of graphs); each loads one more copy of the voice's weights.
+    # host (one scheduler, one set of graphs) and the voice's one copy of its weights, so
+    # their streams share stage calls as one voice's.
     instances: int = 1
 
     def __post_init__(self) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from engines.contract.plan import WindowConfig
 from engines.streaming.costs import CostModel
-from engines.streaming.types import Stream, Window
+from engines.streaming.types import Stream, Window, call_voice
 
 # Never shrink a step below this on account of streams that are already late: a late stream
 # is best helped by a step that still makes progress for everyone.
@@ -254,8 +254,8 @@ def first_call_width(cfg: WindowConfig, rules: WindowRules) -> int:
 
 
 # A stage call: (stage, width, voice). Windows share a call only where all three agree: the
-# voices of one scheduler each run with their own weights (VoiceSlot), unless the backend
-# groups them (`WindowRules.grouped_voices`: the vocoder's voice is then None).
+# voices of one scheduler each run with their own weights (VoiceSlot, `call_voice`), unless the
+# backend groups them (`WindowRules.grouped_voices`: the vocoder's voice is then None).
 Call = tuple[str, int, object]
 
 
@@ -264,7 +264,7 @@ def window_calls(
 ) -> list[Call]:
     """The (stage, width, voice) calls a window takes part in; same-width windows of one
     voice share one (of any voice, for the vocoder where `rules.grouped_voices`)."""
-    voice = window.stream.voice
+    voice = call_voice(window.stream.voice)
     vocoder_voice = None if rules.grouped_voices else voice
     calls: list[Call] = [("vocoder", call_key(window, cfg, rules)[0], vocoder_voice)]
     if window.flow[1] > window.flow[0]:
@@ -367,7 +367,7 @@ def plan_step(
             # New streams' encoder call (one per step is counted: they split by length
             # only; one per voice, unless the backend groups voices) and first windows (a
             # vocoder call of their own, after the encoder).
-            voice = None if rules.grouped_voices else stream.voice
+            voice = None if rules.grouped_voices else call_voice(stream.voice)
             calls: list[Call] = [("encoder", 0, voice), ("first-window", 0, voice)]
             cost = 0.0
             if not encoder_beside:
@@ -589,7 +589,7 @@ def encoder_calls(
         key = (
             *stream.params.scales(),
             stream.params.speaker_id,
-            None if grouped_voices else stream.voice,
+            None if grouped_voices else call_voice(stream.voice),
         )
         groups.setdefault(key, []).append(stream)
     for (noise, length, noise_w, _, _), streams in groups.items():

@@ -75,6 +75,7 @@ from engines.streaming.types import (
     SynthesisParams,
     VoiceSlot,
     Window,
+    call_voice,
 )
 from engines.text.frontend import Sentence
 
@@ -626,14 +627,20 @@ class StreamScheduler:
         flows = [w for w in windows if w.flow[1] > w.flow[0]]
         for batch in group_calls(
             flows,
-            lambda w: (call_key(w, self.windows, self.rules, flow=True), w.stream.voice),
+            lambda w: (
+                call_key(w, self.windows, self.rules, flow=True),
+                call_voice(w.stream.voice),
+            ),
             self.batching,
         ):
             self._flow(batch)
         grouped = self.rules.grouped_voices
         for batch in group_calls(
             windows,
-            lambda w: (call_key(w, self.windows, self.rules), None if grouped else w.stream.voice),
+            lambda w: (
+                call_key(w, self.windows, self.rules),
+                None if grouped else call_voice(w.stream.voice),
+            ),
             self.batching,
         ):
             self._run_windows(batch)
@@ -943,7 +950,9 @@ class StreamScheduler:
         """`_call_voices` for a call of these streams' rows (an encoder call's). Calls split
         by voice unless the backend groups voices: only then are the rows looked at."""
         first = streams[0].voice
-        if not self.rules.grouped_voices or all(stream.voice is first for stream in streams):
+        if not self.rules.grouped_voices or all(
+            call_voice(stream.voice) == call_voice(first) for stream in streams
+        ):
             return _weights(first)
         return [_weights(stream.voice) for stream in streams]
 
@@ -953,12 +962,9 @@ class StreamScheduler:
         batches = self.stats.vocoder_batches
         batches[len(windows)] = batches.get(len(windows), 0) + 1
         shares: dict[VoiceSlot, int] = {}
-        if self.rules.grouped_voices:
-            for window in windows:
-                if window.stream.voice is not None:
-                    shares[window.stream.voice] = shares.get(window.stream.voice, 0) + 1
-        elif windows[0].stream.voice is not None:  # one voice a call
-            shares[windows[0].stream.voice] = len(windows)
+        for window in windows:  # several slots where grouped or sharing weights
+            if window.stream.voice is not None:
+                shares[window.stream.voice] = shares.get(window.stream.voice, 0) + 1
         for voice, count in shares.items():
             voice.stats.vocoder_batches[count] = voice.stats.vocoder_batches.get(count, 0) + 1
 

@@ -4,6 +4,7 @@ state of each live stream and sentence."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -65,7 +66,8 @@ class VoiceSlot:
     voice) and its own stats. Each voice's rows run with its own weights
     (engines/runtimes/torch_cuda/weights.py): streams of different voices share a vocoder call
     only where the backend groups voices (`BackendFeatures.groups_voices`), and no other
-    stage call."""
+    stage call. Slots that hold the same weights (one voice's instances in the voice host)
+    share calls as one voice, and each keeps its own stats (`call_voice`)."""
 
     name: str
     weights: Any = None
@@ -73,6 +75,15 @@ class VoiceSlot:
     # Its own lead limit (its plan's `max_lead_ms`), where the voices of a scheduler differ;
     # None: the scheduler's plan's.
     max_lead_ms: int | None = None
+
+
+def call_voice(voice: VoiceSlot | None) -> Hashable:
+    """What rows must share to share a stage call that splits by voice: the weights they run
+    with, by identity, so that slots holding one voice's weights (its instances) share calls;
+    a slot without weights is a voice of its own, and None the runtime's own voice."""
+    if voice is None:
+        return None
+    return voice if voice.weights is None else id(voice.weights)
 
 
 @dataclass

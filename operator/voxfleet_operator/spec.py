@@ -189,8 +189,8 @@ class Batching(_Model):
         le=MAX_INSTANCES,
         description="Stream-model processes per pod for this voice: each takes its share of "
         "limits.maxConcurrentStreams, decodes its requests and sends its streams' audio. "
-        "They share the pod's voice host (one scheduler, one set of CUDA graphs); each loads "
-        "one more copy of the voice's weights into it.",
+        "They share the pod's voice host (one scheduler, one set of CUDA graphs) and the "
+        "voice's one copy of its weights there, so their streams share its stage calls.",
     )
     encoder_launch: EncoderLaunch = Field(
         default=EncoderLaunch.INLINE,

@@ -468,6 +468,11 @@ class VoiceHost:
                 # Prepared for this voice before it was asked for: its weights are loaded.
                 architecture.unclaimed = None
                 return self._add_voice(plan, config, architecture, *_first_weights(architecture))
+            twin = self._loaded_twin(plan, key)
+            if twin is not None:
+                # Another instance of a loaded voice (`voxfleet serve --instances`): it shares
+                # that voice's weights, and so its stage calls, and costs no memory more.
+                return self._add_voice(plan, config, twin.architecture, twin.slot.weights, 0)
             if architecture is not None and not hasattr(architecture.runtime, "load_voice"):
                 key = (*key, plan.engine_dir)
                 architecture = self._architectures.get(key)
@@ -477,6 +482,21 @@ class VoiceHost:
             else:
                 weights, nbytes = self._load_weights(architecture, plan, config)
             return self._add_voice(plan, config, architecture, weights, nbytes)
+
+    def _loaded_twin(self, plan: ServingPlan, key: tuple[Any, ...]) -> _Voice | None:
+        """A loaded voice (not unloading) of `plan`'s name and engines on its architecture, whose
+        weights a further instance of it shares."""
+        with self._lock:
+            for voice in self._voices.values():
+                if (
+                    voice.name == plan.name
+                    and voice.plan.engine_dir == plan.engine_dir
+                    and voice.architecture.key[: len(key)] == key
+                    and voice.slot.weights is not None
+                    and not voice.unloading
+                ):
+                    return voice
+        return None
 
     def _add_voice(
         self,
@@ -634,9 +654,15 @@ class VoiceHost:
             if self._voices.pop(voice.handle, None) is None:
                 return
             voice.architecture.voices.discard(voice.handle)
+            # Instances of one voice share its weights: they go with the last of them, and a
+            # remaining instance counts their memory.
+            heirs = [o for o in self._voices.values() if o.slot.weights is voice.slot.weights]
+            shared = voice.slot.weights is not None and bool(heirs)
+            if shared:
+                heirs[0].nbytes += voice.nbytes
         runtime = voice.architecture.runtime
         unload = getattr(runtime, "unload_voice", None)
-        if unload is not None and voice.slot.weights is not None:
+        if unload is not None and not shared and voice.slot.weights is not None:
             unload(voice.slot.weights)
         _free_device_cache(voice.architecture.meter.device)
         LOGGER.info("voice %s unloaded", voice.name)

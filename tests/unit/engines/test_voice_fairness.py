@@ -146,15 +146,21 @@ class VoiceOf:
         return getattr(self.runtime, name)
 
 
-def voices_run(sentences: list[Sentence], grouped: bool) -> dict[str, Any]:
-    """Four voices with five listeners each, all at once, on stages of known cost."""
+def voices_run(
+    sentences: list[Sentence], grouped: bool, one_weights: bool = False
+) -> dict[str, Any]:
+    """Four voices with five listeners each, all at once, on stages of known cost; with
+    `one_weights`, four slots of one voice's weights (its instances in a voice host)."""
     runtime = AsyncKnownCosts(FAST_GPU)
     if grouped:
         device = GroupingDevice(runtime)
         runtime.stream_backend = lambda: device  # type: ignore[method-assign]
     scheduler = StreamScheduler(runtime, RATE, windows=WindowConfig(), exact_widths=False)
     assert scheduler.rules.grouped_voices is grouped
-    voices = [VoiceSlot(f"v{i}", weights=VoiceOf(runtime)) for i in range(4)]
+    weights = VoiceOf(runtime)
+    voices = [
+        VoiceSlot(f"v{i}", weights=weights if one_weights else VoiceOf(runtime)) for i in range(4)
+    ]
     listeners: list[tuple[VoiceSlot, Listener]] = []
     scheduler.start()
     try:
@@ -197,3 +203,16 @@ def test_a_backend_that_groups_voices_gets_one_call_for_all_of_them(sentences) -
     # and the four voices' first sentences, asked for at once, shared encoder calls.
     assert max(grouped["voices_per_encoder_call"]) >= 3
     assert grouped["encoder_calls"] < split["encoder_calls"]
+
+
+def test_instances_of_one_voice_share_its_calls_and_count_their_own_windows(sentences) -> None:
+    """Slots that hold one voice's weights (its instances in a pod's voice host, `voxfleet
+    serve --instances`) share every stage call as one voice would, on a backend that does not
+    group voices: fewer calls for the same audio, each slot's windows still its own."""
+    shared = voices_run(sentences, grouped=False, one_weights=True)
+    split = voices_run(sentences, grouped=False)
+    assert not shared["errors"] and not split["errors"]
+    assert shared["audio_s"] == pytest.approx(split["audio_s"], rel=1e-6)
+    assert shared["calls"] < 0.7 * split["calls"], (shared["calls"], split["calls"])
+    assert shared["encoder_calls"] < split["encoder_calls"]
+    assert shared["voice_windows"] == split["voice_windows"]
