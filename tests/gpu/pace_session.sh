@@ -10,6 +10,7 @@
 #   STAGE=paced-steps RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=paced-ceiling RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=launch RUN=k bash tests/gpu/pace_session.sh
+#   STAGE=instances RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=warmup bash tests/gpu/pace_session.sh    # part 1 only
 #   STAGE=profile bash tests/gpu/pace_session.sh   # after parts 1 to 3
 # Every call first copies what it carried (.whl/part-*) to /tmp/keep, where later calls on the
@@ -33,6 +34,11 @@
 #   from one run to the next: paced listeners at LEVELS (3000) over RAMP s with the lead limit,
 #   then a fresh server without it at SATURATE (2000; 0: none) unpaced listeners. A mode whose server
 #   does not start is recorded as such and the run goes on.
+# - instances: how many stream-model processes take the voice's requests (`--instances`, each
+#   of INSTANCES: 1 2 4; they share the voice host, its scheduler and the voice's weights), a
+#   fresh server each, side by side in one run, the order turned round from one run to the
+#   next: paced listeners (lead limit 300 ms) at LEVELS (3000) over RAMP s, then BURST (2000;
+#   0: none) within 1 s.
 # - packing: `lab.packing` on a fresh pool pod under an MPS limit of LIMIT (16G), with the
 #   GPU's own count of its used memory sampled beside it (nvidia-smi, every second).
 # - warmup: where an architecture's start goes, by part and captured graph, and each stage's
@@ -226,6 +232,22 @@ launch)
         done
     done
     ;;
+instances)
+    for run in ${RUNS:-$RUN}; do
+        for count in $(turned "$run" ${INSTANCES:-1 2 4}); do
+            log="$OUT/serve-instances$count-$run.log"
+            if serve 300 "$log" --instances "$count"; then
+                echo "{\"ready_s\": $READY_S, \"instances\": $count}" >"$OUT/instances$count-$run-ready.json"
+                bench "instances$count-paced-$run" "${LEVELS:-3000}" "${RAMP:-3}"
+                [[ "${BURST:-2000}" == 0 ]] || bench "instances$count-burst-$run" "${BURST:-2000}" 1
+                grep -E "streams ran late" "$log" | head -n 3 | cut -c1-300
+            else
+                echo "{\"failed\": \"server\", \"instances\": $count}" >"$OUT/instances$count-$run-ready.json"
+            fi
+            stop
+        done
+    done
+    ;;
 packing)
     python3 -m lab.voices --entry "$ENTRY" --out /tmp/voices --count 105 >/dev/null || exit 1
     # The GPU's own count of its used memory beside the pod's figure (`GpuMemoryMeter`).
@@ -266,7 +288,7 @@ PY
     done
     ;;
 *)
-    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, packing, warmup or profile, not $STAGE" >&2
+    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, instances, packing, warmup or profile, not $STAGE" >&2
     exit 2
     ;;
 esac
