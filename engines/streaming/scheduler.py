@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -961,12 +961,16 @@ class StreamScheduler:
         them into its own (a grouped call carries several voices' windows)."""
         batches = self.stats.vocoder_batches
         batches[len(windows)] = batches.get(len(windows), 0) + 1
-        shares: dict[VoiceSlot, int] = {}
-        for window in windows:  # several slots where grouped or sharing weights
-            if window.stream.voice is not None:
-                shares[window.stream.voice] = shares.get(window.stream.voice, 0) + 1
-        for voice, count in shares.items():
-            voice.stats.vocoder_batches[count] = voice.stats.vocoder_batches.get(count, 0) + 1
+        # A voice's windows in the call, counted once on one of its slots: the slots of one
+        # voice's instances share its calls, and their series add up to the voice's calls.
+        shares: dict[Hashable, tuple[VoiceSlot, int]] = {}
+        for window in windows:
+            voice = window.stream.voice
+            if voice is not None:
+                slot, count = shares.get(call_voice(voice), (voice, 0))
+                shares[call_voice(voice)] = (slot, count + 1)
+        for slot, count in shares.values():
+            slot.stats.vocoder_batches[count] = slot.stats.vocoder_batches.get(count, 0) + 1
 
     def _vocode_launch(self, windows: list[Window]) -> tuple[Any, list[int], int]:
         sizes, width, args = self._vocoder_call(windows)

@@ -183,6 +183,7 @@ def voices_run(
             voice.name: sum(n * c for n, c in voice.stats.vocoder_batches.items())
             for voice in voices
         },
+        "voice_calls": sum(sum(voice.stats.vocoder_batches.values()) for voice in voices),
         "voices_per_call": getattr(runtime.stream_backend(), "voices_per_call", []),
         "encoder_calls": runtime.calls["encoder"],
         "voices_per_encoder_call": getattr(runtime.stream_backend(), "voices_per_encoder_call", []),
@@ -205,14 +206,19 @@ def test_a_backend_that_groups_voices_gets_one_call_for_all_of_them(sentences) -
     assert grouped["encoder_calls"] < split["encoder_calls"]
 
 
-def test_instances_of_one_voice_share_its_calls_and_count_their_own_windows(sentences) -> None:
+def test_instances_of_one_voice_share_its_calls_and_their_counts_add_up_to_them(
+    sentences,
+) -> None:
     """Slots that hold one voice's weights (its instances in a pod's voice host, `voxfleet
     serve --instances`) share every stage call as one voice would, on a backend that does not
-    group voices: fewer calls for the same audio, each slot's windows still its own."""
+    group voices: fewer calls for the same audio. Each call is counted once, with all the
+    voice's windows in it, so the instances' series of vocoder calls add up to the voice's
+    calls and windows (as a dashboard sums them)."""
     shared = voices_run(sentences, grouped=False, one_weights=True)
     split = voices_run(sentences, grouped=False)
     assert not shared["errors"] and not split["errors"]
     assert shared["audio_s"] == pytest.approx(split["audio_s"], rel=1e-6)
     assert shared["calls"] < 0.7 * split["calls"], (shared["calls"], split["calls"])
     assert shared["encoder_calls"] < split["encoder_calls"]
-    assert shared["voice_windows"] == split["voice_windows"]
+    assert sum(shared["voice_windows"].values()) == sum(split["voice_windows"].values())
+    assert shared["voice_calls"] == shared["calls"]
