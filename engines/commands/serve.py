@@ -38,6 +38,13 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--precision", choices=PRECISION_CHOICES, help="default: the runtime's")
     parser.add_argument(
+        "--first-window-frames",
+        type=int,
+        default=None,
+        help="frames of a stream's first window, whose audio is its first chunk; its windows "
+        "then grow to the steady size (default 16; a TTSVoice's streaming.firstWindowFrames)",
+    )
+    parser.add_argument(
         "--max-batch-windows",
         type=int,
         default=None,
@@ -93,6 +100,7 @@ def plan_from_args(args: argparse.Namespace):  # -> list[ServingPlan], imported 
     given = {
         name: getattr(args, name)
         for name in (
+            "first_window_frames",
             "max_batch_windows",
             "max_encoder_batch",
             "max_lead_ms",

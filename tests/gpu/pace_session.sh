@@ -11,6 +11,7 @@
 #   STAGE=paced-ceiling RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=launch RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=instances RUN=k bash tests/gpu/pace_session.sh
+#   STAGE=first-window RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=warmup bash tests/gpu/pace_session.sh    # part 1 only
 #   STAGE=profile bash tests/gpu/pace_session.sh   # after parts 1 to 3
 # Every call first copies what it carried (.whl/part-*) to /tmp/keep, where later calls on the
@@ -39,6 +40,8 @@
 #   fresh server each, side by side in one run, the order turned round from one run to the
 #   next: paced listeners (lead limit 300 ms) at LEVELS (3000) over RAMP s, then BURST (2000;
 #   0: none) within 1 s.
+# - first-window: the same with the first window's frames (`--first-window-frames`, each of
+#   FIRST_WINDOWS: 16 32): a longer first chunk gives the ramp's next windows more time.
 # - packing: `lab.packing` on a fresh pool pod under an MPS limit of LIMIT (16G), with the
 #   GPU's own count of its used memory sampled beside it (nvidia-smi, every second).
 # - warmup: where an architecture's start goes, by part and captured graph, and each stage's
@@ -128,6 +131,27 @@ turned() {  # RUN WORD...: the words, started from the ((RUN - 1) mod count)th, 
     local words=("$@")
     local first=$(( (run - 1) % ${#words[@]} ))
     echo "${words[@]:first} ${words[@]:0:first}"
+}
+side_by_side() {  # NAME OPTION VALUE...: for each run of RUNS (RUN), a fresh server with
+    # OPTION at each VALUE, the order turned round from run to run: paced listeners (lead limit
+    # 300 ms) at LEVELS (3000) over RAMP s, then BURST (2000; 0: none) within 1 s. A server
+    # that does not start is recorded as such and the run goes on.
+    local name=$1 option=$2 run value log
+    shift 2
+    for run in ${RUNS:-$RUN}; do
+        for value in $(turned "$run" "$@"); do
+            log="$OUT/serve-$name$value-$run.log"
+            if serve 300 "$log" "$option" "$value"; then
+                echo "{\"ready_s\": $READY_S, \"$option\": $value}" >"$OUT/$name$value-$run-ready.json"
+                bench "$name$value-paced-$run" "${LEVELS:-3000}" "${RAMP:-3}"
+                [[ "${BURST:-2000}" == 0 ]] || bench "$name$value-burst-$run" "${BURST:-2000}" 1
+                grep -E "streams ran late" "$log" | head -n 3 | cut -c1-300
+            else
+                echo "{\"failed\": \"server\", \"$option\": $value}" >"$OUT/$name$value-$run-ready.json"
+            fi
+            stop
+        done
+    done
 }
 stop() {
     kill -TERM "$SERVER" 2>/dev/null
@@ -233,20 +257,10 @@ launch)
     done
     ;;
 instances)
-    for run in ${RUNS:-$RUN}; do
-        for count in $(turned "$run" ${INSTANCES:-1 2 4}); do
-            log="$OUT/serve-instances$count-$run.log"
-            if serve 300 "$log" --instances "$count"; then
-                echo "{\"ready_s\": $READY_S, \"instances\": $count}" >"$OUT/instances$count-$run-ready.json"
-                bench "instances$count-paced-$run" "${LEVELS:-3000}" "${RAMP:-3}"
-                [[ "${BURST:-2000}" == 0 ]] || bench "instances$count-burst-$run" "${BURST:-2000}" 1
-                grep -E "streams ran late" "$log" | head -n 3 | cut -c1-300
-            else
-                echo "{\"failed\": \"server\", \"instances\": $count}" >"$OUT/instances$count-$run-ready.json"
-            fi
-            stop
-        done
-    done
+    side_by_side instances --instances ${INSTANCES:-1 2 4}
+    ;;
+first-window)
+    side_by_side first-window --first-window-frames ${FIRST_WINDOWS:-16 32}
     ;;
 packing)
     python3 -m lab.voices --entry "$ENTRY" --out /tmp/voices --count 105 >/dev/null || exit 1
@@ -288,7 +302,7 @@ PY
     done
     ;;
 *)
-    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, instances, packing, warmup or profile, not $STAGE" >&2
+    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, instances, first-window, packing, warmup or profile, not $STAGE" >&2
     exit 2
     ;;
 esac

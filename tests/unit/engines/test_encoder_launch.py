@@ -1,7 +1,8 @@
 """How a GPU runs encoder calls is part of the serving plan (`WindowConfig.encoder_launch`):
 `voxfleet serve --encoder-launch` and a TTSVoice's `batching.encoderLaunch` set it, the plan
-refuses what no runtime knows. (That the scheduler gives the same audio in every mode is
-checked on a GPU: tests/gpu/test_torch_cuda_gpu.py.)"""
+refuses what no runtime knows; `--first-window-frames` likewise sets the first window. (That
+the scheduler gives the same audio in every launch mode is checked on a GPU:
+tests/gpu/test_torch_cuda_gpu.py.)"""
 
 from __future__ import annotations
 
@@ -42,3 +43,16 @@ def test_an_unknown_encoder_launch_is_refused_with_the_choices(
     assert "invalid choice: 'sideways'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="encoder_launch is one of inline, beside, queued"):
         WindowConfig(encoder_launch="sideways")
+
+
+def test_serve_sets_the_first_window_and_refuses_one_past_the_steady_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`voxfleet serve --first-window-frames` is a TTSVoice's `streaming.firstWindowFrames`:
+    the plan carries it to the stream model, and one longer than the steady window is refused
+    with the reason."""
+    assert _serve_plan(monkeypatch).windows.first_window_frames == 16
+    plan = _serve_plan(monkeypatch, "--first-window-frames", "32")
+    assert ServingPlan.from_json(plan.to_json()).windows.first_window_frames == 32
+    with pytest.raises(ValueError, match=r"first_window_frames \(200\) must not exceed"):
+        _serve_plan(monkeypatch, "--first-window-frames", "200")
