@@ -43,7 +43,7 @@ from engines.bench.systems import BenchSystemError, TritonSystem
 from engines.bench.timeline import analyse_stream
 from engines.client.tts import SynthesisError, synthesize
 from engines.contract import names
-from engines.pod.triton_server import free_port
+from engines.pod.ports import free_port
 from engines.text.corpus import load_corpus, sentence_order
 
 REFUSED = "RESOURCE_EXHAUSTED"

@@ -47,7 +47,7 @@ from engines.bench.systems import SpreadTritonSystem
 from engines.contract import names
 from engines.contract.plan import ServingPlan, WindowConfig
 from engines.contract.repository import build_model_repository, load_request, write_model_repository
-from engines.pod.triton_server import free_port
+from engines.pod.ports import free_port
 from engines.text.corpus import cycle_sentences, load_corpus
 
 READY_TIMEOUT_S = 600.0

@@ -16,19 +16,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import random
 import signal
-import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+# Every port the suite chooses comes from the product's picker (below the ephemeral range).
+from engines.pod.ports import free_port as free_port  # the suite's modules import it from here
+from engines.pod.ports import port_in_use
+
 LOG_TAIL_LINES = 30
-EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
-PORT_FLOOR = 20000  # free ports are chosen from here up to the ephemeral range
-MIN_PORT_CHOICES = 1000
-PORT_TRIES = 100
-_given: set[int] = set()
 
 
 class ControlPlaneError(RuntimeError):
@@ -41,48 +38,6 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:])
-
-
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def ephemeral_ports() -> tuple[int, int]:
-    """The kernel's range for the local ends of outgoing connections (32768 to 60999 unless
-    set otherwise)."""
-    try:
-        low, high = Path(EPHEMERAL_RANGE).read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on, for a process started later, from below the ephemeral range.
-
-    The suite chooses every port of the control plane before it starts the first process, and
-    the processes started first open many connections. A port the kernel handed out (bind to 0)
-    lies in the ephemeral range, so one of those connections could take it as its local end
-    before its process listened (a kube-scheduler once found its port so taken). Ports below
-    the range are never handed to connections. Within this process, no port is given twice."""
-    low, _ = ephemeral_ports()
-    if low - PORT_FLOOR >= MIN_PORT_CHOICES:
-        for _ in range(PORT_TRIES):
-            port = random.randrange(PORT_FLOOR, low)
-            if port not in _given and not port_in_use(host, port):
-                _given.add(port)
-                return port
-    with socket.socket() as sock:  # the range leaves no room below it, or all tries were taken
-        sock.bind((host, 0))
-        port = int(sock.getsockname()[1])
-    _given.add(port)
-    return port
 
 
 def die_with_parent() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -16,6 +15,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from engines.pod.ports import free_port
 from engines.pod.processes import end_process_group, ended_with_this_process, exit_status
 
 # Triton waits this long for in-flight requests at shutdown; callers stopping the server give
@@ -58,12 +58,6 @@ def prepare_backends(work_dir: Path) -> Path:
         shutil.copytree(dist / "backends" / "python", python_backend, dirs_exist_ok=True)
         shutil.copy2(stub, python_backend / "triton_python_backend_stub")
     return backends
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def server_env() -> dict[str, str]:

@@ -19,7 +19,7 @@ import psutil
 
 from engines.client.tts import StreamResult, synthesize
 from engines.contract import names
-from engines.pod.triton_server import free_port
+from engines.pod.ports import free_port
 from lab.faults import stop_process_tree
 
 

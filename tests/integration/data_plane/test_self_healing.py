@@ -22,7 +22,7 @@ from engines.commands.local_serving import plan_local_voices
 from engines.contract import names
 from engines.contract.plan import ServingPlan
 from engines.contract.repository import load_request
-from engines.pod.triton_server import free_port
+from engines.pod.ports import free_port
 
 pytestmark = pytest.mark.triton
 

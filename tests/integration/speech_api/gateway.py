@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from engines.commands.api import stop_gateway_process
+from engines.pod.ports import free_port
 from engines.pod.processes import ended_with_this_process
-from engines.pod.triton_server import free_port
 
 
 @contextlib.contextmanager

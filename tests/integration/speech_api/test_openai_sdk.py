@@ -16,7 +16,7 @@ import openai
 import pytest
 from gateway import running_gateway
 
-from engines.pod.triton_server import free_port
+from engines.pod.ports import free_port
 
 pytestmark = pytest.mark.triton
 

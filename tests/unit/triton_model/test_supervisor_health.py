@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -11,13 +10,8 @@ from pathlib import Path
 import pytest
 
 from engines.contract import names
+from engines.pod.ports import free_port
 from engines.pod.supervisor import Supervisor, TritonEndpoints
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
@@ -29,7 +23,7 @@ def _get(port: int, path: str) -> tuple[int, str]:
 
 
 def test_ready_fails_the_moment_tritonserver_has_exited(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     # A stand-in for tritonserver that runs until told to stop; the supervisor's watch loop is
     # not started, so its state stays what the last poll left: ready.
     supervisor = Supervisor(

@@ -12,15 +12,10 @@ from pathlib import Path
 import pytest
 
 from engines.pod.mps import MpsDaemon, MpsError, mps_from_env
+from engines.pod.ports import free_port
 from engines.pod.supervisor import Supervisor, TritonEndpoints
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _port_open(port: int) -> bool:
@@ -32,7 +27,7 @@ def test_mps_without_its_control_program_stops_the_start_before_triton(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-cuda-mps-control on it
-    port = _free_port()
+    port = free_port()
     supervisor = Supervisor(
         ["sleep", "30"],  # never started: the refusal comes first
         {},
@@ -93,11 +88,11 @@ def _cli(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[
 
 
 def test_a_pool_pod_asking_for_mps_without_it_exits_with_the_reason(tmp_path: Path) -> None:
-    health = _free_port()
+    health = free_port()
     result = _cli(
         tmp_path,
         "triton",
-        f"--http-port={_free_port()}",
+        f"--http-port={free_port()}",
         VOXFLEET_MPS="1",
         VOXFLEET_HEALTH_PORT=str(health),
     )
