@@ -9,15 +9,18 @@ when it starts, so that per-thread CPU time can be read by name from
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 PR_SET_NAME = 15
+PR_GET_NAME = 16
 KERNEL_NAME_BYTES = 15
 
 
@@ -43,6 +46,23 @@ def name_current_thread(name: str) -> None:
     prctl = _prctl()
     if prctl is not None:
         prctl(PR_SET_NAME, ctypes.c_char_p(kernel_name(name)), 0, 0, 0)
+
+
+@contextlib.contextmanager
+def threads_named(name: str) -> Iterator[None]:
+    """Meanwhile the calling thread's kernel name is `name`, and so is that of every thread a
+    library starts from it (Linux gives a new thread its creator's name): onnxruntime's pool and
+    CUDA's threads then say what they work for, not which of ours happened to start them."""
+    prctl = _prctl()
+    before = ctypes.create_string_buffer(KERNEL_NAME_BYTES + 1)
+    if prctl is None or prctl(PR_GET_NAME, before, 0, 0, 0) != 0:
+        yield
+        return
+    name_current_thread(name)
+    try:
+        yield
+    finally:
+        prctl(PR_SET_NAME, ctypes.c_char_p(before.value), 0, 0, 0)
 
 
 class NamedThread(threading.Thread):

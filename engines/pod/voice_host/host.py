@@ -48,7 +48,7 @@ from engines.streaming import (
     SynthesisParams,
 )
 from engines.streaming.scheduler import SCHEDULER_THREAD
-from engines.streaming.threads import NamedThread, StackSampler
+from engines.streaming.threads import NamedThread, StackSampler, threads_named
 from engines.streaming.types import VoiceSlot
 from engines.text.frontend import Sentence
 from engines.text.frontend_pool import FrontendPool
@@ -86,6 +86,9 @@ MIN_ADMITTED_STREAMS = 4
 # Phonemiser worker processes where a GPU does the rest (the CPU data plane phonemises on
 # the thread that has the request: its cores are the stages').
 GPU_FRONTEND_WORKERS = 4
+# The kernel name of the threads a runtime starts (`threads_named`): in the bench's per-thread
+# figures their busy time is the stages' compute on the CPU.
+STAGE_THREADS = "voxfleet-stages"
 
 
 class LoadRefused(Exception):
@@ -562,9 +565,11 @@ class VoiceHost:
                 daemon=True,
             ).start()
         try:
-            runtime = load_stages(
-                plan.runtime, Path(plan.engine_dir), plan.windows, cpu_threads=self.cpu_threads
-            )
+            # The runtime's own threads (onnxruntime's pool, CUDA's) take the name STAGE_THREADS.
+            with threads_named(STAGE_THREADS):
+                runtime = load_stages(
+                    plan.runtime, Path(plan.engine_dir), plan.windows, cpu_threads=self.cpu_threads
+                )
             scheduler = StreamScheduler(
                 runtime,
                 sample_rate=config.sample_rate,
@@ -623,7 +628,8 @@ class VoiceHost:
         self._check_fits(meter, need, f"voice {plan.name}")
         before = meter.allocated()
         try:
-            weights = runtime.load_voice(Path(plan.engine_dir), plan.name)
+            with threads_named(STAGE_THREADS):  # a voice's session starts its own pool
+                weights = runtime.load_voice(Path(plan.engine_dir), plan.name)
         except ValueError as error:  # ArchitectureMismatch and unreadable graphs
             raise LoadRefused(
                 f"voice {plan.name} does not fit the architecture this pod serves (that of "
