@@ -23,6 +23,8 @@ from engines.bench.timeline import Chunk, StreamRecord
 # A system under test: text in, (samples, sample_rate) per audio chunk out, as they arrive.
 StreamOpener = Callable[[str], AsyncIterator[tuple[int, int]]]
 MAX_RETRY_AFTER_S = 2.0
+# The error of a stream still open when the drain ran out.
+CUT_OFF = "cut off: still streaming when the drain time ran out"
 
 
 def ramp_seconds(duration_s: float, asked_s: float | None = None) -> float:
@@ -47,7 +49,7 @@ async def _stream_into(
                 record.sample_rate = sample_rate
         record.ended_s = clock()
     except asyncio.CancelledError:
-        record.error = "cut off: still streaming when the drain time ran out"
+        record.error = CUT_OFF
         raise
     except Exception as error:  # a failed request is a result, not a crash of the benchmark
         record.error = f"{type(error).__name__}: {error}"

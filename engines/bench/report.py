@@ -48,6 +48,9 @@ METHOD = """\
   playing, with playback starting at the first chunk; playback then resumes from the late
   chunk, so one stall counts once. *Underrun streams* are the streams with at least one (and
   their share of the streams); *underrun events* count every stall of every stream.
+- **Errors**: streams that failed, other than refusals; the JSON's `errors_by_kind` counts
+  them by what the client was told (numbers left out), so a stream still open when the drain
+  ran out (cut off) is told apart from a server's failure.
 - **RTF**: total request time (sent → last chunk) over total audio seconds; below 1, streams
   arrive faster than they play. **Audio s/s**: audio seconds delivered per wall second.
 - **Server CPU / memory**: CPU time of the server's whole process tree (Triton and its Python
@@ -57,6 +60,8 @@ METHOD = """\
   `server.voice_host_threads` gives the voice host's threads by name, each one's share of a
   core (`busy`; the busiest of a name where there are several), and `server.busiest_thread`
   the busiest of them all: one thread of one process is a ceiling no core count lifts.
+  `vf-stages` are the runtime's own threads (onnxruntime's pool on the CPU): the stages'
+  compute (before 2026-11-30 they showed as `vf-host-prepare`, the thread that loaded them).
   For `piper` the "server" is the benchmark process itself; for `voxfleet-api` it is the
   gateway's process alone (the Triton server behind it counts as other processes).
   *Load generator CPU* is the benchmark process's own CPU while it drives a Triton system:

@@ -246,6 +246,12 @@ def _skipped(system: str, concurrency: int, since: int, bound_ms: float) -> RunS
     )
 
 
+def top_error(run: RunSummary) -> str:
+    """The run's most frequent kind of error and its count, for the progress line."""
+    kind, count = next(iter(run.errors_by_kind.items()), ("?", run.errors))
+    return f"{count} {kind[:60]}"
+
+
 def _progress_line(run: RunSummary) -> str:
     fa = run.first_audio_ms
     cpu = run.server.get("cpu_percent")
@@ -258,8 +264,9 @@ def _progress_line(run: RunSummary) -> str:
         f"first audio p50/p95/p99 {fa['p50']:.0f}/{fa['p95']:.0f}/{fa['p99']:.0f} ms  "
         f"underrun streams {run.underrun_streams} ({run.underrun_rate:.0%}), events "
         f"{run.underrun_events}  rtf {run.rtf:.3f}  "
-        f"audio {run.audio_seconds_per_second:.1f} s/s  errors {run.errors}  "
-        f"refused {run.refused}"
+        f"audio {run.audio_seconds_per_second:.1f} s/s  errors {run.errors}"
+        + (f" (most: {top_error(run)})" if run.errors else "")
+        + f"  refused {run.refused}"
         + (f"  server cpu {cpu:.0f}%" if isinstance(cpu, float) else "")
         + (f"  client loop lag p95 {lag:.0f} ms" if isinstance(lag, float) else "")
         + (f"  [{batch}]" if batch else "")

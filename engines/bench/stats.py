@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -63,6 +65,9 @@ class RunSummary:
     underrun_rate: float = 0.0
     stall_seconds: float = 0.0
     errors: int = 0
+    # `errors` by what the client was told (`error_kind`), most first: streams cut off at the
+    # drain's end are not a server's failures.
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
     # Streams every pod tried refused (RESOURCE_EXHAUSTED): counted apart from `errors`.
     refused: int = 0
     chunks: int = 0
@@ -87,10 +92,23 @@ class RunSummary:
         return cls(**{key: value for key, value in data.items() if key in known})
 
 
+ERROR_KIND_CHARS = 160  # an error kind keeps this much of the message
+
+
 def is_refusal(error: str | None) -> bool:
     """Whether a stream record's error is a refusal (every pod tried was full): counted apart
     from failures, as the listener was told at once to ask again rather than let down."""
     return error is not None and f"[{RESOURCE_EXHAUSTED}]" in error
+
+
+# A stream that ended without error but before its last chunk (the server closed it).
+INCOMPLETE = "ended before its last chunk"
+
+
+def error_kind(error: str) -> str:
+    """A stream record's error without what differs from stream to stream (numbers: ids,
+    ports, counts), so that errors of one cause count together."""
+    return re.sub(r"\d+", "N", error.strip())[:ERROR_KIND_CHARS]
 
 
 def summarise_run(
@@ -110,17 +128,20 @@ def summarise_run(
     - audio seconds per second: audio of the completed streams over the run's wall time.
     """
     stats: list[StreamStats] = []
-    errors = refused = 0
+    refused = 0
+    kinds: Counter[str] = Counter()
     for record in records:
         if record.error is not None:
             if is_refusal(record.error):
                 refused += 1
             else:
-                errors += 1
+                kinds[error_kind(record.error)] += 1
             continue
         stats.append(analyse_stream(record, tolerance_s))
     done = [s for s in stats if s.completed]
-    errors += len(stats) - len(done)
+    if len(stats) > len(done):
+        kinds[INCOMPLETE] += len(stats) - len(done)
+    errors = sum(kinds.values())
     first = [s.first_audio_s * 1000.0 for s in done if s.first_audio_s is not None]
     gaps = [gap * 1000.0 for s in done for gap in s.gaps_s]
     audio_s = sum(s.audio_s for s in done)
@@ -143,6 +164,7 @@ def summarise_run(
         underrun_rate=underrun_streams / len(done) if done else math.nan,
         stall_seconds=sum(s.stall_s for s in done),
         errors=errors,
+        errors_by_kind=dict(kinds.most_common()),
         refused=refused,
         chunks=sum(len(s.gaps_s) + 1 for s in done if s.first_audio_s is not None),
         gap_ms={"p95": percentile(gaps, 95), "max": max(gaps) if gaps else math.nan},

@@ -166,3 +166,32 @@ def test_auto_levels_include_the_half_and_80_percent_points_of_the_limit() -> No
     assert auto_concurrencies(17.0) == [1, 2, 4, 6, 9, 14, 17, 26]
     assert auto_concurrencies(6.0) == [1, 2, 3, 4, 5, 6, 9]
     assert auto_concurrencies(0.5) == [1, 2, 4]
+
+
+def test_errors_are_counted_by_what_the_client_was_told() -> None:
+    """A run's errors say why: streams cut off at the drain's end apart from a server's
+    failures (ids and numbers left out, so one cause counts once), and refusals apart."""
+    from engines.bench.loadgen import CUT_OFF
+    from engines.bench.stats import INCOMPLETE
+
+    cut = [_stream(0.0, 0.1, 1, 100, 0.0, error=CUT_OFF) for _ in range(3)]
+    failed = [
+        _stream(0.0, 0.1, 1, 100, 0.0, error=f"InferenceServerException: stream {n} lost")
+        for n in (17, 2048)
+    ]
+    refused = [_stream(0.0, 0.1, 1, 100, 0.0, error="[RESOURCE_EXHAUSTED] full")]
+    unfinished = StreamRecord("t", 0.0, 1000, [Chunk(0.1, 100)], None, None)
+    run = summarise_run("voxfleet", 4, [*cut, *failed, *refused, unfinished], wall_s=2.0)
+    assert run.errors == 6 and run.refused == 1
+    assert run.errors_by_kind == {
+        CUT_OFF: 3,
+        "InferenceServerException: stream N lost": 2,
+        INCOMPLETE: 1,
+    }
+    assert list(run.errors_by_kind) == [
+        CUT_OFF,
+        "InferenceServerException: stream N lost",
+        INCOMPLETE,
+    ]
+    # and a summary read back from the results JSON keeps them.
+    assert RunSummary.from_json(run.to_json()).errors_by_kind == run.errors_by_kind
