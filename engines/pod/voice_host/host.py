@@ -565,21 +565,23 @@ class VoiceHost:
                 daemon=True,
             ).start()
         try:
-            # The runtime's own threads (onnxruntime's pool, CUDA's) take the name STAGE_THREADS.
+            # The threads libraries start meanwhile (onnxruntime's pool, CUDA's, and those some
+            # start at the warmup's first calls) take the name STAGE_THREADS; ours name
+            # themselves.
             with threads_named(STAGE_THREADS):
                 runtime = load_stages(
                     plan.runtime, Path(plan.engine_dir), plan.windows, cpu_threads=self.cpu_threads
                 )
-            scheduler = StreamScheduler(
-                runtime,
-                sample_rate=config.sample_rate,
-                hop_length=config.hop_length,
-                windows=plan.windows,
-                cross_stream_batching=plan.cross_stream_batching,
-            )
-            started = time.monotonic()
-            shapes = scheduler.warmup()
-            scheduler.start()
+                scheduler = StreamScheduler(
+                    runtime,
+                    sample_rate=config.sample_rate,
+                    hop_length=config.hop_length,
+                    windows=plan.windows,
+                    cross_stream_batching=plan.cross_stream_batching,
+                )
+                started = time.monotonic()
+                shapes = scheduler.warmup()
+                scheduler.start()
         except Exception as error:
             _free_device_cache(device)
             raise LoadRefused(f"voice {plan.name}: its stages cannot run: {error}") from None
