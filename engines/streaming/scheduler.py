@@ -950,9 +950,10 @@ class StreamScheduler:
         """`_call_voices` for a call of these streams' rows (an encoder call's). Calls split
         by voice unless the backend groups voices: only then are the rows looked at."""
         first = streams[0].voice
-        if not self.rules.grouped_voices or all(
-            call_voice(stream.voice) == call_voice(first) for stream in streams
-        ):
+        if not self.rules.grouped_voices:
+            return _weights(first)
+        key = call_voice(first)
+        if all(call_voice(stream.voice) == key for stream in streams):
             return _weights(first)
         return [_weights(stream.voice) for stream in streams]
 
@@ -967,8 +968,9 @@ class StreamScheduler:
         for window in windows:
             voice = window.stream.voice
             if voice is not None:
-                slot, count = shares.get(call_voice(voice), (voice, 0))
-                shares[call_voice(voice)] = (slot, count + 1)
+                key = call_voice(voice)
+                slot, count = shares.get(key, (voice, 0))
+                shares[key] = (slot, count + 1)
         for slot, count in shares.values():
             slot.stats.vocoder_batches[count] = slot.stats.vocoder_batches.get(count, 0) + 1
 
