@@ -19,9 +19,10 @@ def _waiting_part(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def _worker(stop: threading.Event, spent: dict[str, float]) -> None:
+def _worker(stop: threading.Event, spent: dict[str, float], inside: threading.Event) -> None:
     """Three parts busy to one waiting, each part's wall time added up in `spent` (a loaded
-    machine stretches the waits)."""
+    machine stretches the waits); `inside` is set once the thread runs this loop."""
+    inside.set()
     while not stop.is_set():
         started = time.monotonic()
         _busy_part(started + 0.03)
@@ -34,10 +35,16 @@ def _worker(stop: threading.Event, spent: dict[str, float]) -> None:
 def test_the_sampler_finds_where_the_named_thread_spends_its_time() -> None:
     stop = threading.Event()
     spent = {"busy": 0.0, "waiting": 0.0}
-    worker = NamedThread(target=_worker, args=(stop, spent), name="voxfleet-scheduler", daemon=True)
+    inside = threading.Event()
+    worker = NamedThread(
+        target=_worker, args=(stop, spent, inside), name="voxfleet-scheduler", daemon=True
+    )
     other = NamedThread(target=_waiting_part, args=(1.0,), name="voxfleet-delivery", daemon=True)
     worker.start()
     other.start()
+    # Sampled from inside its loop on: a sample of the thread still starting is not the
+    # loop's (it failed "every sample of it is inside its loop" now and then).
+    assert inside.wait(10)
     sampler = StackSampler("voxfleet-scheduler", interval_s=0.002).start()
     time.sleep(0.8)
     sampler.stop()
