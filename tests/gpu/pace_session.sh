@@ -10,6 +10,7 @@
 #   STAGE=paced-steps RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=paced-ceiling RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=launch RUN=k bash tests/gpu/pace_session.sh
+#   STAGE=launch-paced RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=instances RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=first-window RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=warmup bash tests/gpu/pace_session.sh    # part 1 only
@@ -35,6 +36,10 @@
 #   from one run to the next: paced listeners at LEVELS (3000) over RAMP s with the lead limit,
 #   then a fresh server without it at SATURATE (2000; 0: none) unpaced listeners. A mode whose server
 #   does not start is recorded as such and the run goes on.
+# - launch-paced: the encoder's launch modes (`--encoder-launch`, each of LAUNCHES: inline
+#   queued) as `instances` below runs its settings: paced listeners at LEVELS over RAMP s, then
+#   BURST within 1 s, with each scheduler's costs logged every 2 s (VOXFLEET_COSTS_LOG_S, in
+#   the server logs) to show where first audio and the thread's time went.
 # - instances: how many stream-model processes take the voice's requests (`--instances`, each
 #   of INSTANCES: 1 2 4; they share the voice host, its scheduler and the voice's weights), a
 #   fresh server each, side by side in one run, the order turned round from one run to the
@@ -256,6 +261,10 @@ launch)
         done
     done
     ;;
+launch-paced)
+    VOXFLEET_COSTS_LOG_S=${VOXFLEET_COSTS_LOG_S:-2} side_by_side launch --encoder-launch \
+        ${LAUNCHES:-inline queued}
+    ;;
 instances)
     side_by_side instances --instances ${INSTANCES:-1 2 4}
     ;;
@@ -302,7 +311,7 @@ PY
     done
     ;;
 *)
-    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, instances, first-window, packing, warmup or profile, not $STAGE" >&2
+    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, instances, first-window, packing, warmup or profile, not $STAGE" >&2
     exit 2
     ;;
 esac
