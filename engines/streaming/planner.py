@@ -297,6 +297,7 @@ def plan_step(
     rules: WindowRules = WindowRules(),
     encoder_beside: bool = False,
     step_interval_s: float = 0.0,
+    encoder_queued: bool = False,
 ) -> StepPlan:
     """Earliest deadline first over all work: sentences to encode and windows to decode.
 
@@ -307,9 +308,12 @@ def plan_step(
     encoder call), and nothing is added that would make a playing stream left for later
     run dry. A stream whose sentence is encoded this step also gets its first window. A
     stream with a lead takes a lead window (`rules`) where it fits the step, else the usual one.
-    With `encoder_beside` (a GPU's encoder launched, not waited for), a sentence to encode
-    costs the step nothing: its call runs beside or behind the windows, and its first window
-    comes in a later step, once its frame counts are known.
+    With `encoder_beside` (a GPU's encoder launched, not waited for), a sentence's first window
+    comes in a later step, once its frame counts are known, and its encoder call costs the
+    step nothing where it runs beside the windows, on a stream of its own. Queued behind them
+    on their stream (`encoder_queued`), it costs the step its device time: the windows of the
+    next step wait behind it there, as they wait for an encoder call in the step, so a playing
+    stream that could not wait that long is served first and the new stream waits a step.
 
     With cross-stream batching a step looks at every stream with a sentence to encode but
     only the `PLAN_SCAN_WINDOWS` x `max_batch_windows` playing streams whose audio runs out
@@ -370,10 +374,14 @@ def plan_step(
             voice = None if rules.grouped_voices else call_voice(stream.voice)
             calls: list[Call] = [("encoder", 0, voice), ("first-window", 0, voice)]
             cost = 0.0
-            if not encoder_beside:
+            if not encoder_beside or encoder_queued:
                 cost = costs.estimate(
                     "encoder", len(stream.sentences[0].ids), calls[0] not in planned
-                ) + costs.estimate("vocoder", first_call_width(cfg, rules), calls[1] not in planned)
+                )
+            if not encoder_beside:
+                cost += costs.estimate(
+                    "vocoder", first_call_width(cfg, rules), calls[1] not in planned
+                )
         else:
             if len(plan.windows) >= window_limit:
                 plan.full = True

@@ -621,6 +621,7 @@ class StreamScheduler:
             self.rules,
             encoder_beside=self._beside,
             step_interval_s=interval,
+            encoder_queued=self.backend.features.encoder_queued,
         )
 
     def _run(self, windows: list[Window]) -> None:

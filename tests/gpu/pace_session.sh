@@ -33,8 +33,8 @@
 #   MPS per-client limit of BUDGET (16G; empty: none), `voxfleet serve --mps`.
 # - launch: how the encoder's calls are launched (`--encoder-launch`, each of LAUNCHES: inline,
 #   beside, queued), a fresh server each, side by side in one run, the order turned round
-#   from one run to the next: paced listeners at LEVELS (3000) over RAMP s with the lead limit,
-#   then a fresh server without it at SATURATE (2000; 0: none) unpaced listeners. A mode whose server
+#   from one run to the next: paced listeners at LEVELS (3000; 0: none) over RAMP s with the
+#   lead limit, then a fresh server without it at SATURATE (2000; 0: none) unpaced listeners. A mode whose server
 #   does not start is recorded as such and the run goes on.
 # - launch-paced: the encoder's launch modes (`--encoder-launch`, each of LAUNCHES: inline
 #   queued) as `instances` below runs its settings: paced listeners at LEVELS over RAMP s, then
@@ -246,7 +246,9 @@ paced-ceiling)
 launch)
     for run in ${RUNS:-$RUN}; do
         for launch in $(turned "$run" ${LAUNCHES:-inline beside queued}); do
-            if serve 300 "$OUT/serve-$launch-paced-$run.log" --encoder-launch "$launch"; then
+            if [[ "${LEVELS:-3000}" == 0 ]]; then
+                :  # (no paced server: the unpaced one alone)
+            elif serve 300 "$OUT/serve-$launch-paced-$run.log" --encoder-launch "$launch"; then
                 echo "{\"ready_s\": $READY_S, \"encoder_launch\": \"$launch\"}" >"$OUT/$launch-$run-ready.json"
                 bench "$launch-paced-$run" "${LEVELS:-3000}" "${RAMP:-3}"
                 stop

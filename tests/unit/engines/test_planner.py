@@ -204,6 +204,32 @@ def test_an_encoder_beside_the_windows_costs_the_step_nothing() -> None:
     assert [s.stream_id for s in plan.encodes] == [2]
 
 
+def test_an_encoder_queued_behind_the_windows_waits_while_a_playing_stream_cannot() -> None:
+    costs = CostModel(fixed_part=False)
+    costs.per_frame.update(encoder=1e-3, vocoder=1e-3, flow=1e-3)  # a 200 ms encoder call
+
+    def plan(queued: bool) -> tuple[list[int], list[int]]:
+        playing = make_stream(1, frames=600, buffered_s=0.01, windows_sent=4)
+        later = make_stream(3, frames=600, buffered_s=0.15, windows_sent=4)
+        newcomer = make_stream(2, ids=200)
+        step = plan_step(
+            [newcomer, playing, later],
+            WindowConfig(),
+            costs,
+            batching=True,
+            now=NOW,
+            encoder_beside=True,
+            encoder_queued=queued,
+        )
+        return [w.stream.stream_id for w in step.windows], [s.stream_id for s in step.encodes]
+
+    # On a stream of its own the call delays no window: the newcomer is encoded at once.
+    assert plan(queued=False) == ([1, 3], [2])
+    # Queued on the windows' stream, the next step's windows would wait 200 ms behind it, and
+    # the stream with 150 ms left would run dry: the newcomer waits for a step.
+    assert plan(queued=True) == ([1, 3], [])
+
+
 def test_with_room_in_the_step_every_stream_is_planned() -> None:
     costs = CostModel(fixed_part=False)
     costs.per_frame.update(encoder=1e-7, vocoder=1e-7, flow=1e-7)  # a fast machine
