@@ -34,8 +34,8 @@
 # - launch: how the encoder's calls are launched (`--encoder-launch`, each of LAUNCHES: inline,
 #   beside, queued), a fresh server each, side by side in one run, the order turned round
 #   from one run to the next: paced listeners at LEVELS (3000; 0: none) over RAMP s with the
-#   lead limit, then a fresh server without it at SATURATE (2000; 0: none) unpaced listeners. A mode whose server
-#   does not start is recorded as such and the run goes on.
+#   lead limit, then a fresh server without it at SATURATE (2000; 0: none) unpaced listeners.
+#   A mode whose server does not start is recorded as such and the run goes on.
 # - launch-paced: the encoder's launch modes (`--encoder-launch`, each of LAUNCHES: inline
 #   queued) as `instances` below runs its settings: paced listeners at LEVELS over RAMP s, then
 #   BURST within 1 s, with each scheduler's costs logged every 2 s (VOXFLEET_COSTS_LOG_S, in
@@ -141,18 +141,20 @@ side_by_side() {  # NAME OPTION VALUE...: for each run of RUNS (RUN), a fresh se
     # OPTION at each VALUE, the order turned round from run to run: paced listeners (lead limit
     # 300 ms) at LEVELS (3000) over RAMP s, then BURST (2000; 0: none) within 1 s. A server
     # that does not start is recorded as such and the run goes on.
-    local name=$1 option=$2 run value log
+    local name=$1 option=$2 run value log json
     shift 2
     for run in ${RUNS:-$RUN}; do
         for value in $(turned "$run" "$@"); do
             log="$OUT/serve-$name$value-$run.log"
+            json=$value  # a number as it is, a word as a JSON string
+            [[ "$value" =~ ^[0-9]+$ ]] || json="\"$value\""
             if serve 300 "$log" "$option" "$value"; then
-                echo "{\"ready_s\": $READY_S, \"$option\": $value}" >"$OUT/$name$value-$run-ready.json"
+                echo "{\"ready_s\": $READY_S, \"$option\": $json}" >"$OUT/$name$value-$run-ready.json"
                 bench "$name$value-paced-$run" "${LEVELS:-3000}" "${RAMP:-3}"
                 [[ "${BURST:-2000}" == 0 ]] || bench "$name$value-burst-$run" "${BURST:-2000}" 1
                 grep -E "streams ran late" "$log" | head -n 3 | cut -c1-300
             else
-                echo "{\"failed\": \"server\", \"$option\": $value}" >"$OUT/$name$value-$run-ready.json"
+                echo "{\"failed\": \"server\", \"$option\": $json}" >"$OUT/$name$value-$run-ready.json"
             fi
             stop
         done
