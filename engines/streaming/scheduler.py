@@ -287,6 +287,11 @@ class StreamScheduler:
         return self.backend.features.encodes_beside
 
     @property
+    def _queued(self) -> bool:
+        # The encoder calls launched go behind the windows on their stream (`BackendFeatures`).
+        return self.backend.features.encoder_queued
+
+    @property
     def _encoder_calls_in_flight(self) -> int:
         # A backend may allow more than one (engines/runtimes/torch_cuda/stages.py: an encoder
         # queued on the windows' own stream, whose calls do not slow each other down).
@@ -621,7 +626,7 @@ class StreamScheduler:
             self.rules,
             encoder_beside=self._beside,
             step_interval_s=interval,
-            encoder_queued=self.backend.features.encoder_queued,
+            encoder_queued=self._queued,
         )
 
     def _run(self, windows: list[Window]) -> None:
@@ -794,9 +799,8 @@ class StreamScheduler:
         """Start the sentences of the encoder calls beside the windows whose frame counts are
         on the host (in launch order): their prior (and flow) is queued behind the calls, and
         the planner plans their first windows from this step on."""
-        queued = self.backend.features.encoder_queued
         while self._encoding and (
-            self._encoding[0].call.done() or (queued and self._encoding[0].followed)
+            self._encoding[0].call.done() or (self._queued and self._encoding[0].followed)
         ):
             # (A queued call with windows behind it is waited for: it ends soon after the
             # windows before it, and checking only whether it is done put its sentences' first
