@@ -343,6 +343,9 @@ class _Architecture:
     first_voice: str
     fixed_bytes: int = 0
     voices: set[int] = field(default_factory=set)
+    # Streams admitted and not ended, those still being phonemised included: what admission
+    # counts (the scheduler sees a stream only once its text is phonemised).
+    admitted: int = 0
     # Prepared before any voice (`VoiceHost.prepare`): the engine directory whose voice's
     # weights the runtime loaded with it, until that voice's load takes them.
     unclaimed: str | None = None
@@ -417,7 +420,7 @@ class VoiceHost:
             for architecture in list(self._architectures.values()):
                 scheduler = architecture.scheduler
                 capacity = scheduler.capacity()
-                ratio = scheduler.live_streams() / capacity
+                ratio = max(scheduler.live_streams(), architecture.admitted) / capacity
                 for voice in voices:
                     if voice.architecture is architecture:
                         voice.slot.stats.load_ratio = ratio
@@ -702,8 +705,10 @@ class VoiceHost:
             voice = self._voices.get(handle)
             if voice is None or voice.unloading:
                 raise StreamRefused("this voice is being unloaded from this server; retry")
-            scheduler = voice.architecture.scheduler
-            live, capacity = scheduler.live_streams(), scheduler.capacity()
+            architecture = voice.architecture
+            scheduler = architecture.scheduler
+            live = max(scheduler.live_streams(), architecture.admitted)
+            capacity = scheduler.capacity()
             if live >= max(capacity, MIN_ADMITTED_STREAMS):
                 voice.slot.stats.refused_streams += 1
                 raise StreamRefused(
@@ -712,6 +717,7 @@ class VoiceHost:
                     "RESOURCE_EXHAUSTED",
                 )
             voice.streams += 1
+            architecture.admitted += 1
         counted = _CountedSink(sink, lambda: self._stream_ended(voice))
 
         def done(sentences: list[Sentence] | None, error: Exception | None) -> None:
@@ -746,6 +752,7 @@ class VoiceHost:
     def _stream_ended(self, voice: _Voice) -> None:
         with self._lock:
             voice.streams -= 1
+            voice.architecture.admitted -= 1
             done = voice.unloading and voice.streams == 0
         if done:
             self._free(voice)
