@@ -20,16 +20,8 @@ the two overlap, otherwise (the CPU) they add up. Listeners that are not paced (
 limit) make their audio sooner but need no more of it per second: each counts as one
 real-time stream.
 
-New listeners cost more than steady ones while they arrive: each one's first sentence is
-encoded as it comes (a steady stream encodes a sentence in a sentence's time), and a paced
-one's lead (`Layout.lead_s`) is made at once. So the prediction is for the streams arriving
-now (`arrivals` a second, measured by the scheduler over the last ARRIVALS_WINDOW_S): the
-encoder takes the larger of the steady streams' sentences and the arrivals' first ones, and
-each arrival adds its lead to the windows. At a steady rate of listeners the two agree with
-the steady model; a burst faster than that lowers what the pod admits until it has passed.
-
-Measured where the prediction is wrong: a machine shared with other work, new listeners
-whose first windows cost more than the model says. A chunk sent after the
+Measured where the prediction is wrong: a machine shared with other work, a burst of new
+listeners whose first windows cost more than a steady stream's. A chunk sent after the
 listener's audio ran out (by the scheduler's clock, playback from the first chunk on) is
 late; where late chunks reach more than a few of the live streams (`Ceiling`), the pod holds
 no more than a little under what was live then, whatever the model says, and raises that
@@ -62,8 +54,6 @@ HOST_STEP_S = 1e-3
 HOST_WINDOW_S = 25e-6
 # How fast the pace and the thread's costs follow new observations.
 PACE_DECAY = 0.98
-# The arrivals a second the prediction is for: the streams started within this window.
-ARRIVALS_WINDOW_S = 1.0
 
 
 @dataclass
@@ -93,8 +83,6 @@ class Layout:
     # The steps the model assumes, in ms (None: the plan's `max_step_ms`): shorter where the
     # streams are paced and steps come `paced_step_ms` apart, each paying its calls' fixed costs.
     step_ms: int | None = None
-    # The audio a paced stream is made ahead as it starts (its lead limit; 0: not paced).
-    lead_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -175,13 +163,10 @@ def step_seconds(
     costs: CostModel,
     host: CostModel,
     layout: Layout,
-    arrivals: float = 0.0,
 ) -> tuple[float, float]:
-    """(device seconds, thread seconds) of a step of `step_s` seconds at `streams` streams,
-    `arrivals` of them new a second (see the module's docstring)."""
+    """(device seconds, thread seconds) of a step of `step_s` seconds at `streams` streams."""
     cfg = layout.windows
     audio = streams * step_s
-    new = arrivals * step_s
     limits = {
         "encoder": cfg.max_encoder_batch,
         "flow": cfg.max_encoder_batch if layout.sentence_flow else cfg.max_batch_windows,
@@ -192,38 +177,26 @@ def step_seconds(
         "flow": 1 if layout.sentence_flow else len(cfg.window_sizes()),
         "vocoder": len(cfg.window_sizes()),
     }
-    sentences = audio * demand.rows["encoder"]
-    by_sentence = {"encoder": True, "flow": layout.sentence_flow, "vocoder": False}
     device = 0.0
     for stage in ("encoder", "flow", "vocoder"):
-        if by_sentence[stage]:
-            # The audio whose sentences it runs: the arrivals' first sentences, where they
-            # come faster than the streams' sentences end.
-            made = audio * max(1.0, new / sentences) if sentences > 0 else audio
-        else:
-            made = audio + new * layout.lead_s  # the arrivals' leads on top
-        rows, frames = made * demand.rows[stage], made * demand.frames[stage]
-        calls = _calls(rows, limits[stage], widths[stage])
-        device += calls * costs.per_call[stage] + frames * costs.per_frame[stage]
-    windows = (audio + new * layout.lead_s) * demand.windows
+        calls = _calls(audio * demand.rows[stage], limits[stage], widths[stage])
+        device += (
+            calls * costs.per_call[stage] + audio * demand.frames[stage] * (costs.per_frame[stage])
+        )
+    windows = audio * demand.windows
     thread = host.per_call["step"] + host.per_frame["step"] * windows
     return device, thread
 
 
 def predicted_capacity(
-    demand: StreamDemand,
-    costs: CostModel,
-    host: CostModel,
-    layout: Layout,
-    arrivals: float = 0.0,
+    demand: StreamDemand, costs: CostModel, host: CostModel, layout: Layout
 ) -> int:
     """The most real-time streams whose steps (`Layout.step_ms`, else `max_step_ms`) keep the
-    device and the thread within FULL_BUSY of the step (their sum, where they do not overlap),
-    with `arrivals` new streams a second."""
+    device and the thread within FULL_BUSY of the step (their sum, where they do not overlap)."""
     step_s = (layout.step_ms or layout.windows.max_step_ms) / 1000
 
     def fits(streams: float) -> bool:
-        device, thread = step_seconds(streams, step_s, demand, costs, host, layout, arrivals)
+        device, thread = step_seconds(streams, step_s, demand, costs, host, layout)
         busy = max(device, thread) if layout.overlapped else device + thread
         return busy <= FULL_BUSY * step_s
 

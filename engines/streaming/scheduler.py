@@ -37,7 +37,6 @@ import numpy as np
 
 from engines.contract.plan import WindowConfig
 from engines.streaming.capacity import (
-    ARRIVALS_WINDOW_S,
     Ceiling,
     Layout,
     StreamPace,
@@ -237,8 +236,6 @@ class StreamScheduler:
         self.host_costs = host_costs()
         self.pace = StreamPace()
         self._capacity: tuple[float, int] | None = None  # (when, streams)
-        # When streams were submitted, over the last ARRIVALS_WINDOW_S (`arrivals`).
-        self._arrived: deque[float] = deque()
         # Below the prediction where its streams ran late (`capacity`).
         self.ceiling = Ceiling.from_environment()
         self._predicted = 0  # the last prediction, beside a ceiling below it
@@ -410,7 +407,6 @@ class StreamScheduler:
         if earlier than now (its text was phonemised meanwhile); `voice`: the voice it speaks
         with, where the scheduler serves several."""
         stream = Stream(next(self._ids), deque(sentences), params, sink, time.monotonic())
-        self._arrived.append(stream.requested)
         stream.received = received
         stream.voice = voice
         if voice is not None and voice.max_lead_ms is not None:
@@ -422,14 +418,6 @@ class StreamScheduler:
 
     def live_streams(self) -> int:
         return len(self._streams) + len(self._incoming)
-
-    def arrivals(self, now: float | None = None) -> float:
-        """New streams a second, over the last ARRIVALS_WINDOW_S."""
-        now = time.monotonic() if now is None else now
-        arrived = self._arrived
-        while arrived and now - arrived[0] > ARRIVALS_WINDOW_S:
-            arrived.popleft()
-        return len(arrived) / ARRIVALS_WINDOW_S
 
     # -- the loop ----------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -558,8 +546,7 @@ class StreamScheduler:
         (`_paced_until`) where its streams are paced, steps of `paced_step_ms`."""
         features = self.backend.features
         step_ms = self.windows.max_step_ms
-        lead_s = self._lead_s()
-        if self._async and self.windows.paced_step_ms and lead_s:
+        if self._async and self.windows.paced_step_ms and self._paced():
             step_ms = min(step_ms, self.windows.paced_step_ms)
         return Layout(
             windows=self.windows,
@@ -568,16 +555,13 @@ class StreamScheduler:
             sentence_flow=features.sentence_flow,
             overlapped=features.async_calls,
             step_ms=step_ms,
-            lead_s=lead_s,
         )
 
-    def _lead_s(self) -> float:
-        """Its streams' lead limit in seconds (the plan's, else the longest of a live stream's
-        own); 0 where they have none (they are not paced)."""
+    def _paced(self) -> bool:
+        """Whether its streams have a lead limit (the plan's, or a live stream's own)."""
         if self.windows.max_lead_ms:
-            return self.windows.max_lead_ms / 1000
-        leads = (stream.lead_limit_s or 0.0 for stream in list(self._streams.values()))
-        return max(leads, default=0.0)
+            return True
+        return any(stream.lead_limit_s for stream in list(self._streams.values()))
 
     def capacity(self, now: float | None = None) -> int:
         """The real-time streams this scheduler holds, predicted from its cost model, its
@@ -589,9 +573,7 @@ class StreamScheduler:
             return cached[1]
         layout = self.layout()
         demand = stream_demand(layout, self.pace, self.sample_rate / self.hop)
-        self._predicted = predicted_capacity(
-            demand, self.costs, self.host_costs, layout, self.arrivals(now)
-        )
+        self._predicted = predicted_capacity(demand, self.costs, self.host_costs, layout)
         streams = self.ceiling.held(now, self._predicted)
         self._capacity = (now, streams)
         return streams

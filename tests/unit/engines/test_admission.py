@@ -18,7 +18,6 @@ from engines.pod.voice_host import host as host_module
 from engines.pod.voice_host.host import StreamRefused, VoiceHost
 from engines.streaming import StreamSink, SynthesisParams
 from engines.streaming.capacity import (
-    ARRIVALS_WINDOW_S,
     CUT_INTERVAL_S,
     CUT_SHARE,
     FULL_BUSY,
@@ -124,52 +123,6 @@ def test_capacity_grows_with_the_step_and_shrinks_with_what_a_call_costs() -> No
     assert predicted_capacity(demand, costs, idle_host, layout) == math.floor(
         FULL_BUSY / per_stream
     )
-
-
-def test_listeners_arriving_faster_than_sentences_end_lower_what_a_pod_admits() -> None:
-    """New listeners cost more than steady ones: each one's first sentence is encoded as it
-    arrives and a paced one's lead is made at once. At the rate steady streams' sentences end
-    the encoder's share is as in the steady model; a faster burst holds fewer streams while it
-    lasts, the faster the fewer."""
-    costs = CostModel(fixed_part=True)
-    for stage, (per_call, per_frame) in KNOWN.items():
-        costs.per_call[stage], costs.per_frame[stage] = per_call, per_frame
-    windows = WindowConfig()
-
-    def capacity(arrivals: float, lead_s: float = 0.0) -> int:
-        layout = Layout(windows, 2.0, True, True, True, lead_s=lead_s)
-        demand = stream_demand(layout, StreamPace(), RATE / HOP)
-        return predicted_capacity(demand, costs, host_costs(), layout, arrivals)
-
-    steady = capacity(0.0)
-    # A sentence is about 3 s (StreamPace's seed): a third of the streams arriving a second
-    # is the rate their sentences end anyway.
-    assert capacity(steady / 3.5) == steady
-    assert capacity(steady / 3.5, lead_s=0.3) < steady  # the leads made at once
-    assert capacity(steady) < capacity(steady / 2) < steady
-    assert capacity(100 * steady) == 1  # faster than the encoder takes one at a time
-
-
-def test_a_burst_of_listeners_lowers_what_the_pod_admits_until_it_has_passed(
-    voice_host, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    host, handle = voice_host
-    scheduler = next(iter(host._architectures.values())).scheduler
-    # What it learns from the calls and sentences is held still: only the arrivals move it.
-    for model in (scheduler.costs, scheduler.host_costs, scheduler.pace):
-        monkeypatch.setattr(model, "observe", lambda *args: None)
-    steady = scheduler.capacity()
-    burst = [start(host, handle) for _ in range(steady // 2)]
-    assert all(listener is not None for listener in burst)
-    assert scheduler.arrivals() == pytest.approx(len(burst) / ARRIVALS_WINDOW_S)
-    scheduler._capacity = None  # not the one worked out before the burst
-    during = scheduler.capacity()
-    assert during < steady, (during, steady)
-    time.sleep(ARRIVALS_WINDOW_S + 0.1)
-    scheduler._capacity = None
-    assert scheduler.capacity() == steady
-    for listener in burst:
-        assert listener is not None and listener.done.wait(30) and listener.error is None
 
 
 def test_streams_still_being_phonemised_count_against_what_a_pod_holds(
