@@ -276,7 +276,10 @@ class Ceiling:
         return cls(enabled=os.environ.get(CEILING_ENV, "1").strip() != "0")
 
     def held(self, now: float, predicted: int) -> int:
-        """What the scheduler holds: `predicted`, or less where its streams ran late."""
+        """What the scheduler holds: `predicted`, or less where its streams ran late. A
+        prediction that falls below the ceiling for a while does not end it: only raising it
+        past the prediction does (else a dip in the prediction would forget what the streams
+        measured)."""
         with self._lock:
             if self.value is None:
                 return predicted
@@ -284,10 +287,10 @@ class Ceiling:
             for _ in range(max(0, raises)):
                 self.value += max(1.0, self.value * RAISE_SHARE)
                 if self.value >= predicted:
+                    self.value = None
                     break
             if raises > 0:
                 self._raised_at += raises * RAISE_INTERVAL_S
-            if self.value >= predicted:
-                self.value = None
+            if self.value is None:
                 return predicted
-            return math.floor(self.value)
+            return min(predicted, math.floor(self.value))

@@ -221,7 +221,10 @@ def test_a_ceiling_falls_where_streams_run_late_and_rises_back_while_they_keep_u
     # While the streams keep up it rises by RAISE_SHARE every RAISE_INTERVAL_S...
     held = ceiling.held(1.2 + RAISE_INTERVAL_S, 1200)
     assert held == math.floor(CUT_SHARE * 920 * (1 + RAISE_SHARE))
-    # ... and gives way to the prediction once it meets it; a lower prediction wins anyway.
+    # A prediction that dips below it meanwhile wins while it lasts, and does not end it.
+    assert ceiling.held(1.2 + RAISE_INTERVAL_S + 0.1, 500) == 500
+    assert ceiling.held(1.2 + RAISE_INTERVAL_S + 0.2, 1200) == held
+    # ... and it gives way to the prediction once raised past it.
     assert ceiling.held(1.2 + 10 * RAISE_INTERVAL_S, 500) == 500
     assert ceiling.held(1.2 + 100 * RAISE_INTERVAL_S, 1200) == 1200
     assert ceiling.value is None
