@@ -288,6 +288,20 @@ def _cost(costs: CostModel, calls: list[Call], planned: set[Call]) -> float:
     return sum(costs.estimate(call[0], call[1], call not in planned) for call in calls)
 
 
+def _encode_cost(costs: CostModel, call: tuple[int, int], ids: int) -> tuple[float, bool]:
+    """What a sentence of `ids` phoneme ids adds to a step's encoder call of `call` (rows,
+    width), and whether it joins that call: joined, its own row and, where it is the longest,
+    the padding it gives the others (every row of a call is as wide as its longest); where
+    that costs more than a call of its own (as `encoder_calls` splits them), a call's fixed
+    cost and its row."""
+    rows, width = call
+    own = costs.estimate("encoder", ids, True)
+    if rows == 0:
+        return own, True
+    joined = costs.estimate("encoder", (rows + 1) * max(width, ids) - rows * width, False)
+    return (joined, True) if joined <= own else (own, False)
+
+
 def plan_step(
     streams: list[Stream],
     cfg: WindowConfig,
@@ -360,6 +374,8 @@ def plan_step(
     closest = _closest_playing(streams, now, rules) if rules.lead_window_frames else []
     # The usual windows of playing streams left for a later step, in deadline order.
     skipped: list[Window] = []
+    # Each encoder call planned so far: its rows and its width (the longest sentence's ids).
+    encoding: dict[Call, tuple[int, int]] = {}
     for stream in streams:
         window: Window | None = None
         if stream.current is None:
@@ -373,11 +389,10 @@ def plan_step(
             # vocoder call of their own, after the encoder).
             voice = None if rules.grouped_voices else call_voice(stream.voice)
             calls: list[Call] = [("encoder", 0, voice), ("first-window", 0, voice)]
-            cost = 0.0
+            cost, joins = 0.0, False
+            ids = len(stream.sentences[0].ids)
             if not encoder_beside or encoder_queued:
-                cost = costs.estimate(
-                    "encoder", len(stream.sentences[0].ids), calls[0] not in planned
-                )
+                cost, joins = _encode_cost(costs, encoding.get(calls[0], (0, 0)), ids)
             if not encoder_beside:
                 cost += costs.estimate(
                     "vocoder", first_call_width(cfg, rules), calls[1] not in planned
@@ -418,6 +433,9 @@ def plan_step(
             continue
         if window is None:
             plan.encodes.append(stream)
+            if joins:
+                encoded, width = encoding.get(calls[0], (0, 0))
+                encoding[calls[0]] = (encoded + 1, max(width, ids))
         else:
             plan.windows.append(window)
             rows.update(calls)

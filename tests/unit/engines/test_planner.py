@@ -230,6 +230,26 @@ def test_an_encoder_queued_behind_the_windows_waits_while_a_playing_stream_canno
     assert plan(queued=True) == ([1, 3], [])
 
 
+def test_new_streams_encoded_in_a_step_fit_it_with_their_call_padded_to_the_longest() -> None:
+    """Every row of an encoder call is as wide as its longest sentence: a long sentence among
+    short ones costs the call its width for each of them. Charged at their own lengths, twelve
+    newcomers went into a call of 72 ms ahead of a playing stream with 40 ms of audio left."""
+    costs = CostModel(fixed_part=True)
+    costs.per_call.update(encoder=5e-3, vocoder=0.0, flow=0.0)
+    costs.per_frame.update(encoder=2e-5, vocoder=1e-9, flow=1e-9)
+    for launch in ({"encoder_beside": True, "encoder_queued": True}, {}):
+        playing = make_stream(1, frames=600, buffered_s=0.040, windows_sent=4)
+        newcomers = [make_stream(10 + i, ids=280 if i == 0 else 40) for i in range(12)]
+        step = plan_step(
+            [playing, *newcomers], WindowConfig(), costs, batching=True, now=NOW, **launch
+        )
+        assert [w.stream.stream_id for w in step.windows[:1]] == [1]
+        widest = max(len(s.sentences[0].ids) for s in step.encodes)
+        call_s = costs.per_call["encoder"] + len(step.encodes) * widest * 2e-5
+        assert 0 < len(step.encodes) < len(newcomers)
+        assert call_s <= 0.040, (launch, len(step.encodes), call_s)
+
+
 def test_with_room_in_the_step_every_stream_is_planned() -> None:
     costs = CostModel(fixed_part=False)
     costs.per_frame.update(encoder=1e-7, vocoder=1e-7, flow=1e-7)  # a fast machine
