@@ -367,6 +367,12 @@ class _Voice:
         return self.plan.name
 
 
+def _live(architecture: _Architecture) -> int:
+    """An architecture's live streams as admission counts them: those admitted, still being
+    phonemised included, or the scheduler's own count where that is more."""
+    return max(architecture.scheduler.live_streams(), architecture.admitted)
+
+
 def _first_weights(architecture: _Architecture) -> tuple[Any, int]:
     """The weights an architecture's runtime loaded with it (its first voice's), and their
     bytes; (None, 0) where its runtime holds no weight sets (a voice there is a session)."""
@@ -420,7 +426,7 @@ class VoiceHost:
             for architecture in list(self._architectures.values()):
                 scheduler = architecture.scheduler
                 capacity = scheduler.capacity()
-                ratio = max(scheduler.live_streams(), architecture.admitted) / capacity
+                ratio = _live(architecture) / capacity
                 for voice in voices:
                     if voice.architecture is architecture:
                         voice.slot.stats.load_ratio = ratio
@@ -707,8 +713,7 @@ class VoiceHost:
                 raise StreamRefused("this voice is being unloaded from this server; retry")
             architecture = voice.architecture
             scheduler = architecture.scheduler
-            live = max(scheduler.live_streams(), architecture.admitted)
-            capacity = scheduler.capacity()
+            live, capacity = _live(architecture), scheduler.capacity()
             if live >= max(capacity, MIN_ADMITTED_STREAMS):
                 voice.slot.stats.refused_streams += 1
                 raise StreamRefused(
