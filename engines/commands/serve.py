@@ -16,7 +16,7 @@ from pathlib import Path
 from engines.commands.api import DEFAULT_API_PORT, add_gateway_arguments
 from engines.commands.build_engines import PRECISION_CHOICES, RUNTIME_CHOICES, runtime_help
 from engines.contract import names
-from engines.contract.plan import ENCODER_LAUNCHES
+from engines.contract.plan import ENCODER_LAUNCHES, ENCODER_PRECISIONS
 
 GPU_SERVER_ARGS = ["--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0"]
 
@@ -78,6 +78,14 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="how the torch-cuda runtime runs encoder calls: in the step (inline, the "
         "default), beside the windows on a CUDA stream of their own, or queued behind them",
     )
+    parser.add_argument(
+        "--encoder-precision",
+        choices=ENCODER_PRECISIONS,
+        default=None,
+        help="what the torch-cuda runtime runs the encoder's text part at: fp32 (the default, "
+        "the voice's own audio), or fp16 or bf16 (faster; a phoneme in about a thousand is a "
+        "frame longer or shorter, docs/gpu.md)",
+    )
     parser.add_argument("--no-batching", action="store_true", help="turn cross-stream batching off")
     parser.add_argument(
         "--max-text-bytes", type=int, default=5000, help="longest TEXT accepted (default 5000)"
@@ -106,6 +114,7 @@ def plan_from_args(args: argparse.Namespace):  # -> list[ServingPlan], imported 
             "max_lead_ms",
             "paced_step_ms",
             "encoder_launch",
+            "encoder_precision",
         )
         if getattr(args, name) is not None
     }

@@ -40,6 +40,9 @@ class RuntimeInfo:
     description: str
     # Whether the built artifacts depend on the call shapes (TensorRT's profiles).
     shaped: bool = False
+    # What the encoder's text part may run at (`WindowConfig.encoder_precision`); the first is
+    # the default, the voice's own audio.
+    encoder_precisions: tuple[str, ...] = ("fp32",)
 
     @property
     def default_precision(self) -> str:
@@ -68,6 +71,7 @@ RUNTIMES: dict[str, RuntimeInfo] = {
             loader="engines.runtimes.torch_cuda:load",
             builder="engines.build.engine_build:split_stages_for_torch",
             description="PyTorch on a CUDA GPU (FP16, CUDA graphs)",
+            encoder_precisions=("fp32", "fp16", "bf16"),
         ),
         RuntimeInfo(
             name="tensorrt",
@@ -128,6 +132,14 @@ MAX_VOCODER_BATCH_FRAMES = 8192
 ENCODER_LAUNCHES = ("inline", "beside", "queued")
 
 
+# What the encoder's text part runs at (`WindowConfig.encoder_precision`): "fp32", the voice's
+# own audio, by default; "fp16" or "bf16" on the torch-cuda runtime's graphed encoder, about
+# 1.5 times as fast on an H200 but not the same audio: a phoneme in about a thousand (FP16) is
+# a frame longer or shorter, and the rest of the audio is about 31 dB (FP16) or 15 dB (BF16)
+# from FP32's (docs/gpu.md). The duration predictor always runs in FP32.
+ENCODER_PRECISIONS = ("fp32", "fp16", "bf16")
+
+
 def check_encoder_launch(value: str) -> None:
     """ValueError unless `value` is one of ENCODER_LAUNCHES, naming them."""
     if value not in ENCODER_LAUNCHES:
@@ -173,6 +185,10 @@ class WindowConfig:
     # to itself; "beside" frees the scheduler from waiting for each call, which is what
     # several instances sharing a GPU with a lead limit need (docs/gpu.md).
     encoder_launch: str = "inline"
+    # What the encoder's text part runs at (ENCODER_PRECISIONS; `TTSVoice encoderPrecision`):
+    # "fp32" keeps the voice's own audio; "fp16" makes the encoder faster where the runtime
+    # offers it (`RuntimeInfo.encoder_precisions`), at a small change to the audio.
+    encoder_precision: str = "fp32"
     # Where calls take any width (onnxruntime), a playing stream with half a second of audio
     # buffered may take windows twice the steady size and flow chunks of four (fewer context
     # frames, about 2 % more audio on 2 cores); off, since a call that long delayed other
@@ -199,6 +215,11 @@ class WindowConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         check_encoder_launch(self.encoder_launch)
+        if self.encoder_precision not in ENCODER_PRECISIONS:
+            raise ValueError(
+                f"encoder_precision is one of {', '.join(ENCODER_PRECISIONS)}, "
+                f"not {self.encoder_precision!r}"
+            )
         if self.first_window_frames > self.window_frames:
             raise ValueError(
                 f"first_window_frames ({self.first_window_frames}) must not exceed "
@@ -283,6 +304,12 @@ class ServingPlan:
         if not self.precision:
             object.__setattr__(self, "precision", runtime.default_precision)
         check_precision(self.runtime, self.precision)
+        if self.windows.encoder_precision not in runtime.encoder_precisions:
+            raise ValueError(
+                f"the {self.runtime} runtime runs the encoder at "
+                f"{', '.join(runtime.encoder_precisions)}, not "
+                f"{self.windows.encoder_precision!r} (encoder_precision)"
+            )
         if not self.voice_config_path and self.engine_dir:
             object.__setattr__(
                 self, "voice_config_path", f"{self.engine_dir.rstrip('/')}/{VOICE_CONFIG_NAME}"

@@ -7,6 +7,8 @@ model under one name and one meaning.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from engines.contract.plan import ServingPlan, WindowConfig, engine_key
 from voxfleet_operator.pools import Pool
 from voxfleet_operator.spec import TTSVoiceSpec
@@ -40,6 +42,15 @@ def precision(spec: TTSVoiceSpec, pool: Pool) -> str:
     return wanted if wanted in info.precisions else info.default_precision
 
 
+def encoder_precision(spec: TTSVoiceSpec, pool: Pool) -> str:
+    """The spec's encoder precision where the pool's runtime offers it, else fp32: like
+    `precision`, a voice asking for fp16 on a pool that cannot run it is still served, with
+    its own audio."""
+    wanted = spec.encoder_precision.value
+    offered = pool.runtime_info.encoder_precisions
+    return wanted if wanted in offered else offered[0]
+
+
 def voice_engine_key(spec: TTSVoiceSpec, pool: Pool) -> str:
     """The name the voice's engines for this pool are published under (engines.contract.plan)."""
     return engine_key(
@@ -61,7 +72,7 @@ def serving_plan(
         engine_dir=f"{mount}/{key}",
         runtime=pool.runtime,
         precision=precision(spec, pool),
-        windows=voice_windows(spec),
+        windows=replace(voice_windows(spec), encoder_precision=encoder_precision(spec, pool)),
         max_text_bytes=spec.limits.max_text_bytes,
         max_streams_per_pod=spec.limits.max_concurrent_streams,
         speaking_rate=spec.speaking_rate,

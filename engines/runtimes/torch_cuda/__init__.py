@@ -79,6 +79,7 @@ def load(engine_dir: Path, windows: WindowConfig, cpu_threads: int | None = None
         batch_buckets=buckets,
         encoder_batch_buckets=[b for b in ENCODER_BATCH_BUCKETS if b < 2 * max_sentences],
         encoder_launch=windows.encoder_launch,
+        encoder_precision=windows.encoder_precision,
         **_settings_from_environment(),
     )
     return stages

@@ -1032,7 +1032,8 @@ class TorchCudaStages:
 
     def warmup_report(self) -> dict[str, Any]:
         """By stage: graphs captured, the seconds the warmup spent on them, and whether cuDNN
-        autotuned them (AUTOTUNED_STAGES) from how many rows (AUTOTUNE_MIN_ROWS)."""
+        autotuned them (AUTOTUNED_STAGES) from how many rows (AUTOTUNE_MIN_ROWS); the
+        encoder's also what its text part runs at (`encoder_precision`)."""
         stages = {"encoder": self.encoder_stage, "flow": self.flow_stage}
         stages["vocoder"] = self.vocoder_stage
         report = {
@@ -1045,6 +1046,8 @@ class TorchCudaStages:
             for name, stage in stages.items()
             if stage is not None
         }
+        if "encoder" in report:
+            report["encoder"]["precision"] = self.encoder_precision
         for name, stage in stages.items():
             if stage is None or not stage.lane_graphs:
                 continue

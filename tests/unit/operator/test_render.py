@@ -151,6 +151,26 @@ def test_step_settings_reach_the_stream_model_and_rebuild_nothing(
     assert first_key == second_key
 
 
+def test_a_faster_encoder_reaches_only_pools_that_run_it_and_rebuilds_nothing() -> None:
+    """`encoderPrecision: fp16` reaches a torch-cuda pool's stream model; a pool whose
+    runtime runs the encoder only at fp32 still serves the voice, at fp32 (as `precision`
+    falls back); the engines are the same either way."""
+
+    def planned(pool: Pool, precision: str) -> tuple[str, str]:
+        voice = make_voice(encoderPrecision=precision)
+        pools = PoolsConfig(default_pool=pool.name, pools=[pool])
+        (job,) = [o for o in render_voices([voice], pools, "cache") if o["kind"] == "Job"]
+        command = container(job)["command"]
+        return ServingPlan.from_json(command[5]).windows.encoder_precision, command[-1]
+
+    assert L4.runtime == "torch-cuda"
+    fast, fast_key = planned(L4, "fp16")
+    own, own_key = planned(L4, "fp32")
+    assert (fast, own) == ("fp16", "fp32") and fast_key == own_key
+    assert planned(CPU, "fp16")[0] == "fp32"
+    assert planned(T4, "bf16")[0] == "fp32"  # tensorrt
+
+
 def test_a_pool_with_mps_tells_its_pods_supervisor_to_run_a_daemon() -> None:
     def mps_env(pool: Pool) -> list[dict[str, str]]:
         env = container(build_pool_deployment(pool, "tts", "engine-cache"))["env"]

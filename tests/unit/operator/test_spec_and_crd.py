@@ -284,3 +284,15 @@ def test_the_api_offers_the_encoder_launches_the_plan_knows() -> None:
     from engines.contract.plan import ENCODER_LAUNCHES
 
     assert tuple(mode.value for mode in EncoderLaunch) == ENCODER_LAUNCHES
+
+
+def test_the_api_offers_the_encoder_precisions_the_plan_knows() -> None:
+    from voxfleet_operator.spec import EncoderPrecision
+
+    from engines.contract.plan import ENCODER_PRECISIONS, RUNTIMES
+
+    assert tuple(mode.value for mode in EncoderPrecision) == ENCODER_PRECISIONS
+    assert set().union(*(i.encoder_precisions for i in RUNTIMES.values())) == set(
+        ENCODER_PRECISIONS
+    )
+    assert TTSVoiceSpec.model_validate({"source": URL_SOURCE}).encoder_precision.value == "fp32"
