@@ -11,10 +11,12 @@
 #   STAGE=paced-ceiling RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=launch RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=launch-paced RUN=k bash tests/gpu/pace_session.sh
+#   STAGE=precision-paced RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=instances RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=first-window RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=warmup bash tests/gpu/pace_session.sh    # part 1 only
 #   STAGE=profile bash tests/gpu/pace_session.sh   # after parts 1 to 3
+# SERVE_OPTIONS (words) go to every `voxfleet serve` of a stage, e.g. "--encoder-launch queued".
 # Every call first copies what it carried (.whl/part-*) to /tmp/keep, where later calls on the
 # same machine find it, and puts cut wheels back together.
 # - limits: each stage alone at its best batch with CUDA graphs (`lab.gpu_bench`
@@ -40,6 +42,8 @@
 #   queued) as `instances` below runs its settings: paced listeners at LEVELS over RAMP s, then
 #   BURST within 1 s, with each scheduler's costs logged every 2 s (VOXFLEET_COSTS_LOG_S, in
 #   the server logs) to show where first audio and the thread's time went.
+# - precision-paced: the encoder's text part at each of PRECISIONS (fp32 fp16;
+#   `--encoder-precision`) as launch-paced runs its launch modes, costs logged alike.
 # - instances: how many stream-model processes take the voice's requests (`--instances`, each
 #   of INSTANCES: 1 2 4; they share the voice host, its scheduler and the voice's weights), a
 #   fresh server each, side by side in one run, the order turned round from one run to the
@@ -122,7 +126,7 @@ serve() {  # LEAD_MS LOG [OPTION...]: a fresh `voxfleet serve` on the whole GPU;
     # (SERVE_DIR: where it runs from, an earlier build's checkout; its modules come first.)
     (cd "${SERVE_DIR:-.}" && exec python3 -m engines.cli serve --runtime torch-cuda --voice joe \
         --max-lead-ms "$lead" --api-port 0 --grpc-port 18000 --metrics-port 18001 --http-port 18002 \
-        --health-port 18003 "$@") >"$log" 2>&1 &
+        --health-port 18003 ${SERVE_OPTIONS:-} "$@") >"$log" 2>&1 &
     SERVER=$!
     wait_ready 18002 "$SERVER" >/dev/null || { tail -n 40 "$log"; return 1; }
     READY_S=$(python3 -c "import time, sys; print(round(time.time() - float(sys.argv[1]), 1))" "$started")
@@ -269,6 +273,10 @@ launch-paced)
     VOXFLEET_COSTS_LOG_S=${VOXFLEET_COSTS_LOG_S:-2} side_by_side launch --encoder-launch \
         ${LAUNCHES:-inline queued}
     ;;
+precision-paced)
+    VOXFLEET_COSTS_LOG_S=${VOXFLEET_COSTS_LOG_S:-2} side_by_side precision --encoder-precision \
+        ${PRECISIONS:-fp32 fp16}
+    ;;
 instances)
     side_by_side instances --instances ${INSTANCES:-1 2 4}
     ;;
@@ -315,7 +323,7 @@ PY
     done
     ;;
 *)
-    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, instances, first-window, packing, warmup or profile, not $STAGE" >&2
+    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, instances, first-window, packing, warmup or profile, not $STAGE" >&2
     exit 2
     ;;
 esac
