@@ -12,7 +12,10 @@ second, at any load, and every call it runs refines the figure.
 The model: with N real-time streams and steps of T seconds, a step carries N x T seconds of
 audio: its windows, its sentences to encode and flow, in calls of at most the plan's batch
 sizes, each with its fixed cost. A step's device time is those fixed costs plus the cost per
-frame of everything in it; the thread's, its cost per step plus its cost per window. The
+frame of everything in it; the thread's, its cost per step plus its cost per window. Where a
+GPU pads an encoder call's rows to one width, each row costs as much as the call's longest
+sentence: the expected longest of that many sentences like the last few hundred encoded
+(`longest_of`), which at 24 rows a call was about twice the mean sentence on an H200. The
 streams are held where both fit in `FULL_BUSY` of a step of `max_step_ms` (the longest step
 the planner makes; `paced_step_ms` where that is shorter, the calls asynchronous and the
 streams paced: their steps come that often); with the device's work asynchronous (a GPU)
@@ -34,7 +37,9 @@ import math
 import os
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from engines.contract.plan import WindowConfig
 from engines.streaming.costs import CostModel
@@ -54,21 +59,45 @@ HOST_STEP_S = 1e-3
 HOST_WINDOW_S = 25e-6
 # How fast the pace and the thread's costs follow new observations.
 PACE_DECAY = 0.98
+# The recent sentences whose phoneme ids the pace keeps (`StreamPace.recent_ids`), and the
+# fewest it judges an encoder call's width by (before that, the mean sentence's).
+PACE_SAMPLE = 256
+PACE_MIN_SAMPLE = 32
 
 
 @dataclass
 class StreamPace:
     """What a stream's sentences are like, learnt from the sentences encoded (exponentially
-    weighted means): phoneme ids and latent frames per sentence. Seeded with the joe voice's
-    corpus figures (about 2.2 frames an id, 3 s sentences)."""
+    weighted means): phoneme ids and latent frames per sentence, seeded with the joe voice's
+    corpus figures (about 2.2 frames an id, 3 s sentences); and the phoneme ids of the last
+    PACE_SAMPLE sentences, whose spread sets how wide an encoder call of many is."""
 
     ids_per_sentence: float = 118.0
     frames_per_sentence: float = 260.0
+    recent_ids: deque[int] = field(default_factory=lambda: deque(maxlen=PACE_SAMPLE))
 
     def observe(self, ids: int, frames: int) -> None:
         keep = PACE_DECAY
         self.ids_per_sentence = keep * self.ids_per_sentence + (1 - keep) * max(1, ids)
         self.frames_per_sentence = keep * self.frames_per_sentence + (1 - keep) * max(1, frames)
+        self.recent_ids.append(max(1, ids))
+
+    def padded_ids(self, multiple: int) -> np.ndarray | None:
+        """The recent sentences' ids padded up to `multiple`, sorted; None before
+        PACE_MIN_SAMPLE sentences."""
+        if len(self.recent_ids) < PACE_MIN_SAMPLE:
+            return None
+        ids = np.fromiter(self.recent_ids, float, len(self.recent_ids))
+        return np.sort(np.ceil(ids / multiple) * multiple)
+
+
+def longest_of(widths: np.ndarray, rows: float) -> float:
+    """The expected longest of `rows` sentences drawn from `widths` (sorted): every row of an
+    encoder call is as wide as its longest sentence. One row: the mean; many: near the
+    widest. (For draws with replacement: P(longest <= the i-th of n) = (i / n) ** rows.)"""
+    count = len(widths)
+    below = (np.arange(count + 1) / count) ** max(1.0, rows)
+    return float(widths @ np.diff(below))
 
 
 @dataclass(frozen=True)
@@ -93,6 +122,10 @@ class StreamDemand:
     rows: dict[str, float]
     frames: dict[str, float]
     windows: float  # vocoder windows a second (the thread's work per window)
+    # Where encoder calls are padded to fixed widths and learnt sentences spread: their ids,
+    # padded and sorted (`StreamPace.padded_ids`); a call of many rows is as wide as the
+    # longest (`longest_of`), not as the mean in `frames`.
+    encoder_widths: np.ndarray | None = None
 
 
 def _ramp(first: int, steady: int, ramp: float, frames: int) -> list[int]:
@@ -130,8 +163,10 @@ def stream_demand(layout: Layout, pace: StreamPace, frames_per_s: float) -> Stre
             for chunk in chunks
         )
     ids = pace.ids_per_sentence
+    widths = None
     if layout.fixed_widths:
         ids = math.ceil(ids / ENCODER_ID_MULTIPLE) * ENCODER_ID_MULTIPLE
+        widths = pace.padded_ids(ENCODER_ID_MULTIPLE)
     return StreamDemand(
         rows={
             "encoder": sentences_per_s,
@@ -144,6 +179,7 @@ def stream_demand(layout: Layout, pace: StreamPace, frames_per_s: float) -> Stre
             "vocoder": vocoder_frames * sentences_per_s,
         },
         windows=len(sizes) * sentences_per_s,
+        encoder_widths=widths,
     )
 
 
@@ -179,10 +215,12 @@ def step_seconds(
     }
     device = 0.0
     for stage in ("encoder", "flow", "vocoder"):
-        calls = _calls(audio * demand.rows[stage], limits[stage], widths[stage])
-        device += (
-            calls * costs.per_call[stage] + audio * demand.frames[stage] * (costs.per_frame[stage])
-        )
+        rows = audio * demand.rows[stage]
+        calls = _calls(rows, limits[stage], widths[stage])
+        frames = audio * demand.frames[stage]
+        if stage == "encoder" and demand.encoder_widths is not None and calls:
+            frames = rows * longest_of(demand.encoder_widths, rows / calls)
+        device += calls * costs.per_call[stage] + frames * costs.per_frame[stage]
     windows = audio * demand.windows
     thread = host.per_call["step"] + host.per_frame["step"] * windows
     return device, thread

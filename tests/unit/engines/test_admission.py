@@ -125,6 +125,33 @@ def test_capacity_grows_with_the_step_and_shrinks_with_what_a_call_costs() -> No
     )
 
 
+def test_sentences_of_mixed_lengths_hold_fewer_streams_where_encoder_calls_are_padded() -> None:
+    """Every row of a GPU's encoder call is as wide as its longest sentence: sentences of mixed
+    lengths cost a call of many rows about what sentences all as long as the longest cost, not
+    what sentences of their mean length cost, and the pod predicts that many fewer streams.
+    On the CPU, whose encoder calls are split by length, the mix changes nothing."""
+    costs = CostModel(fixed_part=True)
+    for stage, (per_call, per_frame) in KNOWN.items():
+        costs.per_call[stage], costs.per_frame[stage] = per_call, per_frame
+
+    def pace(*lengths: int) -> StreamPace:
+        learnt = StreamPace()
+        for i in range(64):
+            learnt.observe(lengths[i % len(lengths)], 282)
+        return learnt
+
+    def capacity(learnt: StreamPace, gpu: bool) -> int:
+        layout = Layout(WindowConfig(max_step_ms=120), 2.0, gpu, gpu, gpu)
+        demand = stream_demand(layout, learnt, RATE / HOP)
+        return predicted_capacity(demand, costs, host_costs(), layout)
+
+    even, mixed, long = pace(128), pace(32, 224), pace(224)
+    assert capacity(long, True) <= capacity(mixed, True) < capacity(even, True)
+    assert capacity(mixed, True) < 0.9 * capacity(even, True)
+    # (The learnt mean weighs the last sentences most: within a stream of the same.)
+    assert abs(capacity(mixed, False) - capacity(even, False)) <= 1
+
+
 def test_streams_still_being_phonemised_count_against_what_a_pod_holds(
     voice_host, monkeypatch: pytest.MonkeyPatch
 ) -> None:
