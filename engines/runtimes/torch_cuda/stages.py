@@ -1036,7 +1036,7 @@ class TorchCudaStages:
         encoder's also what its text part runs at (`encoder_precision`)."""
         stages = {"encoder": self.encoder_stage, "flow": self.flow_stage}
         stages["vocoder"] = self.vocoder_stage
-        report = {
+        report: dict[str, dict[str, Any]] = {
             name: {
                 "graphs": len(stage.graphs),
                 "seconds": round(self._warmup_seconds.get(name, 0.0), 2),
