@@ -181,10 +181,13 @@ class WindowConfig:
     # own; new streams wait for it too (docs/gpu.md). 0: a step as soon as one is due.
     paced_step_ms: int = 30
     # How the torch-cuda runtime runs encoder calls (ENCODER_LAUNCHES; `TTSVoice
-    # batching.encoderLaunch`): "inline" keeps first audio earliest on a GPU a scheduler has
-    # to itself; "beside" frees the scheduler from waiting for each call, which is what
-    # several instances sharing a GPU with a lead limit need (docs/gpu.md).
-    encoder_launch: str = "inline"
+    # batching.encoderLaunch`): "queued" behind the windows on their stream, so the scheduler
+    # goes on while they run (on an H200 it held 2,000 paced listeners with no stream
+    # underrunning where "inline" let a few underrun, and past the pod's capacity let as few
+    # underrun; docs/gpu.md); "inline" in the step, the scheduler waiting for it; "beside"
+    # on a CUDA stream of its own, what several instances sharing a GPU with a lead limit
+    # needed on an H100.
+    encoder_launch: str = "queued"
     # What the encoder's text part runs at (ENCODER_PRECISIONS; `TTSVoice encoderPrecision`):
     # "fp32" keeps the voice's own audio; "fp16" makes the encoder faster where the runtime
     # offers it (`RuntimeInfo.encoder_precisions`), at a small change to the audio.

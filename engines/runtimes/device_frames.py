@@ -118,8 +118,8 @@ class DeviceBackend:
         # (TorchCudaStages.encodes_beside: the plan's encoder_launch "beside", on a CUDA
         # stream of its own, or "queued", on the windows' stream) lets the scheduler go on
         # launching windows and take the sentences up once their frame counts are on the host
-        # (`encode_launch`), with up to `encoder_calls_in_flight` calls at once. "inline"
-        # stays the default (docs/gpu.md). The batch sizes the flow and vocoder calls are
+        # (`encode_launch`), with up to `encoder_calls_in_flight` calls at once ("queued" is
+        # the plan's default, docs/gpu.md). The batch sizes the flow and vocoder calls are
         # padded up to (CUDA graphs): the scheduler fills the padding rows with windows not
         # due yet (planner.fill_buckets).
         beside = bool(async_calls and getattr(runtime, "encodes_beside", False))

@@ -201,15 +201,15 @@ class Batching(_Model):
         "voice's one copy of its weights there, so their streams share its stage calls.",
     )
     encoder_launch: EncoderLaunch = Field(
-        default=EncoderLaunch.INLINE,
-        description="How a GPU (the torch-cuda runtime) runs a step's encoder call: inline, "
-        "in the step before its windows (the earliest first audio for one instance); beside, "
-        "on a CUDA stream of its own next to the windows, one call at a time, so the "
-        "scheduler never waits for it (with several instances and streaming.maxLeadMs, fewer "
-        "streams underran on an H100 at 2,000 streams); queued, behind the windows on their "
-        "stream, up to three calls at a time (on an H200 it held 2,000 paced listeners "
-        "where inline did not, with 1.19 times its audio unpaced, but let more streams "
-        "underrun past the pod's capacity). Other runtimes always run it inline.",
+        default=EncoderLaunch.QUEUED,
+        description="How a GPU (the torch-cuda runtime) runs a step's encoder call: queued "
+        "(the default), behind the windows on their stream, up to three calls at a time, so "
+        "the scheduler goes on meanwhile (on an H200 it held 2,000 paced listeners with no "
+        "stream underrunning where inline let a few underrun, with 1.19 times inline's audio "
+        "unpaced); inline, in the step before its windows, the scheduler waiting for it; "
+        "beside, on a CUDA stream of its own next to the windows, one call at a time (with "
+        "several instances and streaming.maxLeadMs, fewer streams underran on an H100 at "
+        "2,000 streams). Other runtimes always run it inline.",
     )
 
 

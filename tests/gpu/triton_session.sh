@@ -89,8 +89,8 @@ MAX_LEAD_MS=${MAX_LEAD_MS:-0}
 # CUDA graphs, so that more instances fit the GPU's memory.
 WINDOWS=${WINDOWS:-128}
 # ENCODER_LAUNCH=inline|beside|queued: how the encoder's calls run (`voxfleet serve
-# --encoder-launch`; inline, the default, in the step).
-ENCODER_LAUNCH=${ENCODER_LAUNCH:-inline}
+# --encoder-launch`; queued, the default, behind the windows).
+ENCODER_LAUNCH=${ENCODER_LAUNCH:-queued}
 python3 -m engines.cli serve --runtime torch-cuda --max-batch-windows "$WINDOWS" --max-encoder-batch "$SENTENCES" --max-lead-ms "$MAX_LEAD_MS" --encoder-launch "$ENCODER_LAUNCH" --voice joe --grpc-port 18000 --metrics-port 18001 --http-port 18002 --health-port 18003 "${INSTANCE_ARGS[@]}" >"$OUT/triton-batched.log" 2>&1 &
 P1=$!
 trap 'kill -TERM $P1 ${P2:-} 2>/dev/null; wait 2>/dev/null; keep_logs' EXIT

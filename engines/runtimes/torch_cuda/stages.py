@@ -4,7 +4,7 @@ architecture.
 - encoder (text encoder + stochastic duration predictor): FP32, its fixed-shape core
   replayed from CUDA graphs. Its output length depends on the predicted durations (a device
   read per call), and FP16 or TF32 there moves frame boundaries (``ceil`` of durations).
-  With the plan's `encoder_launch` "beside" (`batching.encoderLaunch` of a TTSVoice; "inline"
+  With the plan's `encoder_launch` "beside" (`batching.encoderLaunch` of a TTSVoice; "queued"
   by default) `encode_launch` runs it on a CUDA stream of its own (its graphs in a memory
   pool of their own), and with "queued" on the windows' stream behind them, so that the
   stream model can go on launching windows while it runs; otherwise its graphs share the

@@ -25,10 +25,10 @@ def _serve_plan(monkeypatch: pytest.MonkeyPatch, *options: str) -> ServingPlan:
     return plan
 
 
-def test_serve_runs_the_encoder_in_the_step_unless_told_otherwise(
+def test_serve_queues_the_encoder_behind_the_windows_unless_told_otherwise(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert _serve_plan(monkeypatch).windows.encoder_launch == "inline"
+    assert _serve_plan(monkeypatch).windows.encoder_launch == "queued"
     for mode in ENCODER_LAUNCHES:
         plan = _serve_plan(monkeypatch, "--runtime", "torch-cuda", "--encoder-launch", mode)
         assert plan.windows.encoder_launch == mode

@@ -35,7 +35,7 @@ def test_minimal_voice_gets_the_documented_defaults() -> None:
     assert spec.streaming.max_lead_ms == 0  # audio as fast as it is made
     assert (spec.batching.max_batch_size, spec.batching.max_queue_delay_ms) == (8, 25)
     assert spec.batching.instances == 1
-    assert spec.batching.encoder_launch.value == "inline"  # the encoder in the step
+    assert spec.batching.encoder_launch.value == "queued"  # the encoder behind the windows
     assert (spec.limits.max_text_bytes, spec.limits.max_concurrent_streams) == (4096, 64)
     assert spec.speaking_rate == 1.0
     assert (spec.autoscaling.min_replicas, spec.autoscaling.max_replicas) == (1, 4)
