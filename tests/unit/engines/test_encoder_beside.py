@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from host_device import QUIET, TEXT, HostStages, Sink, Timing
 
+from engines.contract.plan import WindowConfig
 from engines.runtimes.onnx import OnnxStages
 from engines.streaming import StreamScheduler, planner
 from engines.streaming.frames import HostBackend
@@ -289,6 +290,57 @@ def test_a_queued_encoder_call_with_windows_behind_it_is_taken_up_without_pollin
         assert backend.finished == backend.launched
     finally:
         backend.gate.set()
+        scheduler.stop()
+
+
+class FirstAudioSink(Sink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_at: float | None = None
+
+    def audio(self, pcm: np.ndarray) -> None:
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+        super().audio(pcm)
+
+
+def test_a_new_streams_first_window_does_not_wait_for_the_next_paced_step(
+    stages, sentences
+) -> None:
+    """Where streams rest on their lead, a step that leaves no work waiting is followed by the
+    next only `paced_step_ms` later. A new stream's encoder call queued behind the windows ends
+    long before that: its first window goes out as soon as its frame counts are there, as with
+    the encoder inline in the step, not at the next paced step."""
+    pace_s = 1.0
+    runtime = beside_stages(stages, beside=True)
+    runtime.backend = QueuedBackend(stages, beside=True)
+    backend = runtime.backend
+    launched: list[float] = []
+    launch = backend.encode_launch
+
+    def timed_launch(*args: Any, **kwargs: Any) -> _Call:
+        launched.append(time.monotonic())
+        return launch(*args, **kwargs)
+
+    backend.encode_launch = timed_launch  # type: ignore[method-assign]
+    windows = WindowConfig(max_lead_ms=4000, paced_step_ms=int(pace_s * 1000))
+    scheduler = StreamScheduler(runtime, 22050, windows=windows)
+    scheduler.start()
+    try:
+        resting = Sink()
+        scheduler.submit(list(sentences) * 4, QUIET, resting)
+        deadline = time.monotonic() + 60
+        # Until it rests on its lead: steps are paced from then on.
+        while scheduler._rest_until is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert scheduler._rest_until is not None, "the stream never rested on its lead"
+        new = FirstAudioSink()
+        before = len(launched)
+        scheduler.submit(sentences[:1], QUIET, new)
+        assert new.done.wait(60) and new.error is None and new.first_at is not None
+        (encoded_at,) = launched[before : before + 1]
+        assert new.first_at - encoded_at < pace_s / 2, new.first_at - encoded_at
+    finally:
         scheduler.stop()
 
 
