@@ -75,8 +75,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "--encoder-launch",
         choices=ENCODER_LAUNCHES,
         default=None,
-        help="how the torch-cuda runtime runs encoder calls: in the step (inline, the "
-        "default), beside the windows on a CUDA stream of their own, or queued behind them",
+        help="how the torch-cuda runtime runs encoder calls: queued behind the windows on "
+        "their stream (the default), in the step (inline), or beside the windows on a CUDA "
+        "stream of their own",
     )
     parser.add_argument(
         "--encoder-precision",

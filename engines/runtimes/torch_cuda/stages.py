@@ -1,9 +1,10 @@
 """`TorchCudaStages`: the `StageRuntime` of the torch-cuda engines, for every voice of one
 architecture.
 
-- encoder (text encoder + stochastic duration predictor): FP32, its fixed-shape core
-  replayed from CUDA graphs. Its output length depends on the predicted durations (a device
-  read per call), and FP16 or TF32 there moves frame boundaries (``ceil`` of durations).
+- encoder (text encoder + stochastic duration predictor): FP32 (its text part at FP16 or BF16
+  where the plan's `encoder_precision` asks), its fixed-shape core replayed from CUDA
+  graphs. Its output length depends on the predicted durations (a device read per call),
+  and FP16 or TF32 there moves frame boundaries (``ceil`` of durations).
   With the plan's `encoder_launch` "beside" (`batching.encoderLaunch` of a TTSVoice; "queued"
   by default) `encode_launch` runs it on a CUDA stream of its own (its graphs in a memory
   pool of their own), and with "queued" on the windows' stream behind them, so that the
