@@ -27,6 +27,13 @@ from typing import Any
 PRECISIONS = ("fp32", "fp16", "int8")
 CPU, GPU = "cpu", "gpu"
 
+# What the encoder's text part runs at (`WindowConfig.encoder_precision`): "fp32", the voice's
+# own audio, by default; "fp16" or "bf16" on the torch-cuda runtime's graphed encoder, about
+# 1.5 times as fast on an H200 but not the same audio: a phoneme in about a thousand (FP16) is
+# a frame longer or shorter, and the rest of the audio is about 31 dB (FP16) or 15 dB (BF16)
+# from FP32's (docs/gpu.md). The duration predictor always runs in FP32.
+ENCODER_PRECISIONS = ("fp32", "fp16", "bf16")
+
 
 @dataclass(frozen=True)
 class RuntimeInfo:
@@ -71,7 +78,7 @@ RUNTIMES: dict[str, RuntimeInfo] = {
             loader="engines.runtimes.torch_cuda:load",
             builder="engines.build.engine_build:split_stages_for_torch",
             description="PyTorch on a CUDA GPU (FP16, CUDA graphs)",
-            encoder_precisions=("fp32", "fp16", "bf16"),
+            encoder_precisions=ENCODER_PRECISIONS,
         ),
         RuntimeInfo(
             name="tensorrt",
@@ -132,18 +139,15 @@ MAX_VOCODER_BATCH_FRAMES = 8192
 ENCODER_LAUNCHES = ("inline", "beside", "queued")
 
 
-# What the encoder's text part runs at (`WindowConfig.encoder_precision`): "fp32", the voice's
-# own audio, by default; "fp16" or "bf16" on the torch-cuda runtime's graphed encoder, about
-# 1.5 times as fast on an H200 but not the same audio: a phoneme in about a thousand (FP16) is
-# a frame longer or shorter, and the rest of the audio is about 31 dB (FP16) or 15 dB (BF16)
-# from FP32's (docs/gpu.md). The duration predictor always runs in FP32.
-ENCODER_PRECISIONS = ("fp32", "fp16", "bf16")
+def _check_one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
+    """ValueError unless `value` is one of `choices`, naming them."""
+    if value not in choices:
+        raise ValueError(f"{name} is one of {', '.join(choices)}, not {value!r}")
 
 
 def check_encoder_launch(value: str) -> None:
     """ValueError unless `value` is one of ENCODER_LAUNCHES, naming them."""
-    if value not in ENCODER_LAUNCHES:
-        raise ValueError(f"encoder_launch is one of {', '.join(ENCODER_LAUNCHES)}, not {value!r}")
+    _check_one_of("encoder_launch", value, ENCODER_LAUNCHES)
 
 
 @dataclass(frozen=True)
@@ -218,11 +222,7 @@ class WindowConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         check_encoder_launch(self.encoder_launch)
-        if self.encoder_precision not in ENCODER_PRECISIONS:
-            raise ValueError(
-                f"encoder_precision is one of {', '.join(ENCODER_PRECISIONS)}, "
-                f"not {self.encoder_precision!r}"
-            )
+        _check_one_of("encoder_precision", self.encoder_precision, ENCODER_PRECISIONS)
         if self.first_window_frames > self.window_frames:
             raise ValueError(
                 f"first_window_frames ({self.first_window_frames}) must not exceed "

@@ -469,13 +469,13 @@ class StreamScheduler:
     def _first_windows_now(self) -> None:
         """Take up the encoder calls whose frame counts are on the host and run their streams'
         first windows, between steps."""
-        started: list[Stream] = []
-        while self._encoding and self._encoding[0].call.done():
-            encoding = self._encoding.popleft()
-            self._finish_encoding(encoding)
-            started.extend(s for s in encoding.streams if s.stream_id in self._streams)
-        self._run([next_window(s, self.windows, self.rules) for s in started if s.current])
+        self._run(self._first_windows(self._take_up_encoded(wait_for_followed=False)))
         self._keep_in_flight()
+
+    def _first_windows(self, streams: list[Stream]) -> list[Window]:
+        """The first windows of the streams whose sentence was just started (a stream closed
+        meanwhile has none)."""
+        return [next_window(s, self.windows, self.rules) for s in streams if s.current]
 
     def _paced_until(self, plan: StepPlan) -> float:
         """When the step after `plan` may start. Where streams rest on their lead, the backend's
@@ -530,11 +530,7 @@ class StreamScheduler:
             for scales, streams in calls:
                 self._encode(streams, scales)
         clock.part("encode")
-        first_windows = [
-            next_window(stream, self.windows, self.rules)
-            for stream in plan.encodes
-            if stream.current
-        ]
+        first_windows = self._first_windows(plan.encodes)
         self._run(first_windows)
         clock.part("windows")
         self._publish_stats()
@@ -817,17 +813,22 @@ class StreamScheduler:
             )
         )
 
-    def _take_up_encoded(self) -> None:
+    def _take_up_encoded(self, wait_for_followed: bool = True) -> list[Stream]:
         """Start the sentences of the encoder calls beside the windows whose frame counts are
         on the host (in launch order): their prior (and flow) is queued behind the calls, and
-        the planner plans their first windows from this step on."""
+        the planner plans their first windows from this step on. The streams taken up."""
+        started: list[Stream] = []
         while self._encoding and (
-            self._encoding[0].call.done() or (self._queued and self._encoding[0].followed)
+            self._encoding[0].call.done()
+            or (wait_for_followed and self._queued and self._encoding[0].followed)
         ):
             # (A queued call with windows behind it is waited for: it ends soon after the
             # windows before it, and checking only whether it is done put its sentences' first
             # windows a step later, behind the windows launched meanwhile.)
-            self._finish_encoding(self._encoding.popleft())
+            encoding = self._encoding.popleft()
+            self._finish_encoding(encoding)
+            started.extend(encoding.streams)
+        return started
 
     def _start_sentences(
         self,
