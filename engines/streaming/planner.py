@@ -80,6 +80,15 @@ CPU_FIRST_AUDIO_S = 0.2
 # The others have more audio buffered than all of these; the padding rows a step fills
 # (`fill_buckets`) still have three candidates for each window the step may take.
 PLAN_SCAN_WINDOWS = 4
+# Where more new listeners of a voice wait for their first sentence's encoder call than one
+# call takes (`max_encoder_batch`, a burst) and every row of a call is as wide as its longest
+# sentence (a fixed-shape encoder: `WindowRules.match_lengths`), the call takes the oldest of
+# them and, among the oldest MATCH_CALLS calls' worth, those nearest it in length, not the
+# next in arrival order. Thirty-two sentences taken in arrival order are padded to the longest
+# of them: on the H200 a burst's encoder rows were padded to 270 to 290 phoneme ids where
+# the sentences had 161 on average (docs/gpu.md), and the encoder's device time set the burst's
+# first audio. The oldest is always taken, so no one waits behind a later arrival for long.
+MATCH_CALLS = 4
 
 Scales = tuple[float, float, float]
 
@@ -114,7 +123,9 @@ class WindowRules:
     windows of every voice (the backend runs them as one grouped call, each voice's rows
     against its own weights: `BackendFeatures.groups_voices`), so the vocoder's calls are
     one per width, not one per width and voice (and the encoder's, `encoder_calls`, not one
-    per voice).
+    per voice). `match_lengths`: in a burst, a step's new sentences are the oldest new
+    stream's and those nearest it in length (`MATCH_CALLS`), for an encoder whose every row
+    is as wide as the call's longest sentence.
     """
 
     exact_widths: bool = False
@@ -127,6 +138,7 @@ class WindowRules:
     trim_edges: bool = False
     first_audio_s: float = FIRST_AUDIO_S
     grouped_voices: bool = False
+    match_lengths: bool = False
 
     def __post_init__(self) -> None:
         if not self.ramp > 1.0:
@@ -350,8 +362,9 @@ def plan_step(
     encode_limit = cfg.max_encoder_batch if batching else len(streams)
     window_limit = cfg.max_batch_windows if batching else len(streams)
     scan = PLAN_SCAN_WINDOWS * window_limit if batching else len(streams)
+    match_rows = encode_limit if batching and rules.match_lengths else 0
     streams, plan.rest_until, plan.rest_lead_s, plan.full = _most_urgent(
-        streams, scan, rules.first_audio_s, now, cfg.max_lead_ms / 1000
+        streams, scan, rules.first_audio_s, now, cfg.max_lead_ms / 1000, match_rows
     )
     step_s = cfg.max_step_ms / 1000
     step_cost, budget = 0.0, step_s
@@ -512,7 +525,12 @@ def fill_buckets(
 
 
 def _most_urgent(
-    streams: list[Stream], playing: int, first_audio_s: float, now: float, lead_s: float
+    streams: list[Stream],
+    playing: int,
+    first_audio_s: float,
+    now: float,
+    lead_s: float,
+    match_rows: int = 0,
 ) -> tuple[list[Stream], float | None, float | None, bool]:
     """In deadline order: every stream with a sentence to encode, and the `playing` streams
     with a current sentence whose audio runs out first, leaving out the playing streams with
@@ -520,7 +538,8 @@ def _most_urgent(
     of their listener; with when the first of those falls under its limit and the least of
     their limits (None, None: none rest), and whether playing streams were left out beyond
     `playing`. Streams to encode of several voices take their places in turn by voice
-    (`_voice_turns`).
+    (`_voice_turns`); with `match_rows` (an encoder call's rows), a voice's new streams in a
+    burst take theirs by length (`_matched`).
 
     Each stream's deadline is read once, and the choices are made on arrays: at thousands of
     streams, a pass of Python per stream is most of a step's planning."""
@@ -548,21 +567,24 @@ def _most_urgent(
         chosen = chosen[np.argpartition(deadlines[chosen], playing)[:playing]]
     chosen = np.sort(np.concatenate((np.flatnonzero(~decoding & kept), chosen)))
     chosen = chosen[np.argsort(deadlines[chosen], kind="stable")]
-    return _voice_turns([streams[i] for i in chosen]), rest_until, rest_lead, cut
+    return _voice_turns([streams[i] for i in chosen], match_rows), rest_until, rest_lead, cut
 
 
-def _voice_turns(ordered: list[Stream]) -> list[Stream]:
+def _voice_turns(ordered: list[Stream], match_rows: int = 0) -> list[Stream]:
     """`ordered` with its streams to encode (new listeners, next sentences) given their places
     in turn by voice: the first place to the earliest of each voice's in the order their
     earliest come, then the second of each, and so on; playing streams keep theirs. A burst of
     a thousand listeners of one voice then delays another voice's new listener by one place,
-    not by a thousand, and the encoder calls a step holds are shared among the voices."""
+    not by a thousand, and the encoder calls a step holds are shared among the voices. With
+    `match_rows`, each voice's new listeners are first put in order by length (`_matched`)."""
     places = [i for i, stream in enumerate(ordered) if stream.current is None]
     voices: dict[object, list[Stream]] = {}
     for i in places:
         voices.setdefault(ordered[i].voice, []).append(ordered[i])
-    if len(voices) < 2:
+    if not voices or (len(voices) < 2 and not match_rows):
         return ordered
+    if match_rows:
+        voices = {voice: _matched(queue, match_rows) for voice, queue in voices.items()}
     turns = [
         stream
         for rank in range(max(len(queue) for queue in voices.values()))
@@ -572,6 +594,26 @@ def _voice_turns(ordered: list[Stream]) -> list[Stream]:
     ]
     result = list(ordered)
     for place, stream in zip(places, turns, strict=True):
+        result[place] = stream
+    return result
+
+
+def _matched(queue: list[Stream], rows: int) -> list[Stream]:
+    """`queue` (one voice's streams to encode, earliest first) with, where more than `rows` new
+    listeners wait in it, the `rows - 1` of them nearest the earliest in length, among the
+    `MATCH_CALLS * rows` earliest, moved up behind it (`MATCH_CALLS`). New listeners take the
+    places new listeners had; playing streams' next sentences keep theirs."""
+    places = [i for i, stream in enumerate(queue) if stream.first_audio_at is None]
+    if len(places) <= rows:
+        return queue
+    new = [queue[i] for i in places[: MATCH_CALLS * rows]]
+    width = len(new[0].sentences[0].ids)
+    nearest = sorted(range(1, len(new)), key=lambda i: abs(len(new[i].sentences[0].ids) - width))
+    taken = sorted(nearest[: rows - 1])
+    rest = set(range(1, len(new))).difference(taken)
+    order = [new[0], *(new[i] for i in taken), *(new[i] for i in sorted(rest))]
+    result = list(queue)
+    for place, stream in zip(places, order, strict=False):
         result[place] = stream
     return result
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -107,6 +108,9 @@ WARMUP_MAX_STEPS = 200
 RISK_COUNT_INTERVAL_S = 0.1
 # The capacity (`StreamScheduler.capacity`) is worked out again at most this often.
 CAPACITY_INTERVAL_S = 0.25
+# "0" in the environment: a fixed-shape encoder's calls take a burst's new listeners in arrival
+# order, not by length (`planner.MATCH_CALLS`); for comparing the two.
+MATCH_LENGTHS_ENV = "VOXFLEET_MATCH_LENGTHS"
 
 
 class _Discard(StreamSink):
@@ -217,6 +221,7 @@ class StreamScheduler:
             else WindowRules(
                 batch_buckets=self.backend.features.batch_buckets,
                 grouped_voices=self.backend.features.groups_voices,
+                match_lengths=os.environ.get(MATCH_LENGTHS_ENV, "1").strip() != "0",
             )
         )
         self.batching = cross_stream_batching

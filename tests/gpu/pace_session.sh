@@ -12,6 +12,7 @@
 #   STAGE=launch RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=launch-paced RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=precision-paced RUN=k bash tests/gpu/pace_session.sh
+#   STAGE=order-paced RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=instances RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=first-window RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=warmup bash tests/gpu/pace_session.sh    # part 1 only
@@ -44,6 +45,8 @@
 #   the server logs) to show where first audio and the thread's time went.
 # - precision-paced: the encoder's text part at each of PRECISIONS (fp32 fp16;
 #   `--encoder-precision`) as launch-paced runs its launch modes, costs logged alike.
+# - order-paced: a burst's new listeners encoded in calls of like lengths or in arrival order
+#   (VOXFLEET_MATCH_LENGTHS, each of ORDERS: 1 0) as launch-paced runs its launch modes.
 # - instances: how many stream-model processes take the voice's requests (`--instances`, each
 #   of INSTANCES: 1 2 4; they share the voice host, its scheduler and the voice's weights), a
 #   fresh server each, side by side in one run, the order turned round from one run to the
@@ -144,15 +147,18 @@ turned() {  # RUN WORD...: the words, started from the ((RUN - 1) mod count)th, 
 side_by_side() {  # NAME OPTION VALUE...: for each run of RUNS (RUN), a fresh server with
     # OPTION at each VALUE, the order turned round from run to run: paced listeners (lead limit
     # 300 ms) at LEVELS (3000) over RAMP s, then BURST (2000; 0: none) within 1 s. A server
-    # that does not start is recorded as such and the run goes on.
-    local name=$1 option=$2 run value log json
+    # that does not start is recorded as such and the run goes on. An OPTION env:NAME sets the
+    # environment variable NAME of the server instead.
+    local name=$1 option=$2 run value log json words
     shift 2
     for run in ${RUNS:-$RUN}; do
         for value in $(turned "$run" "$@"); do
             log="$OUT/serve-$name$value-$run.log"
             json=$value  # a number as it is, a word as a JSON string
             [[ "$value" =~ ^[0-9]+$ ]] || json="\"$value\""
-            if serve 300 "$log" "$option" "$value"; then
+            words=("$option" "$value")
+            [[ "$option" == env:* ]] && words=() && export "${option#env:}=$value"
+            if serve 300 "$log" "${words[@]}"; then
                 echo "{\"ready_s\": $READY_S, \"$option\": $json}" >"$OUT/$name$value-$run-ready.json"
                 bench "$name$value-paced-$run" "${LEVELS:-3000}" "${RAMP:-3}"
                 [[ "${BURST:-2000}" == 0 ]] || bench "$name$value-burst-$run" "${BURST:-2000}" 1
@@ -277,6 +283,11 @@ precision-paced)
     VOXFLEET_COSTS_LOG_S=${VOXFLEET_COSTS_LOG_S:-2} side_by_side precision --encoder-precision \
         ${PRECISIONS:-fp32 fp16}
     ;;
+order-paced)
+    # A burst's new listeners encoded by length (1, the default) or in arrival order (0).
+    VOXFLEET_COSTS_LOG_S=${VOXFLEET_COSTS_LOG_S:-2} side_by_side order env:VOXFLEET_MATCH_LENGTHS \
+        ${ORDERS:-1 0}
+    ;;
 instances)
     side_by_side instances --instances ${INSTANCES:-1 2 4}
     ;;
@@ -323,7 +334,7 @@ PY
     done
     ;;
 *)
-    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, instances, first-window, packing, warmup or profile, not $STAGE" >&2
+    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, order-paced, instances, first-window, packing, warmup or profile, not $STAGE" >&2
     exit 2
     ;;
 esac

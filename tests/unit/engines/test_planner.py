@@ -551,3 +551,63 @@ def test_a_new_stream_is_held_for_others_only_where_steps_are_shorter_than_the_w
     assert encoded(0.045) == [100]  # a 45 ms step's arrivals share its call already
     newcomer.arrived = NOW - 0.030
     assert encoded(0.005) == [100]  # waited its 25 ms: encoded whatever the steps
+
+
+def drain_a_burst(match_lengths: bool, count: int = 320) -> tuple[list[float], bool]:
+    """Listeners of mixed sentence lengths arriving together on a GPU scheduler, planned step
+    after step until every first sentence is encoded; each step lasts what its encoder calls
+    cost, every row as wide as its call's longest sentence (padded to 32 ids). When each
+    listener's call ended (seconds from the first step), and whether every step encoded the
+    earliest one waiting."""
+    costs = gpu_costs()
+    cfg = WindowConfig(max_encoder_batch=32, max_step_ms=60)
+    rules = WindowRules(batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), match_lengths=match_lengths)
+    lengths = np.random.default_rng(7).choice([24, 48, 96, 160, 260, 420], count)
+    waiting = [make_stream(i, ids=int(n)) for i, n in enumerate(lengths)]
+    for i, stream in enumerate(waiting):
+        stream.arrived = NOW - 0.5 + i * 1e-4  # in order of their ids
+    now, waits, oldest_first = NOW, [], True
+    while waiting:
+        step = plan_step(waiting, cfg, costs, batching=True, now=now, rules=rules)
+        assert step.encodes
+        oldest_first &= waiting[0] in step.encodes
+        for _, batch in encoder_calls(step.encodes, costs, batching=True):
+            width = -(-max(len(s.sentences[0].ids) for s in batch) // 32) * 32
+            now += costs.per_call["encoder"] + len(batch) * width * costs.per_frame["encoder"]
+        waits += [now - NOW for s in step.encodes]
+        encoded = {s.stream_id for s in step.encodes}
+        waiting = [s for s in waiting if s.stream_id not in encoded]
+    return waits, oldest_first
+
+
+def test_a_burst_is_encoded_in_calls_of_like_lengths_and_sooner() -> None:
+    """Every row of a GPU encoder call is as wide as its longest sentence. Taken in arrival
+    order, a burst's calls are padded to the longest of 32 sentences; taken by length around
+    the earliest listener waiting, they are padded far less, and the burst is encoded sooner,
+    its slowest listeners included, while the earliest one waiting is still encoded first."""
+    arrival, in_order = drain_a_burst(match_lengths=False)
+    matched, oldest_first = drain_a_burst(match_lengths=True)
+    assert in_order and oldest_first
+    assert len(matched) == len(arrival) == 320
+    assert max(matched) < 0.8 * max(arrival)
+    assert np.percentile(matched, 95) < 0.8 * np.percentile(arrival, 95)
+    assert np.median(matched) < 0.8 * np.median(arrival)
+
+
+def test_playing_streams_next_sentences_keep_their_places_in_a_burst() -> None:
+    """Ordering a burst by length moves only new listeners: a playing stream's next sentence
+    (its listener has audio running out) is encoded in its deadline's turn."""
+    rules = WindowRules(match_lengths=True)
+    cfg = WindowConfig(max_encoder_batch=4, max_step_ms=1000)
+    costs = gpu_costs()
+    newcomers = [make_stream(i, ids=300 if i % 2 else 30) for i in range(12)]
+    for i, stream in enumerate(newcomers):
+        stream.arrived = NOW - 0.5 + i * 1e-3
+    playing = make_stream(99, ids=300)
+    # Between sentences, its audio runs out between the third and the fourth newcomer's due.
+    playing.first_audio_at = NOW - 2.0
+    playing.audio_seconds_sent = 2.0 - 0.4475
+    step = plan_step([*newcomers, playing], cfg, costs, batching=True, now=NOW, rules=rules)
+    assert [s.stream_id for s in step.encodes] == [0, 2, 4, 99]
+    unmatched = plan_step([*newcomers, playing], cfg, costs, True, NOW, WindowRules())
+    assert [s.stream_id for s in unmatched.encodes] == [0, 1, 2, 99]
