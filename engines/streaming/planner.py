@@ -610,9 +610,9 @@ def _matched(queue: list[Stream], rows: int) -> list[Stream]:
     new = [queue[i] for i in places[: MATCH_CALLS * rows]]
     width = len(new[0].sentences[0].ids)
     nearest = sorted(range(1, len(new)), key=lambda i: abs(len(new[i].sentences[0].ids) - width))
-    taken = sorted(nearest[: rows - 1])
-    rest = set(range(1, len(new))).difference(taken)
-    order = [new[0], *(new[i] for i in taken), *(new[i] for i in sorted(rest))]
+    near = set(nearest[: rows - 1])
+    # (The near ones first, each part in arrival order: the sort is stable.)
+    order = [new[0], *(new[i] for i in sorted(range(1, len(new)), key=lambda i: i not in near))]
     result = list(queue)
     for place, stream in zip(places, order, strict=False):
         result[place] = stream
