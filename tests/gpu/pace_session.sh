@@ -14,6 +14,7 @@
 #   STAGE=precision-paced RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=order-paced RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=instances RUN=k bash tests/gpu/pace_session.sh
+#   STAGE=builds-paced BUILDS="REV this" RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=first-window RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=warmup bash tests/gpu/pace_session.sh    # part 1 only
 #   STAGE=profile bash tests/gpu/pace_session.sh   # after parts 1 to 3
@@ -47,6 +48,8 @@
 #   `--encoder-precision`) as launch-paced runs its launch modes, costs logged alike.
 # - order-paced: a burst's new listeners encoded in calls of like lengths or in arrival order
 #   (VOXFLEET_MATCH_LENGTHS, each of ORDERS: 1 0) as launch-paced runs its launch modes.
+# - builds-paced: an earlier build (each REV of BUILDS, carried as .whl/build-REV.tgz) and
+#   this checkout (`this`) as launch-paced runs its launch modes, to tell a build from a machine.
 # - instances: how many stream-model processes take the voice's requests (`--instances`, each
 #   of INSTANCES: 1 2 4; they share the voice host, its scheduler and the voice's weights), a
 #   fresh server each, side by side in one run, the order turned round from one run to the
@@ -148,7 +151,8 @@ side_by_side() {  # NAME OPTION VALUE...: for each run of RUNS (RUN), a fresh se
     # OPTION at each VALUE, the order turned round from run to run: paced listeners (lead limit
     # 300 ms) at LEVELS (3000) over RAMP s, then BURST (2000; 0: none) within 1 s. A server
     # that does not start is recorded as such and the run goes on. An OPTION env:NAME sets the
-    # environment variable NAME of the server instead.
+    # environment variable NAME of the server instead; the OPTION build runs each VALUE's
+    # build (`this` checkout, or /tmp/builds/VALUE, its modules first for the stream models too).
     local name=$1 option=$2 run value log json words
     shift 2
     for run in ${RUNS:-$RUN}; do
@@ -158,6 +162,14 @@ side_by_side() {  # NAME OPTION VALUE...: for each run of RUNS (RUN), a fresh se
             [[ "$value" =~ ^[0-9]+$ ]] || json="\"$value\""
             words=("$option" "$value")
             [[ "$option" == env:* ]] && words=() && export "${option#env:}=$value"
+            if [[ "$option" == build ]]; then  # `this` checkout, or a build under /tmp/builds
+                words=()
+                unset SERVE_DIR
+                export PYTHONPATH=$PWD
+                if [[ "$value" != this ]]; then
+                    export SERVE_DIR=/tmp/builds/$value PYTHONPATH="/tmp/builds/$value:$PWD"
+                fi
+            fi
             if serve 300 "$log" "${words[@]}"; then
                 echo "{\"ready_s\": $READY_S, \"$option\": $json}" >"$OUT/$name$value-$run-ready.json"
                 bench "$name$value-paced-$run" "${LEVELS:-3000}" "${RAMP:-3}"
@@ -288,6 +300,20 @@ order-paced)
     VOXFLEET_COSTS_LOG_S=${VOXFLEET_COSTS_LOG_S:-2} side_by_side order env:VOXFLEET_MATCH_LENGTHS \
         ${ORDERS:-1 0}
     ;;
+builds-paced)
+    # Earlier builds beside this one: each of BUILDS other than `this` carried as
+    # .whl/build-REV.tgz (`git archive REV engines lab | gzip`), unpacked to /tmp/builds/REV.
+    for build in ${BUILDS:-this}; do
+        [[ "$build" == this ]] && continue
+        if [[ -f .whl/build-$build.tgz ]]; then
+            cp ".whl/build-$build.tgz" /tmp/keep/
+        fi
+        [[ -f /tmp/keep/build-$build.tgz ]] || { echo "pace_session: carry .whl/build-$build.tgz" >&2; exit 1; }
+        rm -rf "/tmp/builds/$build" && mkdir -p "/tmp/builds/$build"
+        tar xzf "/tmp/keep/build-$build.tgz" -C "/tmp/builds/$build" || exit 1
+    done
+    VOXFLEET_COSTS_LOG_S=${VOXFLEET_COSTS_LOG_S:-2} side_by_side build build ${BUILDS:-this}
+    ;;
 instances)
     side_by_side instances --instances ${INSTANCES:-1 2 4}
     ;;
@@ -334,7 +360,7 @@ PY
     done
     ;;
 *)
-    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, order-paced, instances, first-window, packing, warmup or profile, not $STAGE" >&2
+    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, order-paced, builds-paced, instances, first-window, packing, warmup or profile, not $STAGE" >&2
     exit 2
     ;;
 esac
