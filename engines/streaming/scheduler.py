@@ -108,12 +108,6 @@ WARMUP_MAX_STEPS = 200
 RISK_COUNT_INTERVAL_S = 0.1
 # The capacity (`StreamScheduler.capacity`) is worked out again at most this often.
 CAPACITY_INTERVAL_S = 0.25
-# A launched encoder call's first windows run between paced steps (`_wait_for_pace`) only
-# while the live streams are under this share of what the scheduler holds: the extra calls
-# and the polling cost the thread and the device streams near it. On an H200 the build that
-# ran them at any load cut its streams at 2,117 to 2,395 live at 3,000 paced listeners, the
-# build before at 2,470 to 2,953, side by side (docs/gpu.md).
-BETWEEN_STEPS_SHARE = 0.5
 # "0" in the environment: a fixed-shape encoder's calls take a burst's new listeners in arrival
 # order, not by length (`planner.MATCH_CALLS`); for comparing the two.
 MATCH_LENGTHS_ENV = "VOXFLEET_MATCH_LENGTHS"
@@ -466,22 +460,16 @@ class StreamScheduler:
         launched beside or queued that ends meanwhile has its streams' first windows run at
         once (`_first_windows_now`), as an inline call's run in its own step: waiting for the
         next step put a new stream's first audio 61 ms after its request, not 13 ms, with 10
-        paced listeners on an H200 (docs/gpu.md). Only below BETWEEN_STEPS_SHARE of what the
-        scheduler holds: near it they wait for the next step."""
+        paced listeners on an H200 (docs/gpu.md)."""
         while self._running and (left := self._not_before - time.monotonic()) > 0:
-            # (While an encoder call is out, its end is polled for: a device does not wake
-            # the loop.)
-            polled = bool(self._encoding) and self._quiet()
             idle = time.perf_counter()
             with self._wake:
-                self._wake.wait(timeout=min(left, IDLE_WAIT_S) if polled else left)
+                # (While an encoder call is out, its end is polled for: a device does not
+                # wake the loop.)
+                self._wake.wait(timeout=min(left, IDLE_WAIT_S) if self._encoding else left)
             self.step_times.wall["idle"] += time.perf_counter() - idle
-            if polled and self._encoding[0].call.done():
+            if self._encoding and self._encoding[0].call.done():
                 self._first_windows_now()
-
-    def _quiet(self) -> bool:
-        """Whether the live streams are under BETWEEN_STEPS_SHARE of what it holds."""
-        return self.live_streams() < BETWEEN_STEPS_SHARE * self.capacity()
 
     def _first_windows_now(self) -> None:
         """Take up the encoder calls whose frame counts are on the host and run their streams'
