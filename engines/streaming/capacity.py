@@ -36,7 +36,10 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -271,12 +274,19 @@ RAISE_INTERVAL_S = 2.0
 RAISE_SHARE = 0.02
 # "0" in the environment: the prediction alone (late chunks are still counted).
 CEILING_ENV = "VOXFLEET_LATE_CEILING"
+# While a voice of the architecture loads (`Ceiling.loading`), and for LATE_WINDOW_S after,
+# late chunks do not cut: a load stalls the streams for a moment, fewer streams would not have
+# kept them in time, and a cut at the few hundred streams live then held the pod far under its
+# prediction for minutes. On an H200 five loads under 200 streams cut a packed pod to 117
+# streams where it predicted about 2,100, and it refused 2,138 listeners of the next 250
+# (docs/gpu-runs.md).
 
 
 class Ceiling:
     """The most streams a scheduler holds by what its streams measured: none (the prediction
     stands) until late chunks reach more than LATE_SHARE of the live streams within
-    LATE_WINDOW_S; then CUT_SHARE of the live streams, raised again while they keep up.
+    LATE_WINDOW_S; then CUT_SHARE of the live streams, raised again while they keep up. Late
+    chunks while a voice loads (`loading`) do not count.
     Called from the scheduler's thread (`late`) and from the threads that admit streams
     (`held`)."""
 
@@ -287,7 +297,22 @@ class Ceiling:
         self._late: deque[tuple[float, int]] = deque()  # (when, stream id)
         self._cut_at = -math.inf
         self._raised_at = -math.inf
+        self._loads = 0  # voices loading now
+        self._loaded_at = -math.inf  # when the last load ended
         self._lock = threading.Lock()
+
+    @contextmanager
+    def loading(self) -> Iterator[None]:
+        """A voice of the architecture loads meanwhile: its late chunks, and those within
+        LATE_WINDOW_S after it, do not cut."""
+        with self._lock:
+            self._loads += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._loads -= 1
+                self._loaded_at = time.monotonic()
 
     def late(self, now: float, stream_id: int, live: int) -> bool:
         """A chunk of stream `stream_id` went out late, `live` streams live; True where that
@@ -295,6 +320,8 @@ class Ceiling:
         if not self.enabled:
             return False
         with self._lock:
+            if self._loads or now - self._loaded_at < LATE_WINDOW_S:
+                return False
             self._late.append((now, stream_id))
             while self._late and now - self._late[0][0] > LATE_WINDOW_S:
                 self._late.popleft()

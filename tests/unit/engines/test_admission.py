@@ -21,6 +21,7 @@ from engines.streaming.capacity import (
     CUT_INTERVAL_S,
     CUT_SHARE,
     FULL_BUSY,
+    LATE_WINDOW_S,
     RAISE_INTERVAL_S,
     RAISE_SHARE,
     Ceiling,
@@ -262,6 +263,48 @@ def test_a_ceiling_falls_where_streams_run_late_and_rises_back_while_they_keep_u
     off = Ceiling(enabled=False)
     assert not any(off.late(0.0, stream, 6) for stream in range(6))
     assert off.held(0.0, 20) == 20
+
+
+def test_late_chunks_while_a_voice_loads_do_not_cut_what_a_scheduler_holds() -> None:
+    """A voice load stalls the streams for a moment: their late chunks then, and within
+    LATE_WINDOW_S after, say nothing of what the pod holds; later ones cut as before."""
+    ceiling = Ceiling()
+    with ceiling.loading():
+        now = time.monotonic()
+        assert not any(ceiling.late(now, stream, 100) for stream in range(50))
+    now = time.monotonic()
+    assert not any(ceiling.late(now, stream, 100) for stream in range(50, 100))
+    assert ceiling.held(now, 1000) == 1000
+    later = now + LATE_WINDOW_S + 0.1
+    assert any(ceiling.late(later, stream, 100) for stream in range(100, 110))
+    assert ceiling.held(later, 1000) == math.floor(CUT_SHARE * 100)
+
+
+def test_a_pod_loading_a_voice_keeps_admitting_up_to_its_prediction(joe_plan) -> None:
+    """Streams that run late while the pod loads another voice of their architecture do not
+    make it refuse listeners afterwards: on an H200 such cuts held a packed pod at 117
+    streams where it predicted about 2,100, for minutes (docs/gpu-runs.md)."""
+    host = VoiceHost(frontend_workers=0)
+    try:
+        host.load(joe_plan)  # the architecture
+        architecture = next(iter(host._architectures.values()))
+        scheduler, runtime = architecture.scheduler, architecture.runtime
+        load = runtime.load_voice
+        cuts: list[bool] = []
+
+        def load_with_late_streams(*args, **kwargs):
+            # Every live stream's chunk goes out late while the weights load.
+            now = time.monotonic()
+            cuts.extend(scheduler.ceiling.late(now, stream, 10) for stream in range(10))
+            return load(*args, **kwargs)
+
+        runtime.load_voice = load_with_late_streams
+        host.load(ServingPlan("second", joe_plan.engine_dir, joe_plan.voice_config_path))
+        assert cuts and not any(cuts)
+        assert scheduler.ceiling.value is None
+        assert scheduler.capacity_source() == "predicted from what its calls cost"
+    finally:
+        host.close()
 
 
 def test_a_pod_that_predicts_too_much_stops_admitting_once_its_streams_run_late(
