@@ -274,12 +274,6 @@ RAISE_INTERVAL_S = 2.0
 RAISE_SHARE = 0.02
 # "0" in the environment: the prediction alone (late chunks are still counted).
 CEILING_ENV = "VOXFLEET_LATE_CEILING"
-# While a voice of the architecture loads (`Ceiling.loading`), and for LATE_WINDOW_S after,
-# late chunks do not cut: a load stalls the streams for a moment, fewer streams would not have
-# kept them in time, and a cut at the few hundred streams live then held the pod far under its
-# prediction for minutes. On an H200 five loads under 200 streams cut a packed pod to 117
-# streams where it predicted about 2,100, and it refused 2,138 listeners of the next 250
-# (docs/gpu-runs.md).
 
 
 class Ceiling:
@@ -303,8 +297,12 @@ class Ceiling:
 
     @contextmanager
     def loading(self) -> Iterator[None]:
-        """A voice of the architecture loads meanwhile: its late chunks, and those within
-        LATE_WINDOW_S after it, do not cut."""
+        """A voice of the architecture loads meanwhile: late chunks then, and within
+        LATE_WINDOW_S after, do not cut. A load stalls the streams for a moment, fewer streams
+        would not have kept them in time, and a cut at the few hundred streams live then held
+        the pod far under its prediction for minutes: on an H200 five loads under 200 streams
+        cut a packed pod to 117 streams where it predicted about 2,100, and it refused 2,138
+        of the next 250 listeners (docs/gpu-runs.md)."""
         with self._lock:
             self._loads += 1
         try:

@@ -639,8 +639,8 @@ class VoiceHost:
         self._check_fits(meter, need, f"voice {plan.name}")
         before = meter.allocated()
         try:
-            # (a voice's session starts its own pool; its streams' late chunks meanwhile
-            # do not cut what the scheduler holds)
+            # (A voice's session starts its own pool; late chunks meanwhile do not cut what
+            # the scheduler holds.)
             with threads_named(STAGE_THREADS), architecture.scheduler.ceiling.loading():
                 weights = runtime.load_voice(Path(plan.engine_dir), plan.name)
         except ValueError as error:  # ArchitectureMismatch and unreadable graphs
