@@ -19,8 +19,8 @@
 #   STAGE=warmup bash tests/gpu/pace_session.sh    # part 1 only
 #   STAGE=profile bash tests/gpu/pace_session.sh   # after parts 1 to 3
 # SERVE_OPTIONS (words) go to every `voxfleet serve` of a stage, e.g. "--encoder-launch queued".
-# Every call first copies what it carried (.whl/part-*) to /tmp/keep, where later calls on the
-# same machine find it, and puts cut wheels back together.
+# Every call first copies what it carried (.whl/part-*, .whl/build-*.tgz) to /tmp/keep, where
+# later calls on the same machine find it, and puts cut wheels back together.
 # - limits: each stage alone at its best batch with CUDA graphs (`lab.gpu_bench`
 #   stages), and their limit together at the default plan (`stage_limit`).
 # - encoder-precision: the encoder's text part at FP32, BF16 and FP16, timed side by side in
@@ -73,6 +73,9 @@ mkdir -p "$OUT" /tmp/keep
 export PYTHONUNBUFFERED=1
 for part in .whl/part-*; do
     [[ -d "$part" ]] && cp "$part"/* /tmp/keep/
+done
+for build in .whl/build-*.tgz; do  # earlier builds (`builds-paced`)
+    [[ -f "$build" ]] && cp "$build" /tmp/keep/
 done
 for first in /tmp/keep/*.piece-00; do
     [[ -f "$first" ]] || continue
@@ -182,6 +185,9 @@ side_by_side() {  # NAME OPTION VALUE...: for each run of RUNS (RUN), a fresh se
         done
     done
 }
+unpack_build() {  # ARCHIVE DIR: an earlier build (`git archive`) unpacked afresh into DIR
+    rm -rf "$2" && mkdir -p "$2" && tar xzf "$1" -C "$2"
+}
 stop() {
     kill -TERM "$SERVER" 2>/dev/null
     wait "$SERVER" 2>/dev/null
@@ -240,8 +246,7 @@ paced-ceiling)
     # Where an earlier build's engines/ was carried (/tmp/keep/old-engines.tgz, `git archive`),
     # each run first starts that build's server once, for its start to ready beside this one's.
     if [[ -f /tmp/keep/old-engines.tgz ]]; then
-        rm -rf /tmp/old-build && mkdir -p /tmp/old-build
-        tar xzf /tmp/keep/old-engines.tgz -C /tmp/old-build || exit 1
+        unpack_build /tmp/keep/old-engines.tgz /tmp/old-build || exit 1
     fi
     for run in ${RUNS:-$RUN}; do
         if [[ -d /tmp/old-build/engines ]]; then
@@ -305,12 +310,8 @@ builds-paced)
     # .whl/build-REV.tgz (`git archive REV engines lab | gzip`), unpacked to /tmp/builds/REV.
     for build in ${BUILDS:-this}; do
         [[ "$build" == this ]] && continue
-        if [[ -f .whl/build-$build.tgz ]]; then
-            cp ".whl/build-$build.tgz" /tmp/keep/
-        fi
         [[ -f /tmp/keep/build-$build.tgz ]] || { echo "pace_session: carry .whl/build-$build.tgz" >&2; exit 1; }
-        rm -rf "/tmp/builds/$build" && mkdir -p "/tmp/builds/$build"
-        tar xzf "/tmp/keep/build-$build.tgz" -C "/tmp/builds/$build" || exit 1
+        unpack_build "/tmp/keep/build-$build.tgz" "/tmp/builds/$build" || exit 1
     done
     VOXFLEET_COSTS_LOG_S=${VOXFLEET_COSTS_LOG_S:-2} side_by_side build build ${BUILDS:-this}
     ;;
