@@ -11,17 +11,20 @@ second, at any load, and every call it runs refines the figure.
 
 The model: with N real-time streams and steps of T seconds, a step carries N x T seconds of
 audio: its windows, its sentences to encode and flow, in calls of at most the plan's batch
-sizes, each with its fixed cost. A step's device time is those fixed costs plus the cost per
-frame of everything in it; the thread's, its cost per step plus its cost per window. Where a
-GPU pads an encoder call's rows to one width, each row costs as much as the call's longest
-sentence: the expected longest of that many sentences like the last few hundred encoded
-(`longest_of`), which at 24 rows a call was about twice the mean sentence on an H200. The
-streams are held where both fit in `FULL_BUSY` of a step of `max_step_ms` (the longest step
-the planner makes; `paced_step_ms` where that is shorter, the calls asynchronous and the
-streams paced: their steps come that often); with the device's work asynchronous (a GPU)
-the two overlap, otherwise (the CPU) they add up. Listeners that are not paced (no lead
-limit) make their audio sooner but need no more of it per second: each counts as one
-real-time stream.
+sizes, each with its fixed cost; where the live streams are of several voices, each running
+with its own weights, a voice's rows make calls of their own, by its share of the streams
+(`Layout.voice_shares`): on an H200 a packed pod that counted one voice's calls predicted
+3,130 streams of ten voices, whose streams ran late at 145 (docs/gpu-runs.md). A step's
+device time is those fixed costs plus the cost per frame of everything in it; the thread's,
+its cost per step plus its cost per window. Where a GPU pads an encoder call's rows to one
+width, each row costs as much as the call's longest sentence: the expected longest of that
+many sentences like the last few hundred encoded (`longest_of`), which at 24 rows a call was
+about twice the mean sentence on an H200. The streams are held where both fit in `FULL_BUSY`
+of a step of `max_step_ms` (the longest step the planner makes; `paced_step_ms` where that
+is shorter, the calls asynchronous and the streams paced: their steps come that often); with
+the device's work asynchronous (a GPU) the two overlap, otherwise (the CPU) they add up.
+Listeners that are not paced (no lead limit) make their audio sooner but need no more of it
+per second: each counts as one real-time stream.
 
 Measured where the prediction is wrong: a machine shared with other work, a burst of new
 listeners whose first windows cost more than a steady stream's. A chunk sent after the
@@ -115,6 +118,9 @@ class Layout:
     # The steps the model assumes, in ms (None: the plan's `max_step_ms`): shorter where the
     # streams are paced and steps come `paced_step_ms` apart, each paying its calls' fixed costs.
     step_ms: int | None = None
+    # Each voice's share of the live streams, where each voice's rows run in calls of their
+    # own (its own weights); (1.0,) for one voice, or where the backend groups voices.
+    voice_shares: tuple[float, ...] = (1.0,)
 
 
 @dataclass(frozen=True)
@@ -186,13 +192,15 @@ def stream_demand(layout: Layout, pace: StreamPace, frames_per_s: float) -> Stre
     )
 
 
-def _calls(rows: float, max_rows: int, widths: int) -> float:
-    """Calls a step makes for `rows` rows of a stage spread over `widths` call widths: at
-    least one per width with rows, one more per `max_rows` beyond."""
+def _calls(rows: float, max_rows: int, widths: int, shares: np.ndarray) -> float:
+    """Calls a step makes for `rows` rows of a stage spread over `widths` call widths and
+    over voices by their `shares` (each voice's rows in calls of their own): at least one per
+    width and voice with rows (a row where a voice has less than one a width), one more per
+    `max_rows` beyond."""
     if rows <= 0:
         return 0.0
-    per_width = rows / widths
-    return widths * max(min(per_width, 1.0), per_width / max_rows)
+    per_width = rows * shares / widths
+    return float(widths * np.maximum(np.minimum(per_width, 1.0), per_width / max_rows).sum())
 
 
 def step_seconds(
@@ -216,10 +224,11 @@ def step_seconds(
         "flow": 1 if layout.sentence_flow else len(cfg.window_sizes()),
         "vocoder": len(cfg.window_sizes()),
     }
+    shares = np.asarray(layout.voice_shares, float)
     device = 0.0
     for stage in ("encoder", "flow", "vocoder"):
         rows = audio * demand.rows[stage]
-        calls = _calls(rows, limits[stage], widths[stage])
+        calls = _calls(rows, limits[stage], widths[stage], shares)
         frames = audio * demand.frames[stage]
         if stage == "encoder" and demand.encoder_widths is not None and calls:
             frames = rows * longest_of(demand.encoder_widths, rows / calls)

@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -578,7 +578,17 @@ class StreamScheduler:
             sentence_flow=features.sentence_flow,
             overlapped=features.async_calls,
             step_ms=step_ms,
+            voice_shares=(1.0,) if self.rules.grouped_voices else self._voice_shares(),
         )
+
+    def _voice_shares(self) -> tuple[float, ...]:
+        """Each voice's share of the live streams, by the weights they run with (`call_voice`:
+        a voice's instances share its calls); (1.0,) with none live."""
+        streams = list(self._streams.values()) + list(self._incoming)
+        counts = Counter(call_voice(stream.voice) for stream in streams)
+        if len(counts) <= 1:
+            return (1.0,)
+        return tuple(count / len(streams) for count in sorted(counts.values(), reverse=True))
 
     def _paced(self) -> bool:
         """Whether its streams have a lead limit (the plan's, or a live stream's own)."""

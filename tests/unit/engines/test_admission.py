@@ -126,6 +126,29 @@ def test_capacity_grows_with_the_step_and_shrinks_with_what_a_call_costs() -> No
     )
 
 
+def test_streams_of_many_voices_hold_fewer_where_each_voice_makes_calls_of_its_own() -> None:
+    """Each voice runs with its own weights, so a step makes a call per voice where one voice's
+    streams would share one: the prediction counts each live voice's calls by its share of the
+    streams. Ten voices evenly hold far fewer than one; a mix that is nearly all one voice
+    nearly as many; where calls cost nothing fixed (a CPU), the voices change nothing. (On an
+    H200 a packed pod that counted one voice's calls predicted 3,130 streams of ten voices,
+    whose streams ran late at 145.)"""
+
+    def capacity(shares: tuple[float, ...], fixed: bool = True) -> int:
+        costs = CostModel(fixed_part=fixed)
+        for stage, (per_call, per_frame) in KNOWN.items():
+            costs.per_call[stage], costs.per_frame[stage] = per_call if fixed else 0.0, per_frame
+        layout = Layout(WindowConfig(), 2.0, True, True, True, voice_shares=shares)
+        demand = stream_demand(layout, StreamPace(), RATE / HOP)
+        return predicted_capacity(demand, costs, host_costs(), layout)
+
+    one, ten = capacity((1.0,)), capacity((0.1,) * 10)
+    assert ten < 0.7 * one, (ten, one)
+    assert capacity((0.5, 0.5)) < one
+    assert capacity((0.98, 0.02)) >= 0.85 * one
+    assert capacity((0.1,) * 10, fixed=False) == capacity((1.0,), fixed=False)
+
+
 def test_sentences_of_mixed_lengths_hold_fewer_streams_where_encoder_calls_are_padded() -> None:
     """Every row of a GPU's encoder call is as wide as its longest sentence: sentences of mixed
     lengths cost a call of many rows about what sentences all as long as the longest cost, not

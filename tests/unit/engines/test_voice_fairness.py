@@ -222,3 +222,35 @@ def test_instances_of_one_voice_share_its_calls_and_their_counts_add_up_to_them(
     assert shared["encoder_calls"] < split["encoder_calls"]
     assert sum(shared["voice_windows"].values()) == sum(split["voice_windows"].values())
     assert shared["voice_calls"] == shared["calls"]
+
+
+def test_what_a_scheduler_holds_counts_each_live_voices_calls(sentences) -> None:
+    """A scheduler's prediction of what it holds counts the calls of each voice whose streams
+    are live, by its share of them: ten voices hold fewer than one voice's streams, the
+    instances of one voice (one weights) count as that voice, and voices whose rows share
+    calls (a grouping backend) count as one."""
+
+    def held(voices: list[VoiceSlot], grouped: bool = False) -> tuple[tuple[float, ...], int]:
+        runtime = AsyncKnownCosts(FAST_GPU)
+        if grouped:
+            device = GroupingDevice(runtime)
+            runtime.stream_backend = lambda: device  # type: ignore[method-assign]
+        scheduler = StreamScheduler(runtime, RATE, windows=WindowConfig(), exact_widths=False)
+        for stage, (per_call, per_frame) in FAST_GPU.items():
+            scheduler.costs.per_call[stage], scheduler.costs.per_frame[stage] = per_call, per_frame
+        for index in range(40):  # not started: the streams wait as they arrived
+            voice = voices[index % len(voices)]
+            scheduler.submit(list(sentences), SynthesisParams(), StreamSink(), voice=voice)
+        return scheduler.layout().voice_shares, scheduler.capacity()
+
+    runtime = AsyncKnownCosts(FAST_GPU)
+    ten = [VoiceSlot(f"v{i}", weights=VoiceOf(runtime)) for i in range(10)]
+    one_weights = VoiceOf(runtime)
+    instances = [VoiceSlot(f"i{i}", weights=one_weights) for i in range(4)]
+    one_shares, one = held(ten[:1])
+    ten_shares, ten_held = held(ten)
+    assert one_shares == (1.0,)
+    assert ten_shares == pytest.approx((0.1,) * 10)
+    assert ten_held < 0.7 * one, (ten_held, one)
+    assert held(instances) == (one_shares, one)
+    assert held(ten, grouped=True)[0] == (1.0,)
