@@ -15,6 +15,7 @@
 #   STAGE=order-paced RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=instances RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=builds-paced BUILDS="REV this" RUN=k bash tests/gpu/pace_session.sh
+#   STAGE=builds-packing BUILDS="REV this" RUNS="1 2" bash tests/gpu/pace_session.sh
 #   STAGE=first-window RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=warmup bash tests/gpu/pace_session.sh    # part 1 only
 #   STAGE=profile bash tests/gpu/pace_session.sh   # after parts 1 to 3
@@ -59,6 +60,8 @@
 #   FIRST_WINDOWS: 16 32): a longer first chunk gives the ramp's next windows more time.
 # - packing: `lab.packing` on a fresh pool pod under an MPS limit of LIMIT (16G), with the
 #   GPU's own count of its used memory sampled beside it (nvidia-smi, every second).
+# - builds-packing: `packing` for an earlier build (each REV of BUILDS, as in builds-paced)
+#   and this checkout, a fresh pod each, the order turned round from one run to the next.
 # - warmup: where an architecture's start goes, by part and captured graph, and each stage's
 #   calls after it, for each of VARIANTS (settings of the runtime: `lab.warmup_costs`, a
 #   fresh process each); needs part 1 only.
@@ -70,6 +73,7 @@ OUT=${OUT:-results/runs/pace-$(date -u +%Y%m%dT%H%M%SZ)}
 STAGE=${STAGE:-limits}
 RUN=${RUN:-1}
 mkdir -p "$OUT" /tmp/keep
+OUT=$(cd "$OUT" && pwd)  # (stages run builds from other directories)
 export PYTHONUNBUFFERED=1
 for part in .whl/part-*; do
     [[ -d "$part" ]] && cp "$part"/* /tmp/keep/
@@ -184,6 +188,18 @@ side_by_side() {  # NAME OPTION VALUE...: for each run of RUNS (RUN), a fresh se
             stop
         done
     done
+}
+pack() {  # NAME: `lab.packing` on a fresh pool pod (from the current directory's build), with
+    # the GPU's own count of its used memory beside the pod's figure (`GpuMemoryMeter`)
+    nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 1000 \
+        >"$OUT/gpu-memory-used-$1.csv" 2>/dev/null &
+    local smi=$!
+    timeout 560 python3 -m lab.packing --engine-dir "$ENTRY" --voices-dir /tmp/voices \
+        --voices "${PACKED:-100}" --mps-limit "${LIMIT:-16G}" --levels "${PACK_LEVELS:-250,500}" \
+        --duration "${DURATION:-6}" --drain "${DRAIN:-10}" --out "$OUT/gpu-packing-$1.json" 2>&1 | tail -n 30
+    kill "$smi" 2>/dev/null
+    wait "$smi" 2>/dev/null  # its file is complete before the archive below reads it
+    echo "nvidia-smi memory.used, most seen: $(cut -d, -f2 "$OUT/gpu-memory-used-$1.csv" | sort -n | tail -n 1) MiB"
 }
 unpack_build() {  # ARCHIVE DIR: an earlier build (`git archive`) unpacked afresh into DIR
     rm -rf "$2" && mkdir -p "$2" && tar xzf "$1" -C "$2"
@@ -323,16 +339,27 @@ first-window)
     ;;
 packing)
     python3 -m lab.voices --entry "$ENTRY" --out /tmp/voices --count 105 >/dev/null || exit 1
-    # The GPU's own count of its used memory beside the pod's figure (`GpuMemoryMeter`).
-    nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 1000 \
-        >"$OUT/gpu-memory-used-$RUN.csv" 2>/dev/null &
-    SMI=$!
-    timeout 560 python3 -m lab.packing --engine-dir "$ENTRY" --voices-dir /tmp/voices \
-        --voices "${PACKED:-100}" --mps-limit "${LIMIT:-16G}" --levels "${PACK_LEVELS:-250,500}" \
-        --duration "${DURATION:-6}" --drain "${DRAIN:-10}" --out "$OUT/gpu-packing-$RUN.json" 2>&1 | tail -n 30
-    kill "$SMI" 2>/dev/null
-    wait "$SMI" 2>/dev/null  # its file is complete before the archive below reads it
-    echo "nvidia-smi memory.used, most seen: $(cut -d, -f2 "$OUT/gpu-memory-used-$RUN.csv" | sort -n | tail -n 1) MiB"
+    pack "$RUN"
+    ;;
+builds-packing)
+    # A fresh packing pod of each build of BUILDS (as in builds-paced) for each run of RUNS,
+    # the order turned round run by run.
+    python3 -m lab.voices --entry "$ENTRY" --out /tmp/voices --count 105 >/dev/null || exit 1
+    for build in ${BUILDS:-this}; do
+        [[ "$build" == this ]] && continue
+        [[ -f /tmp/keep/build-$build.tgz ]] || { echo "pace_session: carry .whl/build-$build.tgz" >&2; exit 1; }
+        unpack_build "/tmp/keep/build-$build.tgz" "/tmp/builds/$build" || exit 1
+    done
+    for run in ${RUNS:-$RUN}; do
+        for build in $(turned "$run" ${BUILDS:-this}); do
+            echo "pace_session: packing pod of build $build, run $run"
+            if [[ "$build" == this ]]; then
+                pack "$build-$run"
+            else
+                (cd "/tmp/builds/$build" && PYTHONPATH="/tmp/builds/$build:$PYTHONPATH" pack "$build-$run")
+            fi
+        done
+    done
     ;;
 warmup)
     timeout 500 python3 -m lab.warmup_costs --engine-dir "$ENTRY" \
@@ -361,7 +388,7 @@ PY
     done
     ;;
 *)
-    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, order-paced, builds-paced, instances, first-window, packing, warmup or profile, not $STAGE" >&2
+    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, order-paced, builds-paced, instances, first-window, packing, builds-packing, warmup or profile, not $STAGE" >&2
     exit 2
     ;;
 esac

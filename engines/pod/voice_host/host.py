@@ -779,7 +779,8 @@ class VoiceHost:
 
 def _report_costs(architecture: _Architecture, interval_s: float) -> None:
     """A line per interval on stderr (the server's log) with the scheduler's call totals and
-    cost model per stage, where its thread's time went and where new streams' first audio
+    cost model per stage, where its thread's time went, what it holds (live streams, the
+    streams it holds and the voices whose calls it counts) and where new streams' first audio
     spent its time, for profiling runs (COSTS_LOG_ENV)."""
     scheduler = architecture.scheduler
     while True:
@@ -797,6 +798,11 @@ def _report_costs(architecture: _Architecture, interval_s: float) -> None:
             for stage, (calls, seconds, rows, frames) in costs.totals.items()
         }
         line["scheduler"] = scheduler.step_times.report()
+        line["capacity"] = {
+            "live": _live(architecture),
+            "held": scheduler.capacity(),
+            "voices": len(scheduler.layout().voice_shares),
+        }
         if scheduler.first_audio_paths is not None:
             line["first_audio_ms"] = scheduler.first_audio_paths.take()
         name = architecture.first_voice
