@@ -204,6 +204,15 @@ pack() {  # NAME: `lab.packing` on a fresh pool pod (from the current directory'
 unpack_build() {  # ARCHIVE DIR: an earlier build (`git archive`) unpacked afresh into DIR
     rm -rf "$2" && mkdir -p "$2" && tar xzf "$1" -C "$2"
 }
+unpack_builds() {  # each build of BUILDS but `this`, carried as .whl/build-REV.tgz, into
+    # /tmp/builds/REV
+    local build
+    for build in ${BUILDS:-this}; do
+        [[ "$build" == this ]] && continue
+        [[ -f /tmp/keep/build-$build.tgz ]] || { echo "pace_session: carry .whl/build-$build.tgz" >&2; return 1; }
+        unpack_build "/tmp/keep/build-$build.tgz" "/tmp/builds/$build" || return 1
+    done
+}
 stop() {
     kill -TERM "$SERVER" 2>/dev/null
     wait "$SERVER" 2>/dev/null
@@ -324,11 +333,7 @@ order-paced)
 builds-paced)
     # Earlier builds beside this one: each of BUILDS other than `this` carried as
     # .whl/build-REV.tgz (`git archive REV engines lab | gzip`), unpacked to /tmp/builds/REV.
-    for build in ${BUILDS:-this}; do
-        [[ "$build" == this ]] && continue
-        [[ -f /tmp/keep/build-$build.tgz ]] || { echo "pace_session: carry .whl/build-$build.tgz" >&2; exit 1; }
-        unpack_build "/tmp/keep/build-$build.tgz" "/tmp/builds/$build" || exit 1
-    done
+    unpack_builds || exit 1
     VOXFLEET_COSTS_LOG_S=${VOXFLEET_COSTS_LOG_S:-2} side_by_side build build ${BUILDS:-this}
     ;;
 instances)
@@ -345,11 +350,7 @@ builds-packing)
     # A fresh packing pod of each build of BUILDS (as in builds-paced) for each run of RUNS,
     # the order turned round run by run.
     python3 -m lab.voices --entry "$ENTRY" --out /tmp/voices --count 105 >/dev/null || exit 1
-    for build in ${BUILDS:-this}; do
-        [[ "$build" == this ]] && continue
-        [[ -f /tmp/keep/build-$build.tgz ]] || { echo "pace_session: carry .whl/build-$build.tgz" >&2; exit 1; }
-        unpack_build "/tmp/keep/build-$build.tgz" "/tmp/builds/$build" || exit 1
-    done
+    unpack_builds || exit 1
     for run in ${RUNS:-$RUN}; do
         for build in $(turned "$run" ${BUILDS:-this}); do
             echo "pace_session: packing pod of build $build, run $run"

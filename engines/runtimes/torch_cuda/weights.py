@@ -139,12 +139,12 @@ class WeightLayout:
 
 def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`host` (pinned) copied to `device` on a CUDA stream of its own, waited for here: a voice
-    loaded under streams neither queues a copy behind their calls nor holds their next calls
-    behind its copies. (A tensor at a time from pageable memory, on the stream the calls run
-    on, each copy waited for: five loads under 200 streams let 49 and 83 streams of other
-    voices underrun in two of three packed pods on an H200, docs/gpu-runs.md.) The copy
-    starts after the work queued on the current stream, which may still read the memory the
-    new buffer reuses."""
+    loaded under streams neither queues copies behind their calls nor holds their next calls
+    behind its copies, as hundreds of copies a tensor at a time from pageable memory on the
+    calls' stream did. (On an H200 its loads under 200 streams took at most 1.06 s where they
+    took up to 1.58 s, but other voices' streams still underran during them:
+    docs/gpu-runs.md.) The copy starts after the work queued on the current stream, which may
+    still read the memory the new buffer reuses."""
     flat = torch.empty(host.shape, dtype=host.dtype, device=device)
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
