@@ -169,14 +169,7 @@ side_by_side() {  # NAME OPTION VALUE...: for each run of RUNS (RUN), a fresh se
             [[ "$value" =~ ^[0-9]+$ ]] || json="\"$value\""
             words=("$option" "$value")
             [[ "$option" == env:* ]] && words=() && export "${option#env:}=$value"
-            if [[ "$option" == build ]]; then  # `this` checkout, or a build under /tmp/builds
-                words=()
-                unset SERVE_DIR
-                export PYTHONPATH=$PWD
-                if [[ "$value" != this ]]; then
-                    export SERVE_DIR=/tmp/builds/$value PYTHONPATH="/tmp/builds/$value:$PWD"
-                fi
-            fi
+            [[ "$option" == build ]] && words=() && use_build "$value"
             if serve 300 "$log" "${words[@]}"; then
                 echo "{\"ready_s\": $READY_S, \"$option\": $json}" >"$OUT/$name$value-$run-ready.json"
                 bench "$name$value-paced-$run" "${LEVELS:-3000}" "${RAMP:-3}"
@@ -189,14 +182,23 @@ side_by_side() {  # NAME OPTION VALUE...: for each run of RUNS (RUN), a fresh se
         done
     done
 }
-pack() {  # NAME: `lab.packing` on a fresh pool pod (from the current directory's build), with
+use_build() {  # BUILD: what `serve` and `pack` run from then on: `this` checkout, or the
+    # earlier build under /tmp/builds/BUILD (SERVE_DIR), its modules first (PYTHONPATH)
+    unset SERVE_DIR
+    export PYTHONPATH=$PWD
+    if [[ "$1" != this ]]; then
+        export SERVE_DIR=/tmp/builds/$1 PYTHONPATH="/tmp/builds/$1:$PWD"
+    fi
+}
+pack() {  # NAME: `lab.packing` on a fresh pool pod (from SERVE_DIR's build, as `serve`), with
     # the GPU's own count of its used memory beside the pod's figure (`GpuMemoryMeter`)
     nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 1000 \
         >"$OUT/gpu-memory-used-$1.csv" 2>/dev/null &
     local smi=$!
-    timeout 560 python3 -m lab.packing --engine-dir "$ENTRY" --voices-dir /tmp/voices \
-        --voices "${PACKED:-100}" --mps-limit "${LIMIT:-16G}" --levels "${PACK_LEVELS:-250,500}" \
-        --duration "${DURATION:-6}" --drain "${DRAIN:-10}" --out "$OUT/gpu-packing-$1.json" 2>&1 | tail -n 30
+    (cd "${SERVE_DIR:-.}" && exec timeout 560 python3 -m lab.packing --engine-dir "$ENTRY" \
+        --voices-dir /tmp/voices --voices "${PACKED:-100}" --mps-limit "${LIMIT:-16G}" \
+        --levels "${PACK_LEVELS:-250,500}" --duration "${DURATION:-6}" --drain "${DRAIN:-10}" \
+        --out "$OUT/gpu-packing-$1.json") 2>&1 | tail -n 30
     kill "$smi" 2>/dev/null
     wait "$smi" 2>/dev/null  # its file is complete before the archive below reads it
     echo "nvidia-smi memory.used, most seen: $(cut -d, -f2 "$OUT/gpu-memory-used-$1.csv" | sort -n | tail -n 1) MiB"
@@ -354,11 +356,8 @@ builds-packing)
     for run in ${RUNS:-$RUN}; do
         for build in $(turned "$run" ${BUILDS:-this}); do
             echo "pace_session: packing pod of build $build, run $run"
-            if [[ "$build" == this ]]; then
-                pack "$build-$run"
-            else
-                (cd "/tmp/builds/$build" && PYTHONPATH="/tmp/builds/$build:$PYTHONPATH" pack "$build-$run")
-            fi
+            use_build "$build"
+            pack "$build-$run"
         done
     done
     ;;
