@@ -37,6 +37,17 @@ MIN_STEP_BUDGET_S = 0.03
 # 2026-11-25).
 ENCODE_HOLD_CALLS = 5.0
 ENCODE_HOLD_MIN_STREAMS = 16
+# Where voices' encoder calls split (each voice's own weights), a busy step opens another
+# voice's encoder call only while the fixed costs of the step's encoder calls stay within this
+# share of its budget; that voice's sentences wait for a later step, and every sentence of a
+# voice whose call is open joins it at the cost of its row. Without it, a step of ten busy
+# voices went to two to five encoder calls of one or two sentences each, whose fixed costs
+# took most of the step, and the windows of playing streams the rest: 20 to 39 windows a
+# step against 118 for one voice (`python -m lab.scheduler_host --voices 10`, H200 and H100
+# call costs), and on the H200 29 windows a step in 14 calls of two rows (docs/gpu-runs.md).
+# With it the same probe planned 137 to 139 windows and 21 sentences a step, in fewer and
+# fuller calls. One voice's steps are as before: its first call always opens.
+ENCODE_VOICES_SHARE = 0.25
 
 # BURST: where at least a full encoder call's worth of new streams wait (`max_encoder_batch`,
 # listeners arriving together), a new stream late for its first audio does not shorten the
@@ -390,6 +401,9 @@ def plan_step(
     skipped: list[Window] = []
     # Each encoder call planned so far: its rows and its width (the longest sentence's ids).
     encoding: dict[Call, tuple[int, int]] = {}
+    # Voices' encoder calls split on a busy scheduler: their fixed costs are held to a share
+    # of the step (`ENCODE_VOICES_SHARE`).
+    split_voices = batching and not rules.grouped_voices and len(streams) >= ENCODE_HOLD_MIN_STREAMS
     for stream in streams:
         window: Window | None = None
         if stream.current is None:
@@ -405,6 +419,14 @@ def plan_step(
             calls: list[Call] = [("encoder", 0, voice), ("first-window", 0, voice)]
             cost, joins = 0.0, False
             ids = len(stream.sentences[0].ids)
+            if (
+                split_voices
+                and encoding
+                and calls[0] not in encoding
+                and (len(encoding) + 1) * costs.per_call["encoder"] > ENCODE_VOICES_SHARE * budget
+            ):
+                plan.full = True  # another voice's call opens in a later step
+                continue
             if not encoder_beside or encoder_queued:
                 cost, joins = _encode_cost(costs, encoding.get(calls[0], (0, 0)), ids)
             if not encoder_beside:

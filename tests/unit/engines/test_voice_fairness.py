@@ -254,3 +254,48 @@ def test_what_a_scheduler_holds_counts_each_live_voices_calls(sentences) -> None
     assert ten_held < 0.7 * one, (ten_held, one)
     assert held(instances) == (one_shares, one)
     assert held(ten, grouped=True)[0] == (1.0,)
+
+
+def h200_costs() -> CostModel:
+    """Call costs of the kind a pool pod's log shows on an H200: an encoder call's fixed part
+    is most of a call of a few sentences."""
+    costs = CostModel(fixed_part=True)
+    for stage, per_call, per_frame in (
+        ("encoder", 3.8e-3, 1.9e-6),
+        ("flow", 0.75e-3, 0.19e-6),
+        ("vocoder", 0.8e-3, 1.0e-6),
+    ):
+        costs.per_call[stage], costs.per_frame[stage] = per_call, per_frame
+    return costs
+
+
+def test_a_busy_step_of_many_voices_spends_it_on_windows_not_on_a_call_a_voice() -> None:
+    """Ten busy voices, each with 20 playing listeners and three new ones late for their first
+    audio: a step opens few voices' encoder calls (each takes every new listener of its
+    voice), not a call of one sentence per voice whose fixed costs would take most of the
+    step, and so has room for the playing streams' windows. The voices left wait their turn:
+    every new listener is encoded within a few steps, the one waiting longest first. One
+    voice's step takes all its new listeners in its one call, as before."""
+    cfg = WindowConfig(max_batch_windows=128, max_encoder_batch=32)
+
+    def busy(voices: list[VoiceSlot]) -> tuple[list[Stream], list[Stream]]:
+        streams = [playing(i, voices[i % len(voices)], 0.3 + i / 400) for i in range(200)]
+        new = [waiting(1000 + i, voices[i % len(voices)], NOW - 0.1 + i / 1000) for i in range(30)]
+        return streams, new
+
+    streams, new = busy([VoiceSlot(f"v{i}") for i in range(10)])
+    plan = plan_step([*streams, *new], cfg, h200_costs(), True, NOW)
+    encoded = {s.voice for s in plan.encodes}
+    assert 1 <= len(encoded) <= 2, [v.name for v in encoded]
+    assert all(s in plan.encodes for s in new if s.voice in encoded)  # whole voices
+    assert len(plan.windows) >= 50, len(plan.windows)
+    left, steps = list(new), 0
+    while left:
+        steps += 1
+        plan = plan_step([*streams, *left], cfg, h200_costs(), True, NOW)
+        assert left[0] in plan.encodes  # the one waiting longest
+        left = [s for s in left if s not in plan.encodes]
+    assert steps <= 10
+    one_streams, one_new = busy([VoiceSlot("one")])
+    one = plan_step([*one_streams, *one_new], cfg, h200_costs(), True, NOW)
+    assert sorted(s.stream_id for s in one.encodes) == [s.stream_id for s in one_new]
