@@ -45,8 +45,11 @@ ENCODE_HOLD_MIN_STREAMS = 16
 # took most of the step, and the windows of playing streams the rest: 20 to 39 windows a
 # step against 118 for one voice (`python -m lab.scheduler_host --voices 10`, H200 and H100
 # call costs), and on the H200 29 windows a step in 14 calls of two rows (docs/gpu-runs.md).
-# With it the same probe planned 137 to 139 windows and 21 sentences a step, in fewer and
-# fuller calls. One voice's steps are as before: its first call always opens.
+# With it the same probe planned 120 to 139 windows and 21 sentences a step, in fewer and
+# fuller calls; on the H200 ten voices made 0.51 of one voice's audio, not 0.20, and 100
+# voices by Zipf(1.1) 0.33, not 0.17 (three packing pods each; first audio p95 at ten voices
+# rose from 194 to 389 ms, with no listener refused). One voice's steps are as before: its
+# first call always opens.
 ENCODE_VOICES_SHARE = 0.25
 
 # BURST: where at least a full encoder call's worth of new streams wait (`max_encoder_batch`,
