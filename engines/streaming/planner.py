@@ -363,7 +363,9 @@ def plan_step(
 
     On a busy GPU scheduler a new stream may be held back a little for others to share its
     encoder call (`ENCODE_HOLD_CALLS`), unless the step before took `step_interval_s` (the
-    time since its plan) at least as long as that.
+    time since its plan) at least as long as that. There, where voices' encoder calls split,
+    a step opens another voice's call only while its encoder calls' fixed costs stay within
+    `ENCODE_VOICES_SHARE` of its budget; the other voices' new streams wait a step.
 
     With a lead limit (the stream's own `Stream.lead_limit_s`, its voice's, else
     `cfg.max_lead_ms`), a playing stream with that much audio sent and not yet played
