@@ -53,6 +53,7 @@ import onnx
 import torch
 
 from engines.contract.plan import check_encoder_launch
+from engines.runtimes.reader import ProcessReader
 from engines.runtimes.torch_cuda import acoustic
 from engines.runtimes.torch_cuda.acoustic import EncoderCore
 from engines.runtimes.torch_cuda.convert import ROWS_PREFIX, OnnxModule, _as_rows
@@ -501,6 +502,71 @@ def _module_tensors(module: OnnxModule, keys: Sequence[str], stage: str) -> dict
     return tensors
 
 
+@dataclass(frozen=True)
+class VoiceReading:
+    """What reading a voice of an architecture needs (`read_voice`), in a form a worker
+    process takes: the graphs' structures it must match, each stage's weight layout, the flow's
+    and vocoder's float types, and whether the encoder is the ported module (`EncoderCore`)."""
+
+    structures: dict[str, str]
+    layouts: dict[str, WeightLayout]
+    dtypes: dict[str, torch.dtype]
+    encoder_core: bool
+
+
+def read_voice(engine_dir: Path, reading: VoiceReading) -> dict[str, bytes]:
+    """A voice's weights from its engine entry, checked against the architecture and laid out
+    as its buffers are, each stage's as bytes; on the host, in whatever process runs it (a
+    voice host runs it in its reader process). ArchitectureMismatch where the voice differs."""
+    host = torch.device("cpu")
+    tensors: dict[str, dict[str, torch.Tensor]] = {}
+    for stage in ("flow", "vocoder"):
+        module = OnnxModule(engine_dir / f"{stage}.onnx", host, reading.dtypes[stage])
+        if module.structure() != reading.structures[stage]:
+            raise ArchitectureMismatch(
+                f"{stage}: the voice's graph differs from the architecture's (nodes, "
+                "attributes or integer constants): it needs a pool of its own architecture"
+            )
+        keys = [slot.name for slot in reading.layouts[stage].slots]
+        tensors[stage] = _module_tensors(module, keys, stage)
+    path = engine_dir / "encoder.onnx"
+    if reading.encoder_core:
+        try:
+            tensors["encoder"] = acoustic.from_onnx(path, host).weight_tensors()
+        except acoustic.NotPiperVits as error:
+            raise ArchitectureMismatch(f"encoder: {error}") from None
+    else:
+        module = OnnxModule(path, host, torch.float32)
+        if module.structure() != reading.structures["encoder"]:
+            raise ArchitectureMismatch("encoder: the voice's graph differs from the architecture's")
+        keys = [slot.name for slot in reading.layouts["encoder"].slots]
+        tensors["encoder"] = _module_tensors(module, keys, "encoder")
+    for stage, stage_tensors in tensors.items():  # every check before any layout
+        reading.layouts[stage].check(WeightLayout.of(stage_tensors), stage)
+    return {
+        stage: reading.layouts[stage].pack(stage_tensors, host).view(torch.uint8).numpy().tobytes()
+        for stage, stage_tensors in tensors.items()
+    }
+
+
+def _reader_warm() -> int:
+    """The reader process's first task: importing this module (torch, onnx) before a read."""
+    return os.getpid()
+
+
+_READER: ProcessReader | None = None
+_READER_LOCK = threading.Lock()
+
+
+def _voice_reader() -> ProcessReader:
+    """The process's one reader of voices, shared by its architectures."""
+    global _READER
+    with _READER_LOCK:
+        if _READER is None:
+            _READER = ProcessReader(warm=_reader_warm)
+        return _READER
+
+
 class TorchCudaStages:
     """Encoder, flow and vocoder on one CUDA device, for every voice of one architecture (see
     the module docstring). The engine entry it is made from is its default voice
@@ -674,6 +740,16 @@ class TorchCudaStages:
         )
         self._default_shares_bound = True
         self._load_lock = threading.Lock()
+        # What reading a further voice needs (`read_voice`), and the process that reads it.
+        self._reading = VoiceReading(
+            structures=dict(self._structures),
+            layouts={stage: binding.layout for stage, binding in self._bindings.items()},
+            dtypes={stage: self._stage_dtype(stage) for stage in ("flow", "vocoder")},
+            encoder_core=self.encoder_core is not None,
+        )
+        self._reader = _voice_reader()
+        if self.device.type == "cuda":
+            self._reader.start()  # a serving process: ready before its next voice's load
 
     def _weight_holders(self) -> dict[str, Any]:
         encoder = self.encoder_core if self.encoder_core is not None else self.encoder
@@ -686,39 +762,13 @@ class TorchCudaStages:
         return sum(binding.layout.nbytes for binding in self._bindings.values())
 
     def load_voice(self, engine_dir: Path, name: str = "") -> VoiceWeights:
-        """Another voice of this architecture, from its engine entry: its weights are read on
-        the host and only their packed buffers go to the device. ArchitectureMismatch (a
-        ValueError) where its graphs or weights differ from the architecture's; nothing of it
-        stays on the device then."""
+        """Another voice of this architecture, from its engine entry: its weights are read and
+        laid out on the host, in a worker process (`ProcessReader`), and only their packed
+        buffers go to the device. ArchitectureMismatch (a ValueError) where its graphs or
+        weights differ from the architecture's; nothing of it stays on the device then."""
         engine_dir = Path(engine_dir)
         _check_entry(engine_dir)
-        host = torch.device("cpu")
-        tensors: dict[str, dict[str, torch.Tensor]] = {}
-        for stage in ("flow", "vocoder"):
-            module = OnnxModule(engine_dir / f"{stage}.onnx", host, self._stage_dtype(stage))
-            if module.structure() != self._structures[stage]:
-                raise ArchitectureMismatch(
-                    f"{stage}: the voice's graph differs from the architecture's (nodes, "
-                    "attributes or integer constants): it needs a pool of its own architecture"
-                )
-            keys = [slot.name for slot in self._bindings[stage].layout.slots]
-            tensors[stage] = _module_tensors(module, keys, stage)
-        path = engine_dir / "encoder.onnx"
-        if self.encoder_core is not None:
-            try:
-                tensors["encoder"] = acoustic.from_onnx(path, host).weight_tensors()
-            except acoustic.NotPiperVits as error:
-                raise ArchitectureMismatch(f"encoder: {error}") from None
-        else:
-            module = OnnxModule(path, host, torch.float32)
-            if module.structure() != self._structures["encoder"]:
-                raise ArchitectureMismatch(
-                    "encoder: the voice's graph differs from the architecture's"
-                )
-            keys = [slot.name for slot in self._bindings["encoder"].layout.slots]
-            tensors["encoder"] = _module_tensors(module, keys, "encoder")
-        for stage, stage_tensors in tensors.items():  # every check before any allocation
-            self._bindings[stage].layout.check(WeightLayout.of(stage_tensors), stage)
+        flats_read = self._reader.run(read_voice, engine_dir, self._reading)
         with self._load_lock:
             if self._default_shares_bound:
                 # The default voice keeps its weights once the bound buffers take others'.
@@ -728,7 +778,9 @@ class TorchCudaStages:
                 self._default_shares_bound = False
                 for binding in self._bindings.values():
                     binding.forget(self.default_voice)
-            flats = {stage: self._bindings[stage].pack(t) for stage, t in tensors.items()}
+            flats = {
+                stage: self._bindings[stage].upload(data) for stage, data in flats_read.items()
+            }
         return VoiceWeights(name or engine_dir.name, flats)
 
     def unload_voice(self, voice: VoiceWeights) -> None:

@@ -22,6 +22,7 @@ cost no copy. Each lane past the first costs one voice's weights of that stage.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -125,16 +126,12 @@ class WeightLayout:
         }
 
     def pack(self, tensors: Mapping[str, torch.Tensor], device: torch.device) -> torch.Tensor:
-        """A new flat buffer on `device` holding `tensors` at this layout's places. Tensors on
-        the host bound for a GPU (a voice loaded) are laid out on the host and copied in one
-        piece (`_upload`)."""
-        upload = device.type == "cuda" and all(t.device.type == "cpu" for t in tensors.values())
-        flat = torch.zeros(
-            self.numel, dtype=self.dtype, device="cpu" if upload else device, pin_memory=upload
-        )
+        """A new flat buffer on `device` holding `tensors` at this layout's places (a voice
+        read on the host for a GPU goes there in one piece: `WeightBinding.upload`)."""
+        flat = torch.zeros(self.numel, dtype=self.dtype, device=device)
         for name, view in self.views(flat).items():
             view.copy_(tensors[name])
-        return _upload(flat, device) if upload else flat
+        return flat
 
 
 def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -180,10 +177,23 @@ class WeightBinding:
     def lane_count(self) -> int:
         return self.lanes.shape[0]
 
-    def pack(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """A voice's own buffer for this stage; ArchitectureMismatch where it does not fit."""
-        self.layout.check(WeightLayout.of(tensors), self.stage)
-        return self.layout.pack(tensors, self.bound.device)
+    def upload(self, data: bytes) -> torch.Tensor:
+        """A voice's own buffer for this stage from its bytes, laid out as this layout's
+        (`WeightLayout.pack` on the host, in a reader process): one copy to pinned memory,
+        then one to the device (`_upload`)."""
+        layout = self.layout
+        if len(data) != layout.nbytes:
+            raise ArchitectureMismatch(
+                f"{self.stage}: {len(data)} bytes of weights where the layout holds {layout.nbytes}"
+            )
+        device = self.bound.device
+        pinned = device.type == "cuda"
+        host = torch.empty(layout.numel, dtype=layout.dtype, pin_memory=pinned)
+        with warnings.catch_warnings():  # (read only: torch warns of any buffer not writable)
+            warnings.simplefilter("ignore", UserWarning)
+            source = torch.frombuffer(data, dtype=torch.uint8)
+        host.view(torch.uint8).copy_(source)
+        return _upload(host, device) if pinned else host.to(device)
 
     def bind(self, owner: object, flat: torch.Tensor, lane: int = 0) -> None:
         """Make `flat` (a voice's buffer, `owner` its identity) what lane `lane` reads (lane 0:
