@@ -473,27 +473,42 @@ class VoiceHost:
             config = read_voice_config(plan.voice_config_path)
         except (OSError, ValueError) as error:
             raise LoadRefused(f"voice {plan.name}: {error}", "INVALID_ARGUMENT") from None
+        started = time.monotonic()
         with self._load_lock:
-            key = architecture_key(plan)
+            handle = self._load_locked(plan, config)
+        with self._lock:
+            voice = self._voices.get(handle)  # (unloaded meanwhile: none)
+        LOGGER.info(
+            "voice %s loaded (%s, %.1f MiB) in %.2f s",
+            plan.name,
+            plan.runtime,
+            (voice.nbytes if voice is not None else 0) / MIB,
+            time.monotonic() - started,
+        )
+        return handle
+
+    def _load_locked(self, plan: ServingPlan, config: VoiceConfig) -> int:
+        """`load`'s work, with the pod's loads its own (`_load_lock`)."""
+        key = architecture_key(plan)
+        architecture = self._architectures.get(key)
+        if architecture is not None and architecture.unclaimed == plan.engine_dir:
+            # Prepared for this voice before it was asked for: its weights are loaded.
+            architecture.unclaimed = None
+            return self._add_voice(plan, config, architecture, *_first_weights(architecture))
+        twin = self._loaded_twin(plan, key)
+        if twin is not None:
+            # Another instance of a loaded voice (`voxfleet serve --instances`): it shares
+            # that voice's weights, and so its stage calls, and costs no memory more.
+            return self._add_voice(plan, config, twin.architecture, twin.slot.weights, 0)
+        if architecture is not None and not hasattr(architecture.runtime, "load_voice"):
+            key = (*key, plan.engine_dir)
             architecture = self._architectures.get(key)
-            if architecture is not None and architecture.unclaimed == plan.engine_dir:
-                # Prepared for this voice before it was asked for: its weights are loaded.
-                architecture.unclaimed = None
-                return self._add_voice(plan, config, architecture, *_first_weights(architecture))
-            twin = self._loaded_twin(plan, key)
-            if twin is not None:
-                # Another instance of a loaded voice (`voxfleet serve --instances`): it shares
-                # that voice's weights, and so its stage calls, and costs no memory more.
-                return self._add_voice(plan, config, twin.architecture, twin.slot.weights, 0)
-            if architecture is not None and not hasattr(architecture.runtime, "load_voice"):
-                key = (*key, plan.engine_dir)
-                architecture = self._architectures.get(key)
-            if architecture is None:
-                architecture = self._create(key, plan, config)
-                weights, nbytes = _first_weights(architecture)
-            else:
-                weights, nbytes = self._load_weights(architecture, plan, config)
-            return self._add_voice(plan, config, architecture, weights, nbytes)
+        if architecture is None:
+            architecture = self._create(key, plan, config)
+            weights, nbytes = _first_weights(architecture)
+        else:
+            weights, nbytes = self._load_weights(architecture, plan, config)
+        return self._add_voice(plan, config, architecture, weights, nbytes)
 
     def _loaded_twin(self, plan: ServingPlan, key: tuple[Any, ...]) -> _Voice | None:
         """A loaded voice (not unloading) of `plan`'s name and engines on its architecture, whose
@@ -523,7 +538,6 @@ class VoiceHost:
         with self._lock:
             self._voices[voice.handle] = voice
             architecture.voices.add(voice.handle)
-        LOGGER.info("voice %s loaded (%s, %.1f MiB)", plan.name, plan.runtime, voice.nbytes / MIB)
         return voice.handle
 
     def prepare(self, plan: ServingPlan) -> None:
