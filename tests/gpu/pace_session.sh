@@ -62,6 +62,8 @@
 #   GPU's own count of its used memory sampled beside it (nvidia-smi, every second).
 # - builds-packing: `packing` for an earlier build (each REV of BUILDS, as in builds-paced)
 #   and this checkout, a fresh pod each, the order turned round from one run to the next.
+#   PACK_PATTERNS (one,ten,zipf) picks the patterns `packing` streams (`one` alone: a shorter
+#   run for the loads and cold voices).
 # - warmup: where an architecture's start goes, by part and captured graph, and each stage's
 #   calls after it, for each of VARIANTS (settings of the runtime: `lab.warmup_costs`, a
 #   fresh process each); needs part 1 only.
@@ -198,7 +200,7 @@ pack() {  # NAME: `lab.packing` on a fresh pool pod (from SERVE_DIR's build, as 
     (cd "${SERVE_DIR:-.}" && exec timeout 560 python3 -m lab.packing --engine-dir "$ENTRY" \
         --voices-dir /tmp/voices --voices "${PACKED:-100}" --mps-limit "${LIMIT:-16G}" \
         --levels "${PACK_LEVELS:-250,500}" --duration "${DURATION:-6}" --drain "${DRAIN:-10}" \
-        --out "$OUT/gpu-packing-$1.json") 2>&1 | tail -n 30
+        --patterns "${PACK_PATTERNS:-one,ten,zipf}" --out "$OUT/gpu-packing-$1.json") 2>&1 | tail -n 30
     kill "$smi" 2>/dev/null
     wait "$smi" 2>/dev/null  # its file is complete before the archive below reads it
     echo "nvidia-smi memory.used, most seen: $(cut -d, -f2 "$OUT/gpu-memory-used-$1.csv" | sort -n | tail -n 1) MiB"
