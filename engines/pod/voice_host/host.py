@@ -475,19 +475,17 @@ class VoiceHost:
             raise LoadRefused(f"voice {plan.name}: {error}", "INVALID_ARGUMENT") from None
         started = time.monotonic()
         with self._load_lock:
-            handle = self._load_locked(plan, config)
-        with self._lock:
-            voice = self._voices.get(handle)  # (unloaded meanwhile: none)
+            voice = self._load_locked(plan, config)
         LOGGER.info(
             "voice %s loaded (%s, %.1f MiB) in %.2f s",
             plan.name,
             plan.runtime,
-            (voice.nbytes if voice is not None else 0) / MIB,
+            voice.nbytes / MIB,
             time.monotonic() - started,
         )
-        return handle
+        return voice.handle
 
-    def _load_locked(self, plan: ServingPlan, config: VoiceConfig) -> int:
+    def _load_locked(self, plan: ServingPlan, config: VoiceConfig) -> _Voice:
         """`load`'s work, with the pod's loads its own (`_load_lock`)."""
         key = architecture_key(plan)
         architecture = self._architectures.get(key)
@@ -532,13 +530,13 @@ class VoiceHost:
         architecture: _Architecture,
         weights: Any,
         nbytes: int,
-    ) -> int:
+    ) -> _Voice:
         slot = VoiceSlot(plan.name, weights, max_lead_ms=plan.windows.max_lead_ms)
         voice = _Voice(next(self._handles), plan, config, architecture, slot, nbytes)
         with self._lock:
             self._voices[voice.handle] = voice
             architecture.voices.add(voice.handle)
-        return voice.handle
+        return voice
 
     def prepare(self, plan: ServingPlan) -> None:
         """Start `plan`'s architecture, its warmup included, before any voice asks for it: a

@@ -505,44 +505,46 @@ def _module_tensors(module: OnnxModule, keys: Sequence[str], stage: str) -> dict
 @dataclass(frozen=True)
 class VoiceReading:
     """What reading a voice of an architecture needs (`read_voice`), in a form a worker
-    process takes: the graphs' structures it must match, each stage's weight layout, the flow's
-    and vocoder's float types, and whether the encoder is the ported module (`EncoderCore`)."""
+    process takes: the graphs' structures it must match, each stage's weight layout (its float
+    type the stage's), and whether the encoder is the ported module (`EncoderCore`)."""
 
     structures: dict[str, str]
     layouts: dict[str, WeightLayout]
-    dtypes: dict[str, torch.dtype]
     encoder_core: bool
+
+
+def _read_graph(path: Path, stage: str, reading: VoiceReading) -> dict[str, torch.Tensor]:
+    """One stage's weights from its graph on the host; ArchitectureMismatch where the graph
+    differs from the architecture's."""
+    layout = reading.layouts[stage]
+    module = OnnxModule(path, torch.device("cpu"), layout.dtype)
+    if module.structure() != reading.structures[stage]:
+        raise ArchitectureMismatch(
+            f"{stage}: the voice's graph differs from the architecture's (nodes, "
+            "attributes or integer constants): it needs a pool of its own architecture"
+        )
+    return _module_tensors(module, [slot.name for slot in layout.slots], stage)
 
 
 def read_voice(engine_dir: Path, reading: VoiceReading) -> dict[str, bytes]:
     """A voice's weights from its engine entry, checked against the architecture and laid out
     as its buffers are, each stage's as bytes; on the host, in whatever process runs it (a
     voice host runs it in its reader process). ArchitectureMismatch where the voice differs."""
-    host = torch.device("cpu")
-    tensors: dict[str, dict[str, torch.Tensor]] = {}
-    for stage in ("flow", "vocoder"):
-        module = OnnxModule(engine_dir / f"{stage}.onnx", host, reading.dtypes[stage])
-        if module.structure() != reading.structures[stage]:
-            raise ArchitectureMismatch(
-                f"{stage}: the voice's graph differs from the architecture's (nodes, "
-                "attributes or integer constants): it needs a pool of its own architecture"
-            )
-        keys = [slot.name for slot in reading.layouts[stage].slots]
-        tensors[stage] = _module_tensors(module, keys, stage)
+    tensors = {
+        stage: _read_graph(engine_dir / f"{stage}.onnx", stage, reading)
+        for stage in ("flow", "vocoder")
+    }
     path = engine_dir / "encoder.onnx"
     if reading.encoder_core:
         try:
-            tensors["encoder"] = acoustic.from_onnx(path, host).weight_tensors()
+            tensors["encoder"] = acoustic.from_onnx(path, torch.device("cpu")).weight_tensors()
         except acoustic.NotPiperVits as error:
             raise ArchitectureMismatch(f"encoder: {error}") from None
     else:
-        module = OnnxModule(path, host, torch.float32)
-        if module.structure() != reading.structures["encoder"]:
-            raise ArchitectureMismatch("encoder: the voice's graph differs from the architecture's")
-        keys = [slot.name for slot in reading.layouts["encoder"].slots]
-        tensors["encoder"] = _module_tensors(module, keys, "encoder")
+        tensors["encoder"] = _read_graph(path, "encoder", reading)
     for stage, stage_tensors in tensors.items():  # every check before any layout
         reading.layouts[stage].check(WeightLayout.of(stage_tensors), stage)
+    host = torch.device("cpu")
     return {
         stage: reading.layouts[stage].pack(stage_tensors, host).view(torch.uint8).numpy().tobytes()
         for stage, stage_tensors in tensors.items()
@@ -744,7 +746,6 @@ class TorchCudaStages:
         self._reading = VoiceReading(
             structures=dict(self._structures),
             layouts={stage: binding.layout for stage, binding in self._bindings.items()},
-            dtypes={stage: self._stage_dtype(stage) for stage in ("flow", "vocoder")},
             encoder_core=self.encoder_core is not None,
         )
         self._reader = _voice_reader()
@@ -789,9 +790,6 @@ class TorchCudaStages:
         for binding in self._bindings.values():
             binding.forget(voice)
         voice.flats = {}
-
-    def _stage_dtype(self, stage: str) -> torch.dtype:
-        return self.flow_module.float_dtype if stage == "flow" else self.vocoder_module.float_dtype
 
     def _bind(self, stage: str, voice: VoiceWeights | None, lane: int = 0) -> None:
         voice = voice or self.default_voice
