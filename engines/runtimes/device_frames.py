@@ -29,6 +29,10 @@ from engines.streaming.frames import (
 
 # 4,096 pages of 32 frames: 131,072 frames (25 minutes of audio) before the stores first grow.
 INITIAL_PAGES = 4096
+# A thread that waits for a vocoder call's audio (the scheduler's delivery thread) sleeps until
+# the call's end event is reached, rather than spinning on it in CUDA's driver (its default
+# while a process has fewer contexts than processors) beside the thread that launches the calls.
+BLOCKING_WAITS = True
 
 
 def _voice(voice: Any) -> dict[str, Any]:
@@ -135,6 +139,7 @@ class DeviceBackend:
             prepares_shapes=True,
             groups_voices=bool(getattr(runtime, "groups_voices", False)),
         )
+        self.blocking_waits = BLOCKING_WAITS
         self.pool = FramePool(initial_pages)
         frames = self.pool.capacity_frames
         self._prior = torch.zeros(
@@ -271,7 +276,7 @@ class DeviceBackend:
         # nothing refers to it (the numpy rows sent as responses keep it alive until then).
         host = torch.empty(pcm.shape, dtype=torch.int16, pin_memory=True)
         host.copy_(pcm, non_blocking=True)
-        end = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True, blocking=self.blocking_waits)
         end.record()
         return PendingAudio(host, events=(start, end))
 
