@@ -140,18 +140,19 @@ class _Encoding:
 
 
 class _PartClock:
-    """One step's clock: `part` adds the wall time since the last mark to a part of
+    """One step's clock: `part` adds the wall and CPU time since the last mark to a part of
     `StepTimes`, `done` the thread's CPU time since the start (and the step, if it ran)."""
 
     def __init__(self, times: StepTimes) -> None:
         self._times = times
-        self._cpu = time.thread_time()
+        self._cpu = self._cpu_last = time.thread_time()
         self._last = time.perf_counter()
 
     def part(self, name: str) -> None:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.thread_time()
         self._times.wall[name] += now - self._last
-        self._last = now
+        self._times.cpu_parts[name] += cpu - self._cpu_last
+        self._last, self._cpu_last = now, cpu
 
     def done(self, ran: bool) -> bool:
         self._times.cpu += time.thread_time() - self._cpu

@@ -162,12 +162,13 @@ class StepTimes:
     finished calls and cancelled streams (prepare), planning, launching or running windows,
     encoding (with its wait for the frame counts), publishing stats, waiting for the step in
     flight on the device (wait), and waiting for work (idle); with the thread's own CPU time
-    over its steps (cpu). Wall time a part spends off the CPU is a wait: for the device, or
-    for the GIL."""
+    over its steps (cpu), and by part (`cpu_parts`, all but idle). Wall time a part spends off
+    the CPU is a wait: for the device, or for the GIL."""
 
     steps: int = 0
     cpu: float = 0.0
     wall: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PARTS, 0.0))
+    cpu_parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PARTS[:-1], 0.0))
 
     def busy_seconds(self) -> float:
         """Wall time spent on steps, waits for the device included: all but `idle`."""
@@ -178,6 +179,7 @@ class StepTimes:
             "steps": self.steps,
             "cpu_s": round(self.cpu, 3),
             **{f"{part}_s": round(seconds, 3) for part, seconds in self.wall.items()},
+            **{f"{part}_cpu_s": round(seconds, 3) for part, seconds in self.cpu_parts.items()},
         }
 
 

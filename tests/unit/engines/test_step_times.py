@@ -48,6 +48,9 @@ def test_a_slow_device_shows_as_the_wait_for_the_step_in_flight(stages, sentence
     busy = sum(seconds for part, seconds in slow.wall.items() if part != "idle")
     assert slow.cpu < busy - 0.8 * slow.wall["wait"]
     assert slow.wall["plan"] > 0 and slow.wall["windows"] > 0 and slow.wall["encode"] > 0
+    # The CPU time by part adds up to the thread's, and the wait for the device has none.
+    assert sum(slow.cpu_parts.values()) == pytest.approx(slow.cpu, rel=0.05, abs=0.002)
+    assert slow.cpu_parts["wait"] < 0.2 * slow.wall["wait"]
 
 
 def test_the_report_names_every_part_in_seconds() -> None:
@@ -57,6 +60,7 @@ def test_the_report_names_every_part_in_seconds() -> None:
     report = times.report()
     assert report["steps"] == 3 and report["cpu_s"] == 0.012 and report["wait_s"] == 1.235
     assert {f"{part}_s" for part in STEP_PARTS} <= set(report)
+    assert {f"{part}_cpu_s" for part in STEP_PARTS if part != "idle"} <= set(report)
 
 
 class _SlowPending(Pending):
