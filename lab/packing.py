@@ -14,7 +14,9 @@ explicit model control, under an MPS per-client memory limit when `--mps-limit` 
 5. the closed-loop sweep (`voxfleet bench`'s runner, `--client-processes` listeners'
    processes) at `--levels` for: one voice; ten voices evenly; every voice with Zipf(1.1)
    popularity. The streams each pattern holds (every stream real time, first-audio p95 under
-   `--p95-bound-ms`), and its first-audio p50/p95/p99 there.
+   `--p95-bound-ms`), and its first-audio p50/p95/p99 there. With `--during-sweep`, a shell
+   command runs beside each pattern's sweep (a profiler of the voice host, say:
+   `STAGE=gil` in tests/gpu/pace_session.sh).
 
 Writes one JSON file (`*packing*.json`): budget_mib, fixed_mib, per_voice_mib, voices_loaded,
 gpu, and per pattern held_streams and first_audio_ms, with every level's summary.
@@ -51,6 +53,8 @@ from engines.pod.ports import free_port
 from engines.text.corpus import cycle_sentences, load_corpus
 
 READY_TIMEOUT_S = 600.0
+# Seconds a `--during-sweep` command may run on after its sweep before it is stopped.
+DURING_SWEEP_GRACE_S = 60.0
 
 
 def memory_costs(first: dict[str, Any], last: dict[str, Any], first_voice: str) -> dict[str, Any]:
@@ -220,6 +224,28 @@ def _loads_under_streams(
     }
 
 
+def _beside(command: str, pattern: str) -> subprocess.Popen[bytes] | None:
+    """`--during-sweep`: the command started beside a pattern's sweep (PATTERN in its
+    environment), or None."""
+    if not command:
+        return None
+    return subprocess.Popen(["bash", "-c", command], env={**os.environ, "PATTERN": pattern})
+
+
+def _finish(process: subprocess.Popen[bytes] | None, pattern: str) -> None:
+    """The command beside a sweep, waited for once the sweep is over (stopped after
+    DURING_SWEEP_GRACE_S)."""
+    if process is None:
+        return
+    try:
+        status = process.wait(timeout=DURING_SWEEP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        status = process.wait()
+    if status:
+        print(f"packing: --during-sweep for {pattern} exited with {status}", file=sys.stderr)
+
+
 def _sweep(
     url: str, name: str, voices: list[str], popularity: str, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -273,6 +299,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain", type=float, default=20.0)
     parser.add_argument("--p95-bound-ms", type=float, default=800.0)
     parser.add_argument("--client-processes", type=int, default=4)
+    parser.add_argument(
+        "--during-sweep",
+        default="",
+        help="a shell command started as each pattern's sweep starts (PATTERN set to the "
+        "pattern), waited for after it: a profiler, say",
+    )
     parser.add_argument("--out", type=Path, required=True, help="the JSON file to write")
     args = parser.parse_args(argv)
 
@@ -358,7 +390,11 @@ def main(argv: list[str] | None = None) -> int:
         result["patterns"] = {}
         for key in args.patterns.split(","):
             models, popularity = patterns[key]
-            result["patterns"][key] = _sweep(pod.url, key, models, popularity, args)
+            beside = _beside(args.during_sweep, key)
+            try:
+                result["patterns"][key] = _sweep(pod.url, key, models, popularity, args)
+            finally:
+                _finish(beside, key)
             print(json.dumps({key: result["patterns"][key]["held_streams"]}), flush=True)
     finally:
         pod.stop()

@@ -23,6 +23,7 @@ WHEELS=(
     protobuf==7.36.2
     python-rapidjson==1.25
     psutil==7.2.2
+    py-spy==0.4.3
 )
 mkdir -p "$DIR/all"
 "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \

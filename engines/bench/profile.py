@@ -28,6 +28,34 @@ _OURS = ("engines.", "onnxruntime", "model.py")
 _FRAME = re.compile(r"^(?P<function>.+?) \((?P<file>[^()]*?):(?P<line>\d+)\)$")
 
 
+_THREAD = re.compile(r"^thread \(\w+\): (?P<name>.+)$")
+
+
+def thread_shares(text: str, samples_expected: float = 0.0) -> dict[str, Any]:
+    """py-spy's raw output recorded with `--threads` → each thread name's share of the samples
+    (threads of one name summed: a voice host has a connection thread per stream model). Of
+    a recording with `--gil`, whose samples are only of the thread holding the interpreter's
+    lock, that is each thread's share of the lock's held time; with `samples_expected` (the
+    rate times the seconds), `held` is the share of the time anyone held it."""
+    counts: Counter[str] = Counter()
+    for line in text.splitlines():
+        stack, _, count_text = line.strip().rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        match = _THREAD.match(stack.split(";", 1)[0])
+        counts[match["name"] if match else "?"] += int(count_text)
+    samples = sum(counts.values())
+    result: dict[str, Any] = {
+        "samples": samples,
+        "threads": {name: round(n / samples, 4) for name, n in counts.most_common()}
+        if samples
+        else {},
+    }
+    if samples_expected > 0:
+        result["held"] = round(min(1.0, samples / samples_expected), 4)
+    return result
+
+
 def summarise_raw(text: str, top: int = 12) -> dict[str, Any]:
     """py-spy's raw (collapsed stack) output → shares of samples per function."""
     inclusive: Counter[str] = Counter()

@@ -19,6 +19,7 @@
 #   STAGE=first-window RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=warmup bash tests/gpu/pace_session.sh    # part 1 only
 #   STAGE=call-costs bash tests/gpu/pace_session.sh    # part 1 only
+#   STAGE=gil bash tests/gpu/pace_session.sh       # after parts 1 to 3 (py-spy in one)
 #   STAGE=profile bash tests/gpu/pace_session.sh   # after parts 1 to 3
 # SERVE_OPTIONS (words) go to every `voxfleet serve` of a stage, e.g. "--encoder-launch queued".
 # Every call first copies what it carried (.whl/part-*, .whl/build-*.tgz) to /tmp/keep, where
@@ -383,6 +384,40 @@ builds-packing)
         done
     done
     ;;
+gil)
+    # Which of the voice host's threads hold the interpreter's lock while streams play, and
+    # in what code: a pod of PACKED (12) voices streaming each of PATTERNS (ten,one) in turn,
+    # its voice host sampled by py-spy (carried in the wheels of `make gpu-wheels`) for SPY_S
+    # (4) seconds from SPY_DELAY (4) s into each sweep, first only the thread holding the lock
+    # (--gil), then every thread (--idle). Summary in $OUT/gil.json.
+    SPY="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/py-spy"
+    [[ -x "$SPY" ]] || { echo "pace_session: py-spy is not installed: carry the .whl part that holds its wheel" >&2; exit 1; }
+    python3 -m lab.voices --entry "$ENTRY" --out /tmp/voices --count "$(( ${PACKED:-12} + 5 ))" >/dev/null || exit 1
+    export SPY OUT SPY_S=${SPY_S:-4} SPY_RATE=${SPY_RATE:-250}
+    # (The pattern's [e] keeps pgrep from finding this command's own shell.)
+    spy='pid=$(pgrep -f "[e]ngines.pod.voice_host" | head -n 1); for view in gil idle; do
+        "$SPY" record --pid "$pid" --duration "$SPY_S" --rate "$SPY_RATE" --format raw --nonblocking \
+            --threads --$view --output "$OUT/$view-$PATTERN.txt" >>"$OUT/py-spy.log" 2>&1; done'
+    timeout 400 python3 -m lab.packing --engine-dir "$ENTRY" --voices-dir /tmp/voices \
+        --voices "${PACKED:-12}" --cold 2 --background 0 --patterns "${PATTERNS:-ten,one}" \
+        --mps-limit "${LIMIT:-16G}" --levels "${PACK_LEVELS:-250}" --duration "${DURATION:-14}" \
+        --drain "${DRAIN:-8}" --out "$OUT/gil-packing.json" \
+        --during-sweep "sleep ${SPY_DELAY:-4}; $spy" 2>&1 | grep -E '^\{"(ten|one|zipf)"|rror' | head -n 5
+    python3 - "$OUT" <<'PY'
+import json, os, sys
+from pathlib import Path
+from engines.bench.profile import summarise_raw, thread_shares
+out = Path(sys.argv[1])
+expected = float(os.environ["SPY_RATE"]) * float(os.environ["SPY_S"])
+summary = {}
+for path in sorted(out.glob("gil-*.txt")):
+    text = path.read_text()
+    summary[path.stem[len("gil-"):]] = {**thread_shares(text, expected), "code": summarise_raw(text, top=25)}
+(out / "gil.json").write_text(json.dumps(summary, indent=1))
+for pattern, view in summary.items():
+    print(pattern, json.dumps({"held": view.get("held"), "threads": view["threads"]}))
+PY
+    ;;
 warmup)
     timeout 500 python3 -m lab.warmup_costs --engine-dir "$ENTRY" \
         --variants "${VARIANTS:-VOXFLEET_AUTOTUNE_MIN_ROWS=1,default}" \
@@ -410,7 +445,7 @@ PY
     done
     ;;
 *)
-    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, order-paced, builds-paced, instances, first-window, packing, builds-packing, warmup, call-costs or profile, not $STAGE" >&2
+    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, order-paced, builds-paced, instances, first-window, packing, builds-packing, warmup, call-costs, gil or profile, not $STAGE" >&2
     exit 2
     ;;
 esac

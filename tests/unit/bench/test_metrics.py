@@ -60,6 +60,27 @@ def test_profile_summary_shares_per_function() -> None:
     assert summary["leaves"][0] == {"function": "onnxruntime Session.run", "share": 0.6}
 
 
+def test_a_gil_profile_says_which_threads_hold_the_lock_and_how_much_of_the_time() -> None:
+    """tests/gpu/pace_session.sh STAGE=gil: py-spy --gil --threads on the voice host; the
+    threads of one name (a connection thread per stream model) count together."""
+    from engines.bench.profile import thread_shares
+
+    raw = (
+        "thread (11): voxfleet-scheduler;StreamScheduler.step (streaming/scheduler.py:3) 60\n"
+        "thread (12): voxfleet-host-read;_Connection.serve (voice_host/server.py:9) 15\n"
+        "thread (13): voxfleet-host-read;_Connection.serve (voice_host/server.py:9) 5\n"
+        "thread (14): voxfleet-delivery;AudioDelivery._run (engines/streaming/delivery.py:7) 20\n"
+    )
+    shares = thread_shares(raw, samples_expected=200)
+    assert shares["samples"] == 100 and shares["held"] == 0.5
+    assert shares["threads"] == {
+        "voxfleet-scheduler": 0.6,
+        "voxfleet-host-read": 0.2,
+        "voxfleet-delivery": 0.2,
+    }
+    assert thread_shares("") == {"samples": 0, "threads": {}}
+
+
 def test_a_profiled_server_is_one_record_with_what_was_sampled(tmp_path) -> None:
     """tests/gpu/triton_session.sh with PROFILE_DELAY: every view in one profile.json, and a
     view whose samples did not come (py-spy failed, say) is None rather than an error."""
