@@ -9,21 +9,30 @@ would copy half-way) with this interpreter or, inside the Triton stub (an embedd
 the ``python3`` first on PATH, which is the Python the stub runs (engines/pod/triton_server.py
 puts it there).
 
+Each worker has a pipe of its own: a request is pickled onto the least busy worker's pipe by
+the thread that submits it, and one reader thread takes every worker's answers and calls each
+request's callback. That is all the model process does per request, a tenth of the
+interpreter time that a `ProcessPoolExecutor` took (its manager and queue-feeder threads:
+about 0.7 ms a request on the 2-core CPU machine, and 13 to 24 % of the time the interpreter's
+lock was held in a packed GPU pod, beside its scheduler thread; docs/gpu-runs.md).
+
 ``FrontendPool(workers=0)`` phonemises in the calling thread instead, with the same
 interface: the CPU data plane uses that, so its figures stay comparable.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
+import selectors
 import shutil
 import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 from engines.text.frontend import Sentence, text_to_sentences
 from engines.text.voice import VoiceConfig, read_voice_config
@@ -31,6 +40,8 @@ from engines.text.voice import VoiceConfig, read_voice_config
 LOGGER = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 120.0
+# Seconds a closing pool gives each worker to exit before it is killed.
+STOP_TIMEOUT_S = 5.0
 # Voice configs a process has read, by path: a pod's voices are phonemised by one pool.
 _CONFIGS: dict[str, VoiceConfig] = {}
 
@@ -51,6 +62,37 @@ def _worker_sentences(config_path: str, text: str) -> list[Sentence]:
     return text_to_sentences(text, _config(config_path))
 
 
+def _serve(requests: Connection, warm_config: str | None) -> None:
+    """A worker process: warm, say so, then answer (key, config, text) with (key, sentences,
+    error) until its pipe closes or brings None."""
+    _worker_start(warm_config)
+    requests.send(READY)
+    while True:
+        try:
+            request = requests.recv()
+        except (EOFError, OSError):
+            return
+        if request is None:
+            return
+        key, config_path, text = request
+        try:
+            answer: tuple[int, list[Sentence] | None, Exception | None] = (
+                key,
+                _worker_sentences(config_path, text),
+                None,
+            )
+        except Exception as error:
+            answer = (key, None, error)
+        try:
+            requests.send(answer)
+        except Exception as error:  # an error that does not pickle goes back as its text
+            requests.send((key, None, RuntimeError(f"{type(error).__name__}: {error}")))
+
+
+READY = "ready"
+Done = Callable[[list[Sentence] | None, Exception | None], None]
+
+
 def worker_python() -> str:
     """This interpreter, unless it is embedded (the Triton stub): then python3 on PATH."""
     if sys.executable and Path(sys.executable).name.startswith("python"):
@@ -58,40 +100,84 @@ def worker_python() -> str:
     return shutil.which("python3") or sys.executable
 
 
+class _Worker:
+    """One phonemiser process, its pipe, and the requests sent to it and not yet answered."""
+
+    def __init__(self, context: Any, warm_config: str | None) -> None:
+        self.conn, theirs = context.Pipe()
+        self.process = context.Process(
+            target=_serve, args=(theirs, warm_config), name="voxfleet-phonemiser", daemon=True
+        )
+        self.process.start()
+        theirs.close()
+        self.pending: dict[int, Done] = {}
+        self.ready = False
+        self.send_lock = threading.Lock()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        if not self.conn.poll(timeout_s) or self.conn.recv() != READY:
+            raise RuntimeError(f"a phonemiser worker did not start in {timeout_s:.0f} s")
+        self.ready = True
+
+    def stop(self) -> None:
+        try:
+            with self.send_lock:
+                self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self.process.join(STOP_TIMEOUT_S)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
+
+
 class FrontendPool:
     """`submit(config_path, text, done)` phonemises `text` for the voice whose Piper config is
-    at `config_path` and calls ``done(sentences, error)`` once. One pool serves every voice of
-    a pod: its workers read each voice's config the first time they meet it. `warm_config`:
-    a config the workers read as they start."""
+    at `config_path` and calls ``done(sentences, error)`` once (with workers, on the pool's
+    reader thread). One pool serves every voice of a pod: its workers read each voice's config
+    the first time they meet it. `warm_config`: a config the workers read as they start;
+    `thread`: what makes the reader thread (a voice host's names itself to the kernel)."""
 
-    def __init__(self, workers: int = 0, warm_config: str | None = None) -> None:
+    def __init__(
+        self,
+        workers: int = 0,
+        warm_config: str | None = None,
+        thread: Callable[..., threading.Thread] = threading.Thread,
+    ) -> None:
         self.workers = workers
         self.warm_config = warm_config
         self._lock = threading.Lock()
-        self._pool: ProcessPoolExecutor | None = self._start() if workers > 0 else None
+        self._keys = itertools.count()
+        self._workers: list[_Worker] = []
+        self._closed = False
+        self._reader: threading.Thread | None = None
+        if workers <= 0:
+            return
+        self._context = multiprocessing.get_context("spawn")
+        self._context.set_executable(worker_python())
+        # The reader's wait also wakes for this pipe: a worker replaced, or the pool closed.
+        self._wake_r, self._wake_w = self._context.Pipe(duplex=False)
+        # Workers take about a second each to start (a Python, espeak-ng's data): all of them
+        # start now, side by side, or the first burst of listeners waits for them.
+        self._workers = [_Worker(self._context, warm_config) for _ in range(workers)]
+        try:
+            for worker in self._workers:
+                worker.wait_ready(STARTUP_TIMEOUT_S)
+        except Exception:
+            for worker in self._workers:
+                worker.stop()
+            raise
+        self._reader = thread(target=self._read, name="voxfleet-frontend", daemon=True)
+        self._reader.start()
 
-    def _start(self) -> ProcessPoolExecutor:
-        context = multiprocessing.get_context("spawn")
-        context.set_executable(worker_python())
-        pool = ProcessPoolExecutor(
-            self.workers,
-            mp_context=context,
-            initializer=_worker_start,
-            initargs=(self.warm_config,),
-        )
-        # Workers start on demand, each taking about a second (a Python, espeak-ng's data):
-        # start them all now, or the first burst of listeners waits for them.
-        for started in [pool.submit(_worker_start, self.warm_config) for _ in range(self.workers)]:
-            started.result(timeout=STARTUP_TIMEOUT_S)
-        return pool
+    def worker_pids(self) -> list[int]:
+        """The worker processes' ids (none where the pool phonemises in the calling thread)."""
+        with self._lock:
+            return [w.process.pid for w in self._workers if w.process.pid is not None]
 
-    def submit(
-        self,
-        config_path: str,
-        text: str,
-        done: Callable[[list[Sentence] | None, Exception | None], None],
-    ) -> None:
-        if self._pool is None:
+    def submit(self, config_path: str, text: str, done: Done) -> None:
+        if self.workers <= 0:
             try:
                 sentences = text_to_sentences(text, _config(config_path))
             except Exception as error:
@@ -99,37 +185,113 @@ class FrontendPool:
                 return
             done(sentences, None)
             return
+        key = next(self._keys)
         with self._lock:
-            pool = self._pool
-        try:
-            future = pool.submit(_worker_sentences, config_path, text)
-        except BrokenProcessPool as error:
-            self._restart(pool)
-            done(None, error)
-            return
-
-        def finished(result: Future[list[Sentence]]) -> None:
-            error = result.exception()
-            if isinstance(error, BrokenProcessPool):
-                self._restart(pool)
-            if error is None:
-                done(result.result(), None)
+            if self._closed:
+                worker = None
             else:
-                done(None, error if isinstance(error, Exception) else RuntimeError(str(error)))
+                worker = min(self._workers, key=lambda w: len(w.pending))
+                worker.pending[key] = done
+        if worker is None:
+            done(None, RuntimeError("the phonemisers are closed"))
+            return
+        try:
+            with worker.send_lock:
+                worker.conn.send((key, config_path, text))
+        except (OSError, ValueError) as error:  # a dead worker: the reader replaces it
+            with self._lock:
+                lost = worker.pending.pop(key, None)
+            if lost is not None:
+                lost(None, RuntimeError(f"a phonemiser worker died: {error}"))
 
-        future.add_done_callback(finished)
+    def _read(self) -> None:
+        """Every worker's answers to their callbacks; a worker that dies fails its requests and
+        is replaced. One selector while the workers stay the same (a new one per wait cost
+        more than the answers)."""
+        selector: selectors.BaseSelector | None = None
+        workers: list[_Worker] = []
+        try:
+            while True:
+                with self._lock:
+                    if self._closed:
+                        return
+                    if workers != self._workers:
+                        workers = list(self._workers)
+                        if selector is not None:
+                            selector.close()
+                        selector = self._selector(workers)
+                assert selector is not None
+                for key, _ in selector.select():
+                    worker = key.data
+                    if worker is None:
+                        self._wake_r.recv()
+                    elif key.fileobj is worker.conn:
+                        self._answer(worker)
+                    elif not worker.conn.poll():  # its sentinel, its answers all read
+                        self._replace(worker)
+        finally:
+            if selector is not None:
+                selector.close()
 
-    def _restart(self, broken: ProcessPoolExecutor) -> None:
-        """A worker died (killed, out of memory): later requests get a fresh pool."""
-        with self._lock:
-            if self._pool is not broken:
+    def _selector(self, workers: list[_Worker]) -> selectors.BaseSelector:
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_r, selectors.EVENT_READ, None)
+        for worker in workers:
+            selector.register(worker.conn, selectors.EVENT_READ, worker)
+            selector.register(worker.process.sentinel, selectors.EVENT_READ, worker)
+        return selector
+
+    def _answer(self, worker: _Worker) -> None:
+        """The answers waiting in a worker's pipe to their callbacks."""
+        while True:
+            try:
+                message = worker.conn.recv()
+            except (EOFError, OSError):
+                self._replace(worker)
                 return
-            LOGGER.error("a phonemiser worker died; starting new workers")
-            self._pool = self._start()
-        broken.shutdown(wait=False, cancel_futures=True)
+            if message == READY:
+                worker.ready = True
+            else:
+                key, sentences, error = message
+                with self._lock:
+                    done = worker.pending.pop(key, None)
+                if done is not None:
+                    done(sentences, error)
+            try:
+                if not worker.conn.poll():
+                    return
+            except (EOFError, OSError):
+                self._replace(worker)
+                return
+
+    def _replace(self, dead: _Worker) -> None:
+        """A worker died (killed, out of memory): its requests fail, a new one takes its place
+        (its requests wait in its pipe while it starts)."""
+        with self._lock:
+            if self._closed or dead not in self._workers:
+                return
+            LOGGER.error("a phonemiser worker died; starting a new one")
+            self._workers[self._workers.index(dead)] = _Worker(self._context, self.warm_config)
+            lost, dead.pending = dead.pending, {}
+        dead.process.join(STOP_TIMEOUT_S)
+        dead.conn.close()
+        for done in lost.values():
+            done(None, RuntimeError("a phonemiser worker died while preparing the text"))
 
     def close(self) -> None:
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            if self._closed:
+                return
+            self._closed = True
+            workers, self._workers = self._workers, []
+        if self.workers <= 0:
+            return
+        self._wake_w.send(None)
+        if self._reader is not None:
+            self._reader.join(STOP_TIMEOUT_S)
+        for worker in workers:
+            worker.stop()
+            for done in worker.pending.values():
+                done(None, RuntimeError("the phonemisers were closed"))
+        self._wake_r.close()
+        self._wake_w.close()

@@ -764,7 +764,7 @@ class VoiceHost:
             if self._frontend is None:
                 # Closed meanwhile (a start beside a warmup that came too late): no workers.
                 workers = 0 if self._closed.is_set() else self._frontend_workers or 0
-                self._frontend = FrontendPool(workers, warm_config)
+                self._frontend = FrontendPool(workers, warm_config, thread=NamedThread)
                 LOGGER.info("phonemiser workers: %d", workers)
             return self._frontend
 

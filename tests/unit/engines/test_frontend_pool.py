@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -48,16 +49,33 @@ def test_a_killed_worker_fails_its_requests_and_is_replaced(joe: Voice) -> None:
     config = str(joe.config_path)
     try:
         assert phonemise(pool, "Warm up.", config).error is None
-        assert pool._pool is not None
-        for pid in list(pool._pool._processes):  # the worker, as an OOM killer would
-            os.kill(pid, signal.SIGKILL)
-        lost = phonemise(pool, TEXT, config)
+        # A request of a few seconds' phonemising, in flight when its worker is killed.
+        lost = Result()
+        pool.submit(config, TEXT * 2000, lost)
+        time.sleep(0.5)
+        (pid,) = pool.worker_pids()
+        os.kill(pid, signal.SIGKILL)  # the worker, as an OOM killer would
+        assert lost.done.wait(60), "a request to a dead worker must fail, not hang"
         recovered = phonemise(pool, TEXT, config)
+        assert pool.worker_pids() != [pid]
     finally:
         pool.close()
-    assert lost.error is not None, "a request to a dead worker must fail, not hang"
+    assert lost.error is not None and "died" in str(lost.error)
     assert recovered.error is None, recovered.error
     assert recovered.sentences == text_to_sentences(TEXT, joe.config)
+
+
+def test_a_closed_pool_answers_every_request(joe: Voice) -> None:
+    """Requests in flight when the pool closes, and any after, end with an error."""
+    pool = FrontendPool(workers=1)
+    config = str(joe.config_path)
+    pending = Result()
+    pool.submit(config, TEXT * 2000, pending)
+    pool.close()
+    after = phonemise(pool, TEXT, config)
+    assert pending.done.wait(10) and pending.error is not None
+    assert after.error is not None and "closed" in str(after.error)
+    assert pool.worker_pids() == []
 
 
 def test_a_pods_phonemisers_are_warm_before_its_first_listener(
@@ -82,7 +100,7 @@ def test_a_pods_phonemisers_are_warm_before_its_first_listener(
         frontend = host._frontend
         assert frontend is not None, "the phonemisers did not start with the voice"
         assert frontend.warm_config == joe_plan.voice_config_path
-        assert frontend._pool is not None and len(frontend._pool._processes) == 1
+        assert len(frontend.worker_pids()) == 1
         listener = Listener()
         host.start_stream(handle, SPOKEN, SynthesisParams(), listener)
         assert listener.done.wait(60) and listener.error is None, listener.error
