@@ -29,6 +29,7 @@ import selectors
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -42,6 +43,8 @@ LOGGER = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 120.0
 # Seconds a closing pool gives each worker to exit before it is killed.
 STOP_TIMEOUT_S = 5.0
+# Seconds before a worker that died while starting is started again.
+RESTART_PAUSE_S = 1.0
 # Voice configs a process has read, by path: a pod's voices are phonemised by one pool.
 _CONFIGS: dict[str, VoiceConfig] = {}
 
@@ -98,6 +101,14 @@ def worker_python() -> str:
     if sys.executable and Path(sys.executable).name.startswith("python"):
         return sys.executable
     return shutil.which("python3") or sys.executable
+
+
+def _call(done: Done, sentences: list[Sentence] | None, error: Exception | None) -> None:
+    """A request's callback, on the reader thread: its failure must not end that thread."""
+    try:
+        done(sentences, error)
+    except Exception:
+        LOGGER.exception("a phonemised request's callback failed")
 
 
 class _Worker:
@@ -225,6 +236,8 @@ class FrontendPool:
                     worker = key.data
                     if worker is None:
                         self._wake_r.recv()
+                    elif worker.conn.closed:  # replaced a moment ago
+                        continue
                     elif key.fileobj is worker.conn:
                         self._answer(worker)
                     elif not worker.conn.poll():  # its sentinel, its answers all read
@@ -256,7 +269,7 @@ class FrontendPool:
                 with self._lock:
                     done = worker.pending.pop(key, None)
                 if done is not None:
-                    done(sentences, error)
+                    _call(done, sentences, error)
             try:
                 if not worker.conn.poll():
                     return
@@ -267,6 +280,9 @@ class FrontendPool:
     def _replace(self, dead: _Worker) -> None:
         """A worker died (killed, out of memory): its requests fail, a new one takes its place
         (its requests wait in its pipe while it starts)."""
+        if not dead.ready:  # it died starting: the next one waits, rather than loop at once
+            LOGGER.error("a phonemiser worker died before it was ready")
+            time.sleep(RESTART_PAUSE_S)
         with self._lock:
             if self._closed or dead not in self._workers:
                 return
@@ -276,7 +292,7 @@ class FrontendPool:
         dead.process.join(STOP_TIMEOUT_S)
         dead.conn.close()
         for done in lost.values():
-            done(None, RuntimeError("a phonemiser worker died while preparing the text"))
+            _call(done, None, RuntimeError("a phonemiser worker died while preparing the text"))
 
     def close(self) -> None:
         with self._lock:
@@ -292,6 +308,6 @@ class FrontendPool:
         for worker in workers:
             worker.stop()
             for done in worker.pending.values():
-                done(None, RuntimeError("the phonemisers were closed"))
+                _call(done, None, RuntimeError("the phonemisers were closed"))
         self._wake_r.close()
         self._wake_w.close()

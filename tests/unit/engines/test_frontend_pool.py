@@ -65,6 +65,22 @@ def test_a_killed_worker_fails_its_requests_and_is_replaced(joe: Voice) -> None:
     assert recovered.sentences == text_to_sentences(TEXT, joe.config)
 
 
+def test_a_failing_callback_leaves_the_other_requests_answered(joe: Voice) -> None:
+    """Callbacks run on the pool's reader thread: one that raises must not stop it."""
+    pool = FrontendPool(workers=1)
+    config = str(joe.config_path)
+
+    def broken(sentences: list[Sentence] | None, error: Exception | None) -> None:
+        raise RuntimeError("a listener's callback broke")
+
+    try:
+        pool.submit(config, TEXT, broken)
+        after = phonemise(pool, TEXT, config)
+    finally:
+        pool.close()
+    assert after.error is None and after.sentences == text_to_sentences(TEXT, joe.config)
+
+
 def test_a_closed_pool_answers_every_request(joe: Voice) -> None:
     """Requests in flight when the pool closes, and any after, end with an error."""
     pool = FrontendPool(workers=1)
