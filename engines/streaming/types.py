@@ -168,7 +168,9 @@ class StepTimes:
     steps: int = 0
     cpu: float = 0.0
     wall: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PARTS, 0.0))
-    cpu_parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PARTS[:-1], 0.0))
+    cpu_parts: dict[str, float] = field(
+        default_factory=lambda: {part: 0.0 for part in STEP_PARTS if part != "idle"}
+    )
 
     def busy_seconds(self) -> float:
         """Wall time spent on steps, waits for the device included: all but `idle`."""

@@ -11,10 +11,10 @@ puts it there).
 
 Each worker has a pipe of its own: a request is pickled onto the least busy worker's pipe by
 the thread that submits it, and one reader thread takes every worker's answers and calls each
-request's callback. That is all the model process does per request, a tenth of the
-interpreter time that a `ProcessPoolExecutor` took (its manager and queue-feeder threads:
-about 0.7 ms a request on the 2-core CPU machine, and 13 to 24 % of the time the interpreter's
-lock was held in a packed GPU pod, beside its scheduler thread; docs/gpu-runs.md).
+request's callback. That is all the model process does per request: about 0.34 ms of its CPU
+on the 2-core machine, half what a `ProcessPoolExecutor` took with its manager and
+queue-feeder threads, which held 13 to 24 % of a packed GPU pod's interpreter lock beside its
+scheduler thread (`python -m lab.frontend_costs`, docs/gpu-runs.md).
 
 ``FrontendPool(workers=0)`` phonemises in the calling thread instead, with the same
 interface: the CPU data plane uses that, so its figures stay comparable.
@@ -65,6 +65,10 @@ def _worker_sentences(config_path: str, text: str) -> list[Sentence]:
     return text_to_sentences(text, _config(config_path))
 
 
+READY = "ready"
+Done = Callable[[list[Sentence] | None, Exception | None], None]
+
+
 def _serve(requests: Connection, warm_config: str | None) -> None:
     """A worker process: warm, say so, then answer (key, config, text) with (key, sentences,
     error) until its pipe closes or brings None."""
@@ -90,10 +94,6 @@ def _serve(requests: Connection, warm_config: str | None) -> None:
             requests.send(answer)
         except Exception as error:  # an error that does not pickle goes back as its text
             requests.send((key, None, RuntimeError(f"{type(error).__name__}: {error}")))
-
-
-READY = "ready"
-Done = Callable[[list[Sentence] | None, Exception | None], None]
 
 
 def worker_python() -> str:
