@@ -32,9 +32,39 @@ class ProtocolError(ConnectionError):
     """The other side sent something that is not a frame, or hung up mid-frame."""
 
 
+# Buffers one `sendmsg` takes at most (Linux's IOV_MAX).
+MAX_BUFFERS = 1024
+
+
 def encode_frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
     raw = json.dumps(header, separators=(",", ":")).encode()
     return _LENGTHS.pack(len(raw), len(payload)) + raw + payload
+
+
+def frame_parts(header: dict[str, Any], payload: list[memoryview]) -> list[memoryview]:
+    """A frame as buffers to write one after another (`send_buffers`): its lengths and header,
+    then the payload's buffers as they are (bytes, `memoryview(...).cast("B")`), not copied."""
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    size = sum(part.nbytes for part in payload)
+    return [memoryview(_LENGTHS.pack(len(raw), size) + raw), *payload]
+
+
+def send_buffers(sock: socket.socket, buffers: list[memoryview]) -> None:
+    """Every byte of `buffers`, in order, with as few system calls as the socket takes
+    (`sendmsg`, at most MAX_BUFFERS buffers a call): the kernel copies them, Python does not."""
+    first = 0
+    while first < len(buffers):
+        sent = sock.sendmsg(buffers[first : first + MAX_BUFFERS])
+        while sent:
+            head = buffers[first]
+            if sent >= head.nbytes:
+                sent -= head.nbytes
+                first += 1
+            else:
+                buffers[first] = head[sent:]
+                sent = 0
+        while first < len(buffers) and not buffers[first].nbytes:
+            first += 1
 
 
 def _read_exactly(sock: socket.socket, size: int) -> bytes:

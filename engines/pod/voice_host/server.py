@@ -30,7 +30,13 @@ from engines.pod.voice_host.host import (
     StreamRefused,
     VoiceHost,
 )
-from engines.pod.voice_host.protocol import ProtocolError, encode_frame, read_frame, stats_to_dict
+from engines.pod.voice_host.protocol import (
+    ProtocolError,
+    frame_parts,
+    read_frame,
+    send_buffers,
+    stats_to_dict,
+)
 from engines.streaming import StreamCancelled, StreamSink, SynthesisParams
 from engines.streaming.threads import NamedThread
 
@@ -55,18 +61,19 @@ class _Connection:
         self.streams: dict[int, _RemoteSink] = {}
         self.closed = False
         self._lock = threading.Lock()
-        self._out: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._out: queue.SimpleQueue[list[memoryview] | None] = queue.SimpleQueue()
         self._writer = NamedThread(target=self._write, name="voxfleet-host-write", daemon=True)
         self._writer.start()
 
     # -- writing -------------------------------------------------------------------------------
-    def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
+    def send(self, header: dict[str, Any], pcm: np.ndarray | None = None) -> None:
         if not self.closed:
-            self._out.put(encode_frame(header, payload))
+            self._out.put(frame_parts(header, [] if pcm is None else [_pcm_buffer(pcm)]))
 
     def send_chunks(self, chunks: list[tuple[Any, np.ndarray, bool]]) -> None:
         """Several streams' chunks in one frame (`chunks`): their ids, sample counts and last
-        flags in the header, their PCM one after another in the payload."""
+        flags in the header, their PCM one after another in the payload. The PCM is not
+        copied here: the writer hands the rows' own memory to the kernel."""
         if self.closed or not chunks:
             return
         header = {
@@ -75,16 +82,15 @@ class _Connection:
             "samples": [len(pcm) for _, pcm, _ in chunks],
             "last": [key for key, _, last in chunks if last],
         }
-        payload = b"".join(_pcm_bytes(pcm) for _, pcm, _ in chunks)
-        self._out.put(encode_frame(header, payload))
+        self._out.put(frame_parts(header, [_pcm_buffer(pcm) for _, pcm, _ in chunks]))
 
     def _write(self) -> None:
         while True:
             frame = self._out.get()
             if frame is None:
                 return
-            frames = [frame]
-            while len(frames) < WRITE_BATCH:
+            buffers = list(frame)
+            for _ in range(WRITE_BATCH - 1):
                 try:
                     more = self._out.get_nowait()
                 except queue.Empty:
@@ -92,9 +98,9 @@ class _Connection:
                 if more is None:
                     self._out.put(None)
                     break
-                frames.append(more)
+                buffers.extend(more)
             try:
-                self.sock.sendall(b"".join(frames))
+                send_buffers(self.sock, buffers)
             except OSError:
                 self.closed = True  # the reader sees the close and cleans up
 
@@ -215,10 +221,10 @@ class _RemoteSink(StreamSink):
         self._cancelled = False
 
     def audio(self, pcm: np.ndarray) -> None:
-        self._connection.send({"op": "audio", "id": self._id}, _pcm_bytes(pcm))
+        self._connection.send({"op": "audio", "id": self._id}, pcm)
 
     def last_audio(self, pcm: np.ndarray) -> None:
-        self._connection.send({"op": "last", "id": self._id}, _pcm_bytes(pcm))
+        self._connection.send({"op": "last", "id": self._id}, pcm)
 
     def finish(self, error: Exception | None = None) -> None:
         header: dict[str, Any] = {"op": "end", "id": self._id}
@@ -238,8 +244,10 @@ class _RemoteSink(StreamSink):
         return self._connection, self._id
 
 
-def _pcm_bytes(pcm: np.ndarray) -> bytes:
-    return np.ascontiguousarray(pcm, dtype=np.int16).tobytes()
+def _pcm_buffer(pcm: np.ndarray) -> memoryview:
+    """`pcm` as int16 bytes, its own memory where it is contiguous int16 already (a vocoder
+    call's row), which the frame then holds until it is written."""
+    return np.ascontiguousarray(pcm, dtype=np.int16).data.cast("B")
 
 
 def serve(socket_path: Path, host: VoiceHost, ready: threading.Event | None = None) -> None:

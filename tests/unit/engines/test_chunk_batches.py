@@ -114,3 +114,67 @@ def test_the_stream_models_client_splits_a_message_of_chunks_back_into_streams(
     finally:
         client.close()
         server.close()
+
+
+class Trickle:
+    """A socket whose kernel takes at most `most` bytes a call, as one does when the other
+    end reads slowly and its buffer is full."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.received = bytearray()
+        self.calls = 0
+
+    def sendmsg(self, buffers: list[memoryview]) -> int:
+        assert len(buffers) <= 1024, "more buffers than one sendmsg takes"
+        self.calls += 1
+        taken = 0
+        for buffer in buffers:
+            part = bytes(buffer[: self.most - taken])
+            self.received += part
+            taken += len(part)
+            if taken == self.most:
+                break
+        return taken
+
+
+def test_every_byte_of_a_frame_arrives_in_order_when_the_socket_takes_a_little_at_a_time() -> None:
+    """The writer hands the rows' own memory to the kernel: a partial write goes on from
+    where it stopped, and a frame of more chunks than one call takes is sent in several."""
+    from engines.pod.voice_host.protocol import frame_parts, send_buffers
+
+    rows = np.arange(3000 * 40, dtype=np.int16).reshape(3000, 40)
+    chunks = [memoryview(row.tobytes()) for row in rows] + [memoryview(b"")]
+    frame = frame_parts({"op": "chunks", "ids": list(range(3000))}, chunks)
+    expected = b"".join(bytes(part) for part in frame)
+    for most in (7, 4096, len(expected)):
+        sock = Trickle(most)
+        send_buffers(sock, list(frame))  # type: ignore[arg-type]
+        assert bytes(sock.received) == expected
+        assert sock.calls >= len(expected) // most
+
+
+def test_a_sinks_pcm_goes_out_as_int16_whatever_it_was_given(tmp_path: Path) -> None:
+    """A chunk that is not contiguous int16 (a column cut, a wider integer type) is sent as
+    the same samples in int16, as before."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    received = bytearray()
+
+    def drain() -> None:
+        while chunk := theirs.recv(1 << 16):
+            received.extend(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    connection = _Connection(host=None, sock=ours)  # type: ignore[arg-type]
+    wide = np.arange(200, dtype=np.int32).reshape(10, 20)
+    connection.send_chunks([(1, wide[:, 3], False), (2, wide[4], True)])
+    connection._out.put(None)
+    connection._writer.join()
+    ours.shutdown(socket.SHUT_WR)
+    reader.join(10)
+    ours.close()
+    theirs.close()
+    payload = bytes(received[-60:])
+    assert np.frombuffer(payload[:20], dtype=np.int16).tolist() == wide[:, 3].tolist()
+    assert np.frombuffer(payload[20:], dtype=np.int16).tolist() == wide[4].tolist()
