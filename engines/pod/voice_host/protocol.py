@@ -36,17 +36,20 @@ class ProtocolError(ConnectionError):
 MAX_BUFFERS = 1024
 
 
-def encode_frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
+def _head(header: dict[str, Any], payload_bytes: int) -> bytes:
+    """A frame's lengths and JSON header, the part before its payload."""
     raw = json.dumps(header, separators=(",", ":")).encode()
-    return _LENGTHS.pack(len(raw), len(payload)) + raw + payload
+    return _LENGTHS.pack(len(raw), payload_bytes) + raw
+
+
+def encode_frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
+    return _head(header, len(payload)) + payload
 
 
 def frame_parts(header: dict[str, Any], payload: list[memoryview]) -> list[memoryview]:
     """A frame as buffers to write one after another (`send_buffers`): its lengths and header,
     then the payload's buffers as they are (bytes, `memoryview(...).cast("B")`), not copied."""
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    size = sum(part.nbytes for part in payload)
-    return [memoryview(_LENGTHS.pack(len(raw), size) + raw), *payload]
+    return [memoryview(_head(header, sum(part.nbytes for part in payload))), *payload]
 
 
 def send_buffers(sock: socket.socket, buffers: list[memoryview]) -> None:
