@@ -191,7 +191,10 @@ class HostProbe:
             self.submit(Listener(self))
         time.sleep(1.0)  # past the first burst
         samples, steps, cpu, finished = self.samples, times.steps, times.cpu, self.finished
-        rows = self.scheduler.costs.totals["vocoder"][2]
+        calls, rows = (
+            self.scheduler.costs.totals["vocoder"][0],
+            self.scheduler.costs.totals["vocoder"][2],
+        )
         parts = dict(times.wall)
         started = time.perf_counter()
         time.sleep(seconds)
@@ -214,6 +217,12 @@ class HostProbe:
             "windows_per_step": round(
                 (self.scheduler.costs.totals["vocoder"][2] - rows) / count, 1
             ),
+            "vocoder_calls_per_step": round(
+                (self.scheduler.costs.totals["vocoder"][0] - calls) / count, 1
+            ),
+            # A vocoder call's launch on the host, the moving mean the planner holds a busy
+            # step's launches to a share of its budget with (`VOCODER_LAUNCH_SHARE`).
+            "launch_ms": round(self.scheduler._launch_s * 1e3, 3),
             "sentences_per_s": round((self.finished - finished) / wall, 1),
             "audio_s_per_s": round((self.samples - samples) / SAMPLE_RATE / wall, 1),
             "errors": self.errors,

@@ -51,6 +51,19 @@ ENCODE_HOLD_MIN_STREAMS = 16
 # rose from 194 to 389 ms, with no listener refused). One voice's steps are as before: its
 # first call always opens.
 ENCODE_VOICES_SHARE = 0.25
+# Where the host launches the vocoder's calls (asynchronous calls: a GPU) and they split by
+# voice, a busy step (`ENCODE_HOLD_MIN_STREAMS` live) launches one call a voice, cut for its
+# widest window: a narrower window takes as much more of its sentence as that call's rows hold
+# (`_one_call_a_voice`), so the row the device computes anyway carries audio. And it opens
+# another voice's call for windows that can wait only while launching its calls takes the host
+# at most this share of the step's budget (`plan_step`'s `launch_s`: a launch as the scheduler
+# measures it); that voice's windows wait for a later step, the one running dry first going
+# first. A launch costs the host about the same for 5 windows as for 30 (610 and 823 us of the
+# thread's CPU on an H200, `python -m lab.call_host_costs`), and a packed pod's ten voices took
+# 20 to 22 calls of about 5 windows a step, a call for each voice and window size, where one
+# voice took 4 of about 30: the scheduler thread spent two thirds of its step launching them
+# (docs/gpu-runs.md). A window whose audio runs out within a step is always served.
+VOCODER_LAUNCH_SHARE = 0.15
 
 # BURST: where at least a full encoder call's worth of new streams wait (`max_encoder_batch`,
 # listeners arriving together), a new stream late for its first audio does not shorten the
@@ -242,6 +255,19 @@ def next_window(
     return Window(stream, (state.flowed, flow_end), (start, end))
 
 
+def widened(stream: Stream, cfg: WindowConfig, size: int) -> Window | None:
+    """The stream's next window in a vocoder call cut for windows of `size` frames (a size class
+    wider than its own window's): as much of its sentence as that holds, so the row the call
+    computes anyway carries audio; None where its flow has not reached that far."""
+    state = stream.current
+    assert state is not None
+    start = state.vocoded
+    end = min(state.frames, start + size)
+    if state.flowed < min(state.frames, end + cfg.vocoder_context_frames):
+        return None
+    return Window(stream, (state.flowed, state.flowed), (start, end), size)
+
+
 def call_frames(frames: int, cfg: WindowConfig, rules: WindowRules, flow: bool = False) -> int:
     """Frames a call gives `frames` frames of window (context not counted): the smallest
     size class that holds them, or exactly `frames` with exact widths."""
@@ -256,6 +282,8 @@ def call_key(
 
     The context is `cfg`'s on both sides; with `rules.trim_edges`, none past the sentence's
     edges, so a call at an edge is narrower (and its key differs)."""
+    if window.size and not flow:  # a wider call's (fixed widths: context on both sides)
+        return window.size + 2 * cfg.vocoder_context_frames, cfg.vocoder_context_frames
     span = window.flow if flow else window.decode
     return _span_call(span, window.state.frames, cfg, rules, flow)
 
@@ -339,6 +367,8 @@ def plan_step(
     encoder_beside: bool = False,
     step_interval_s: float = 0.0,
     encoder_queued: bool = False,
+    launch_s: float = 0.0,
+    launch_share: float = VOCODER_LAUNCH_SHARE,
 ) -> StepPlan:
     """Earliest deadline first over all work: sentences to encode and windows to decode.
 
@@ -365,7 +395,12 @@ def plan_step(
     encoder call (`ENCODE_HOLD_CALLS`), unless the step before took `step_interval_s` (the
     time since its plan) at least as long as that. There, where voices' encoder calls split,
     a step opens another voice's call only while its encoder calls' fixed costs stay within
-    `ENCODE_VOICES_SHARE` of its budget; the other voices' new streams wait a step.
+    `ENCODE_VOICES_SHARE` of its budget; the other voices' new streams wait a step. Likewise,
+    with `launch_s` (the host's time to launch a vocoder call; 0: not counted), each voice's
+    windows share one vocoder call cut for the widest of them, and a window that can wait
+    opens another voice's call only while the step's launches take at most `launch_share`
+    (`VOCODER_LAUNCH_SHARE`) of its budget; it waits a step, and windows joining the open
+    calls take its place.
 
     With a lead limit (the stream's own `Stream.lead_limit_s`, its voice's, else
     `cfg.max_lead_ms`), a playing stream with that much audio sent and not yet played
@@ -409,8 +444,16 @@ def plan_step(
     # Voices' encoder calls split on a busy scheduler: their fixed costs are held to a share
     # of the step (`ENCODE_VOICES_SHARE`).
     split_voices = batching and not rules.grouped_voices and len(streams) >= ENCODE_HOLD_MIN_STREAMS
+    launches = 0  # the step's vocoder calls so far
+    count_launches = split_voices and launch_s > 0 and launch_share > 0
+    # Where launches count and calls have fixed widths, a voice's windows in a step share one
+    # vocoder call, cut for the widest of them (`_one_call_a_voice`): each voice's call so far,
+    # its rows and its width.
+    widen = count_launches and not rules.exact_widths
+    voice_calls: dict[object, tuple[int, int]] = {}
     for stream in streams:
         window: Window | None = None
+        opens = False  # its window opens a vocoder call (where launches count)
         if stream.current is None:
             if len(plan.encodes) >= encode_limit:
                 plan.full = True
@@ -444,7 +487,11 @@ def plan_step(
                 continue
             window = usual = next_window(stream, cfg, rules)
             calls = window_calls(window, cfg, rules)
-            cost = _cost(costs, calls, planned)
+            if widen:
+                cost, opens = _voice_call_cost(costs, calls, planned, voice_calls)
+            else:
+                cost = _cost(costs, calls, planned)
+                opens = count_launches and calls[0] not in planned
             if rules.lead_window_frames and stream.buffered_seconds(now) >= LEAD_SECONDS:
                 longer = next_window(stream, cfg, rules, lead=True)
                 longer_calls = window_calls(longer, cfg, rules)
@@ -465,7 +512,13 @@ def plan_step(
         own_slack = slack if playing or not burst else float("inf")
         limit = min(budget, own_slack, waiting_slack)
         # (Work that costs the step nothing, an encoder call beside it, never waits.)
-        if not urgent and plan and cost > 0 and step_cost + cost > limit:
+        if (not urgent and plan and cost > 0 and step_cost + cost > limit) or (
+            opens
+            and not urgent
+            and count_launches
+            and launches
+            and (launches + 1) * launch_s > launch_share * budget
+        ):
             plan.full = True
             if playing:
                 waiting_slack = min(waiting_slack, slack)
@@ -480,6 +533,11 @@ def plan_step(
         else:
             plan.windows.append(window)
             rows.update(calls)
+            launches += opens
+            if widen:
+                _, width, voice = calls[0]
+                rows_so_far, widest = voice_calls.get(voice, (0, 0))
+                voice_calls[voice] = (rows_so_far + 1, max(width, widest))
         step_cost += cost
         planned.update(calls)
         budget = max(MIN_STEP_BUDGET_S, min(budget, own_slack))
@@ -501,9 +559,58 @@ def plan_step(
             planned.update(calls)
         else:
             left_out.append(window)
+    if widen:
+        widths = _one_call_a_voice(plan, cfg, rules)
+        left_out = _recut(left_out, widths, cfg, rules)
+        rows = Counter(call for w in plan.windows for call in window_calls(w, cfg, rules))
     if batching and rules.batch_buckets:
         fill_buckets(plan, left_out, cfg, rules, window_limit, rows)
     return plan
+
+
+def _voice_call_cost(
+    costs: CostModel,
+    calls: list[Call],
+    planned: set[Call],
+    voice_calls: Mapping[object, tuple[int, int]],
+) -> tuple[float, bool]:
+    """What a window of `calls` adds to a step whose voices' windows each share one vocoder
+    call cut for the widest of them (`voice_calls`: each voice's call so far, its rows and its
+    width), and whether it opens its voice's call: a call's fixed cost and its row, or its row
+    at the call's width, with the rows before it where it widens the call."""
+    _, width, voice = calls[0]
+    flow = _cost(costs, calls[1:], planned)
+    rows, widest = voice_calls.get(voice, (0, 0))
+    if not rows:
+        return flow + costs.estimate("vocoder", width, True), True
+    frames = max(width, widest) + rows * max(0, width - widest)
+    return flow + costs.estimate("vocoder", frames, False), False
+
+
+def _one_call_a_voice(plan: StepPlan, cfg: WindowConfig, rules: WindowRules) -> dict[object, int]:
+    """Cut each voice's windows in `plan` for one vocoder call as wide as the widest of them
+    (`widened`: a narrower window takes as much more of its sentence as that call holds); a
+    window whose flow is not that far keeps its own call. Returns each voice's call width."""
+    widths: dict[object, int] = {}
+    for window in plan.windows:
+        _, width, voice = window_calls(window, cfg, rules)[0]
+        widths[voice] = max(widths.get(voice, 0), width)
+    plan.windows = _recut(plan.windows, widths, cfg, rules)
+    return widths
+
+
+def _recut(
+    windows: list[Window], widths: Mapping[object, int], cfg: WindowConfig, rules: WindowRules
+) -> list[Window]:
+    """`windows`, each narrower than its voice's call in `widths` widened to it where it can."""
+    recut = []
+    for window in windows:
+        _, width, voice = window_calls(window, cfg, rules)[0]
+        if width < widths.get(voice, 0):
+            size = widths[voice] - 2 * cfg.vocoder_context_frames
+            window = widened(window.stream, cfg, size) or window
+        recut.append(window)
+    return recut
 
 
 def fill_buckets(

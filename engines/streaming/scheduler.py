@@ -54,6 +54,7 @@ from engines.streaming.frames import (
     stream_backend,
 )
 from engines.streaming.planner import (
+    VOCODER_LAUNCH_SHARE,
     StepPlan,
     WindowRules,
     call_key,
@@ -111,6 +112,11 @@ CAPACITY_INTERVAL_S = 0.25
 # "0" in the environment: a fixed-shape encoder's calls take a burst's new listeners in arrival
 # order, not by length (`planner.MATCH_CALLS`); for comparing the two.
 MATCH_LENGTHS_ENV = "VOXFLEET_MATCH_LENGTHS"
+# A vocoder launch's seconds weigh this much in their moving mean (`_vocode_launch`).
+LAUNCH_WEIGHT = 0.05
+# The share of a busy step's budget its vocoder launches may take where voices' calls split
+# (`planner.VOCODER_LAUNCH_SHARE`, the default); "0": not held, for comparing.
+LAUNCH_SHARE_ENV = "VOXFLEET_LAUNCH_SHARE"
 
 
 class _Discard(StreamSink):
@@ -175,6 +181,20 @@ class _SummedTiming:
         return sum(part.seconds() for part in self.parts)
 
 
+def launch_share_from_environment() -> float:
+    """`LAUNCH_SHARE_ENV`'s share (0: launches not held), else `VOCODER_LAUNCH_SHARE`."""
+    value = os.environ.get(LAUNCH_SHARE_ENV, "").strip()
+    if not value:
+        return VOCODER_LAUNCH_SHARE
+    try:
+        share = float(value)
+    except ValueError:
+        share = -1.0
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"{LAUNCH_SHARE_ENV} must be a share from 0 to 1, got {value!r}")
+    return share
+
+
 def _weights(voice: VoiceSlot | None) -> Any:
     """What the backend's calls take for `voice`'s weights (None: the runtime's own voice)."""
     return voice.weights if voice is not None else None
@@ -226,6 +246,7 @@ class StreamScheduler:
                 match_lengths=os.environ.get(MATCH_LENGTHS_ENV, "1").strip() != "0",
             )
         )
+        self.launch_share = launch_share_from_environment()
         self.batching = cross_stream_batching
         self.stats = SchedulerStats()
         # Audio made so far, every voice's (seconds): the voice host's load measure.
@@ -271,6 +292,9 @@ class StreamScheduler:
         # The voices whose per-voice live and at-risk counts the last count set.
         self._voices_seen: set[VoiceSlot] = set()
         self._planned_at = time.monotonic()  # when the last step was planned
+        # The host's seconds to launch a vocoder call, a moving mean (`_vocode_launch`): the
+        # planner holds a busy step's launches to a share of it (`VOCODER_LAUNCH_SHARE`).
+        self._launch_s = 0.0
         self._cancel_scanned_at = 0.0  # when the streams were last asked about cancels
         self._rest_until: float | None = None  # the last plan's (StepPlan.rest_until)
         # The next step starts no sooner than this (`WindowConfig.paced_step_ms`, `_paced_until`).
@@ -662,6 +686,8 @@ class StreamScheduler:
             encoder_beside=self._beside,
             step_interval_s=interval,
             encoder_queued=self._queued,
+            launch_s=self._launch_s if self._async else 0.0,
+            launch_share=self.launch_share,
         )
 
     def _run(self, windows: list[Window]) -> None:
@@ -1020,9 +1046,12 @@ class StreamScheduler:
             slot.stats.vocoder_batches[count] = slot.stats.vocoder_batches.get(count, 0) + 1
 
     def _vocode_launch(self, windows: list[Window]) -> tuple[Any, list[int], int]:
+        started = time.perf_counter()
         sizes, width, args = self._vocoder_call(windows)
         pending = self._device.vocode_async(*args)
         self._count_vocoder_batch(windows)
+        seconds = time.perf_counter() - started
+        self._launch_s += (seconds - self._launch_s) * (LAUNCH_WEIGHT if self._launch_s else 1.0)
         return pending, sizes, width
 
     def _flow(self, windows: list[Window]) -> None:

@@ -140,11 +140,14 @@ class Stream:
 
 @dataclass
 class Window:
-    """One stream's work in a step: a flow chunk (maybe empty) and a vocoder window."""
+    """One stream's work in a step: a flow chunk (maybe empty) and a vocoder window. `size`:
+    the window size its vocoder call is cut for, where it rides a call of its voice wider than
+    its own frames need (`planner.widened`); 0: their size class."""
 
     stream: Stream
     flow: tuple[int, int]
     decode: tuple[int, int]
+    size: int = 0
 
     @property
     def state(self) -> SentenceState:

@@ -19,6 +19,7 @@ from engines.contract.plan import WindowConfig
 from engines.streaming import StreamScheduler
 from engines.streaming.costs import CostModel
 from engines.streaming.planner import (
+    StepPlan,
     WindowRules,
     encoder_calls,
     group_calls,
@@ -299,3 +300,39 @@ def test_a_busy_step_of_many_voices_spends_it_on_windows_not_on_a_call_a_voice()
     one_streams, one_new = busy([VoiceSlot("one")])
     one = plan_step([*one_streams, *one_new], cfg, h200_costs(), True, NOW)
     assert sorted(s.stream_id for s in one.encodes) == [s.stream_id for s in one_new]
+
+
+def test_a_busy_step_of_many_voices_launches_few_full_vocoder_calls() -> None:
+    """Ten busy voices of 20 playing listeners each, their next windows of three widths, on a
+    host that takes 1.3 ms to launch a vocoder call (about a packed H200 pod's): a step
+    launches a few calls of many windows each, not a call a voice and width of a few windows;
+    a window whose own call is not open rides its voice's wider one and carries as much audio
+    as that call's rows hold. Every listener is served within a few steps, the one whose
+    audio runs out first in the first. Without a launch cost (a CPU backend) the step is as
+    before: a call a voice and width."""
+    cfg = WindowConfig(max_batch_windows=128, max_encoder_batch=32)
+    voices = [VoiceSlot(f"v{i}") for i in range(10)]
+    streams = [playing(i, voices[i % 10], 0.2 + i / 400) for i in range(200)]
+    for index, stream in enumerate(streams):
+        stream.windows_sent = (1, 2, 8)[index // 10 % 3]  # windows of 32, 64 and 128 frames
+
+    def calls(plan: StepPlan) -> set[Any]:
+        return {window_calls(w, cfg, WindowRules())[0] for w in plan.windows}
+
+    before = plan_step(streams, cfg, h200_costs(), True, NOW)
+    assert len(calls(before)) >= 25, len(calls(before))
+    step = plan_step(streams, cfg, h200_costs(), True, NOW, launch_s=1.3e-3)
+    assert len(calls(step)) <= 6, len(calls(step))
+    assert len(step.windows) >= 6 * len(calls(step)), (len(step.windows), len(calls(step)))
+    frames = sum(w.decode[1] - w.decode[0] for w in step.windows) / len(step.windows)
+    assert frames > 1.2 * sum(w.decode[1] - w.decode[0] for w in before.windows) / len(
+        before.windows
+    )
+    left, steps = sorted(streams, key=lambda s: s.deadline(0.05)), 0
+    while left:
+        steps += 1
+        plan = plan_step(left, cfg, h200_costs(), True, NOW, launch_s=1.3e-3)
+        served = {w.stream.stream_id for w in plan.windows}
+        assert left[0].stream_id in served  # the one closest to running dry
+        left = [s for s in left if s.stream_id not in served]
+    assert steps <= 6, steps
