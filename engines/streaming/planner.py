@@ -51,18 +51,26 @@ ENCODE_HOLD_MIN_STREAMS = 16
 # rose from 194 to 389 ms, with no listener refused). One voice's steps are as before: its
 # first call always opens.
 ENCODE_VOICES_SHARE = 0.25
-# Where the host launches the vocoder's calls (asynchronous calls: a GPU) and they split by
-# voice, a busy step (`ENCODE_HOLD_MIN_STREAMS` live) launches one call a voice, cut for its
-# widest window: a narrower window takes as much more of its sentence as that call's rows hold
-# (`_one_call_a_voice`), so the row the device computes anyway carries audio. And it opens
-# another voice's call for windows that can wait only while launching its calls takes the host
-# at most this share of the step's budget (`plan_step`'s `launch_s`: a launch as the scheduler
-# measures it); that voice's windows wait for a later step, the one running dry first going
-# first. A launch costs the host about the same for 5 windows as for 30 (610 and 823 us of the
-# thread's CPU on an H200, `python -m lab.call_host_costs`), and a packed pod's ten voices took
-# 20 to 22 calls of about 5 windows a step, a call for each voice and window size, where one
-# voice took 4 of about 30: the scheduler thread spent two thirds of its step launching them
-# (docs/gpu-runs.md). A window whose audio runs out within a step is always served.
+# Where the host launches the vocoder's calls (asynchronous calls: a GPU), a busy step
+# (`ENCODE_HOLD_MIN_STREAMS` live) whose streams are of several voices, none of them paced (a
+# lead limit), launches one vocoder call a voice, cut for its widest window: a narrower window
+# takes as much more of its sentence as that call's rows hold (`_one_call_a_voice`), so the row
+# the device computes anyway carries audio. And it opens another voice's call for windows that
+# can wait only while launching its calls takes the host at most this share of the step's
+# budget (`plan_step`'s `launch_s`: a launch as the scheduler measures it); that voice's
+# windows wait for a later step, the one running dry first going first, and a window whose
+# audio runs out within a step is always served. A launch costs the host about the same for 5
+# windows as for 30 (610 and 823 us of the thread's CPU on an H200, `python -m
+# lab.call_host_costs`), and a packed pod's ten voices took 20 to 22 calls of about 5 windows a
+# step, a call for each voice and window size, where one voice took 4 of about 30: the
+# scheduler thread spent two thirds of its step launching them (docs/gpu-runs.md). On an H200
+# pool pod (three pods each, 250 unpaced listeners) ten voices made 2,662 audio-s/s with it
+# where they made 2,107 without, and 100 voices by Zipf(1.1) had first audio at p95 in 384 ms,
+# not 700. Not for one voice, whose steps take few full calls already: with it one voice made
+# 9 % more audio but had first audio later (p95 158 against 141 ms), and 3,000 paced listeners
+# of one voice had 448 of 6,479 streams underrun where 14 of 6,229 did without (one run each).
+# Nor where streams are paced: their steps gather windows already (`WindowConfig.paced_step_ms`),
+# and a widened window's audio is made before it is due.
 VOCODER_LAUNCH_SHARE = 0.15
 
 # BURST: where at least a full encoder call's worth of new streams wait (`max_encoder_batch`,
@@ -396,7 +404,8 @@ def plan_step(
     time since its plan) at least as long as that. There, where voices' encoder calls split,
     a step opens another voice's call only while its encoder calls' fixed costs stay within
     `ENCODE_VOICES_SHARE` of its budget; the other voices' new streams wait a step. Likewise,
-    with `launch_s` (the host's time to launch a vocoder call; 0: not counted), each voice's
+    where its streams are of several voices and none is paced, with `launch_s` (the host's time
+    to launch a vocoder call; 0: not counted), each voice's
     windows share one vocoder call cut for the widest of them, and a window that can wait
     opens another voice's call only while the step's launches take at most `launch_share`
     (`VOCODER_LAUNCH_SHARE`) of its budget; it waits a step, and windows joining the open
@@ -445,7 +454,9 @@ def plan_step(
     # of the step (`ENCODE_VOICES_SHARE`).
     split_voices = batching and not rules.grouped_voices and len(streams) >= ENCODE_HOLD_MIN_STREAMS
     launches = 0  # the step's vocoder calls so far
-    count_launches = split_voices and launch_s > 0 and launch_share > 0
+    count_launches = (
+        split_voices and launch_s > 0 and launch_share > 0 and _several_unpaced_voices(streams, cfg)
+    )
     # Where launches count and calls have fixed widths, a voice's windows in a step share one
     # vocoder call, cut for the widest of them (`_one_call_a_voice`): each voice's call so far,
     # its rows and its width.
@@ -566,6 +577,18 @@ def plan_step(
     if batching and rules.batch_buckets:
         fill_buckets(plan, left_out, cfg, rules, window_limit, rows)
     return plan
+
+
+def _several_unpaced_voices(streams: list[Stream], cfg: WindowConfig) -> bool:
+    """Whether `streams` are of several voices' calls and none of them has a lead limit (its
+    own, else `cfg`'s): where a busy step's launches are held (`VOCODER_LAUNCH_SHARE`)."""
+    lead_s = cfg.max_lead_ms / 1000
+    voices: set[Hashable] = set()
+    for stream in streams:
+        if (lead_s if stream.lead_limit_s is None else stream.lead_limit_s) > 0:
+            return False
+        voices.add(call_voice(stream.voice))
+    return len(voices) > 1
 
 
 def _voice_call_cost(

@@ -1,7 +1,8 @@
-"""A busy GPU scheduler launches one vocoder call a voice a step, cut for its widest window
-(`planner.VOCODER_LAUNCH_SHARE`, `_one_call_a_voice`): a narrower window takes as much more of
-its sentence as that call's rows hold. Host frame stores stand in for the GPU's, cut in its
-fixed window sizes; the listeners must hear the audio they hear with a call a width."""
+"""A busy GPU scheduler of several voices launches one vocoder call a voice a step, cut for
+its widest window (`planner.VOCODER_LAUNCH_SHARE`, `_one_call_a_voice`): a narrower window
+takes as much more of its sentence as that call's rows hold. Host frame stores stand in for
+the GPU's, cut in its fixed window sizes; the listeners must hear the audio they hear with a
+call a width."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from host_device import QUIET, TEXT, HostStages, Sink, SlowDevice
 from engines.runtimes.onnx import OnnxStages
 from engines.streaming import StreamScheduler, planner
 from engines.streaming import scheduler as scheduler_module
+from engines.streaming.types import VoiceSlot
 from engines.text.frontend import Sentence, text_to_sentences
 from engines.text.voice import Voice
 
@@ -38,6 +40,16 @@ class SentenceFlowDevice(SlowDevice):
         return True
 
 
+class VoiceOf:
+    """A voice's weights: the runtime's own stages, as an object of their own."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.runtime = runtime
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runtime, name)
+
+
 @pytest.fixture(scope="module")
 def sentences(joe: Voice) -> list[Sentence]:
     return text_to_sentences(TEXT, joe.config, phrase_chars=None)
@@ -49,12 +61,15 @@ def listen(stages: OnnxStages, sentences: list[Sentence], share: float | None) -
     scheduler = StreamScheduler(HostStages(stages, SentenceFlowDevice(stages)), 22050)
     if share is not None:
         scheduler.launch_share = share
+    # Two voices of the same weights (each slot a voice of its own: its calls split).
+    voices = [VoiceSlot(name, weights=VoiceOf(stages)) for name in ("a", "b")]
     scheduler.start()
     try:
         sinks = [Sink() for _ in range(LISTENERS)]
         for index, sink in enumerate(sinks):
             # Listeners a little apart, so that their windows are of different sizes at once.
-            scheduler.submit(list(sentences[index % 2 :]), QUIET, sink)
+            voice = voices[index // 2 % 2]
+            scheduler.submit(list(sentences[index % 2 :]), QUIET, sink, voice=voice)
             time.sleep(0.05)
         for sink in sinks:
             assert sink.done.wait(120) and sink.error is None and sink.chunks

@@ -308,8 +308,9 @@ def test_a_busy_step_of_many_voices_launches_few_full_vocoder_calls() -> None:
     launches a few calls of many windows each, not a call a voice and width of a few windows;
     a window whose own call is not open rides its voice's wider one and carries as much audio
     as that call's rows hold. Every listener is served within a few steps, the one whose
-    audio runs out first in the first. Without a launch cost (a CPU backend) the step is as
-    before: a call a voice and width."""
+    audio runs out first in the first. Without a launch cost (a CPU backend), with paced
+    listeners (a lead limit) and for one voice the step is as before: a call a voice and
+    width."""
     cfg = WindowConfig(max_batch_windows=128, max_encoder_batch=32)
     voices = [VoiceSlot(f"v{i}") for i in range(10)]
     streams = [playing(i, voices[i % 10], 0.2 + i / 400) for i in range(200)]
@@ -336,3 +337,13 @@ def test_a_busy_step_of_many_voices_launches_few_full_vocoder_calls() -> None:
         assert left[0].stream_id in served  # the one closest to running dry
         left = [s for s in left if s.stream_id not in served]
     assert steps <= 6, steps
+    paced = replace(cfg, max_lead_ms=300)
+    assert calls(plan_step(streams, paced, h200_costs(), True, NOW, launch_s=1.3e-3)) == calls(
+        plan_step(streams, paced, h200_costs(), True, NOW)
+    )
+    one = [playing(s.stream_id, voices[0], s.buffered_seconds(NOW)) for s in streams]
+    for mine, theirs in zip(one, streams, strict=True):
+        mine.windows_sent = theirs.windows_sent
+    assert calls(plan_step(one, cfg, h200_costs(), True, NOW, launch_s=1.3e-3)) == calls(
+        plan_step(one, cfg, h200_costs(), True, NOW)
+    )
