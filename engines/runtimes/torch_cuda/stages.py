@@ -1010,11 +1010,7 @@ class TorchCudaStages:
             stream = torch.cuda.current_stream(self.device)
         if stream is None:
             raise TorchCudaError("the scheduler launches encoder calls only for a CUDA graph")
-        start = torch.cuda.Event(enable_timing=True)
-        # The scheduler thread waits for a queued call behind a step's windows (`finish`): it
-        # sleeps until the call is done rather than spinning in CUDA's driver, which took half
-        # a core of a packed pod's CPU while its GPU was busy (docs/gpu-runs.md).
-        end = torch.cuda.Event(enable_timing=True, blocking=True)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(stream):
             start.record(stream)
             (m_p, logs_p, x_mask, logw), length_scale, noise_scale = self._encode_core(
