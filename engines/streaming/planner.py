@@ -404,12 +404,11 @@ def plan_step(
     time since its plan) at least as long as that. There, where voices' encoder calls split,
     a step opens another voice's call only while its encoder calls' fixed costs stay within
     `ENCODE_VOICES_SHARE` of its budget; the other voices' new streams wait a step. Likewise,
-    where its streams are of several voices and none is paced, with `launch_s` (the host's time
-    to launch a vocoder call; 0: not counted), each voice's
-    windows share one vocoder call cut for the widest of them, and a window that can wait
-    opens another voice's call only while the step's launches take at most `launch_share`
-    (`VOCODER_LAUNCH_SHARE`) of its budget; it waits a step, and windows joining the open
-    calls take its place.
+    where its streams are of several voices and none is paced, with `launch_s` (the host's
+    time to launch a vocoder call; 0: not counted), each voice's windows share one vocoder
+    call cut for the widest of them, and a window that can wait opens another voice's call
+    only while the step's launches take at most `launch_share` (`VOCODER_LAUNCH_SHARE`) of
+    its budget; it waits a step, and windows joining the open calls take its place.
 
     With a lead limit (the stream's own `Stream.lead_limit_s`, its voice's, else
     `cfg.max_lead_ms`), a playing stream with that much audio sent and not yet played
