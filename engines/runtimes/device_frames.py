@@ -21,6 +21,7 @@ import torch
 
 from engines.streaming.frames import (
     LATENT_CHANNELS,
+    PAGE_FRAMES,
     SENTENCE_FLOW_FRAMES,
     BackendFeatures,
     FramePool,
@@ -141,22 +142,52 @@ class DeviceBackend:
         )
         self.blocking_waits = BLOCKING_WAITS
         self.pool = FramePool(initial_pages)
-        frames = self.pool.capacity_frames
+        # The stores hold one page past the pool's (`_spare_page`): a whole-sentence flow call
+        # writes its padding there, where nothing reads.
+        frames = self.pool.capacity_frames + PAGE_FRAMES
         self._prior = torch.zeros(
             (frames, LATENT_CHANNELS), dtype=runtime.flow_dtype, device=self.device
         )
         self._latent = torch.zeros(
             (frames, LATENT_CHANNELS), dtype=runtime.vocoder_dtype, device=self.device
         )
+        self._positions: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def _fit(self) -> None:
-        grown = self.pool.capacity_frames - self._prior.shape[0]
+        """Grow the stores with the pool, the spare page staying last."""
+        kept = self._prior.shape[0] - PAGE_FRAMES
+        grown = self.pool.capacity_frames - kept
         if grown > 0:
-            self._prior = torch.cat([self._prior, self._prior.new_zeros(grown, LATENT_CHANNELS)])
-            self._latent = torch.cat([self._latent, self._latent.new_zeros(grown, LATENT_CHANNELS)])
+            self._prior = self._grown(self._prior, kept, grown)
+            self._latent = self._grown(self._latent, kept, grown)
+
+    @staticmethod
+    def _grown(store: torch.Tensor, kept: int, grown: int) -> torch.Tensor:
+        return torch.cat([store[:kept], store.new_zeros(grown + PAGE_FRAMES, LATENT_CHANNELS)])
+
+    @property
+    def _spare_page(self) -> int:
+        return self._prior.shape[0] // PAGE_FRAMES - 1
 
     def _upload(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)
+        """`array` on the device, queued without the host waiting: through pinned memory on a
+        GPU (a copy from pageable memory may wait for the device's queue to drain into the
+        driver's staging buffer); the caching host allocator reuses the pinned block once the
+        copy is done."""
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        if self.device.type == "cuda":
+            tensor = tensor.pin_memory()
+        return tensor.to(self.device, non_blocking=True)
+
+    def _sentence_positions(self, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(positions [0, size), each one's page of its sentence, its row in that page), on
+        the device, made once a size."""
+        cached = self._positions.get(size)
+        if cached is None:
+            positions = torch.arange(size, device=self.device)
+            cached = (positions, positions // PAGE_FRAMES, positions % PAGE_FRAMES)
+            self._positions[size] = cached
+        return cached
 
     def _scatter(self, store: torch.Tensor, values: torch.Tensor, index, keep) -> None:
         """store[index[keep]] = values[b, :, t] for every (b, t) kept; values [B, 192, W]."""
@@ -196,7 +227,8 @@ class DeviceBackend:
         voice: Any = None,
     ) -> bool:
         """The flow over whole sentences of an encoder batch, latents stored; False (nothing
-        done) when the longest is beyond SENTENCE_FLOW_FRAMES.
+        done) when the longest is beyond SENTENCE_FLOW_FRAMES. The prior is not stored: the
+        windows need only the latents (`store_prior` is for the windowed flow).
 
         On a GPU a flow call of one sentence costs about the same for 2,048 frames as for 80
         (it is bound by its launches), so a few calls per encoder batch replace a few calls
@@ -206,21 +238,37 @@ class DeviceBackend:
         The sentences are flowed in one call per size they need (`sentence_flow_groups`).
         Frames past a sentence's end are masked, so a sentence's latents do not depend on
         its call's width.
+
+        The host's part is one upload of the frame counts and page tables; the masks and
+        the store's rows are worked out on the device. A call's padding frames go to the
+        rest of their sentence's last page (never read: reads past a sentence's end take the
+        zero page) or to the spare page past the pool's.
         """
         groups = sentence_flow_groups(frames)
         if groups is None:
             return False
+        self._fit()
+        order = np.concatenate([rows for _, rows in groups])
+        pages = max(size for size, _ in groups) // PAGE_FRAMES
+        table = np.full((len(frames), 2 + pages), self._spare_page, dtype=np.int64)
+        table[:, 0] = frames
+        table[:, 1] = order
+        for row, sentence_pages in enumerate(tables):
+            table[row, 2 : 2 + len(sentence_pages)] = sentence_pages
+        laid = self._upload(table)
         speakers = np.asarray(speakers) if speakers is not None else None
+        taken = 0
         for size, rows in groups:
             if len(rows) == len(frames):
-                part, part_frames, part_tables = prior, frames, tables
+                part, part_laid = prior, laid
             else:
-                part = prior[self._upload(rows)]
-                part_frames, part_tables = frames[rows], [tables[row] for row in rows]
+                where = laid[taken : taken + len(rows), 1]
+                part, part_laid = prior.index_select(0, where), laid.index_select(0, where)
+            taken += len(rows)
+            positions, page_of, in_page = self._sentence_positions(size)
             width = min(size, part.shape[-1])
             padded = torch.nn.functional.pad(part[..., :width], (0, size - width))
-            valid = np.arange(size)[None, :] < part_frames[:, None]
-            mask = self._upload(valid[:, None, :].astype(np.float32))
+            mask = (positions[None, :] < part_laid[:, :1]).to(torch.float32)[:, None, :]
             part_voice = [voice[row] for row in rows] if isinstance(voice, list) else voice
             latent = self.runtime.flow_tensor(
                 padded,
@@ -228,10 +276,10 @@ class DeviceBackend:
                 speakers[rows] if speakers is not None else None,
                 **_voice(part_voice),
             )
-            index, valid = FramePool.window_index(
-                part_tables, np.zeros(len(rows), np.int64), part_frames, size
+            index = part_laid[:, 2:][:, page_of] * PAGE_FRAMES + in_page
+            self._latent[index.reshape(-1)] = (
+                latent.permute(0, 2, 1).reshape(-1, LATENT_CHANNELS).to(self._latent.dtype)
             )
-            self._scatter(self._latent, latent, index, valid)
         return True
 
     def store_prior(self, prior, tables: Sequence[np.ndarray], frames: np.ndarray) -> None:

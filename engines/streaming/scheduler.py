@@ -881,18 +881,21 @@ class StreamScheduler:
         speakers: np.ndarray,
         ids: list[int],
     ) -> None:
-        """Store encoded sentences' prior frames (and, on GPU backends, their latents) and make
-        them the streams' current sentences; a stream closed meanwhile gets none."""
+        """Store encoded sentences' latents (GPU backends, flowed whole) or else their prior
+        frames, and make them the streams' current sentences; a stream closed meanwhile gets
+        none."""
         for count, sentence_ids in zip(frames, ids, strict=True):
             self.pace.observe(sentence_ids, int(count))
         tables = [self.backend.pool.allocate(int(count)) for count in frames]
-        self.backend.store_prior(prior, tables, frames)
-        # GPU backends may run the flow over the whole sentences here (engines/runtimes/torch_cuda/
-        # backend.py); the windows then need the vocoder only.
+        # GPU backends may run the flow over the whole sentences here
+        # (engines/runtimes/device_frames.py); the windows then need the vocoder only, and
+        # the prior is not kept.
         voice = self._stream_voices(streams)
         flowed = self.backend.features.sentence_flow and self._device.flow_sentences(
             prior, tables, frames, speakers, voice
         )
+        if not flowed:
+            self.backend.store_prior(prior, tables, frames)
         now = time.monotonic()
         for row, stream in enumerate(streams):
             if stream.stream_id not in self._streams:  # cancelled while it was encoded

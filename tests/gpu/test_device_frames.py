@@ -91,3 +91,48 @@ def test_a_vocoder_call_reads_its_windows_and_pads_with_zeros(device: str) -> No
     expected_second = np.r_[2.0 * np.arange(61, 71), np.zeros(6)] / 1000.0
     for row, expected in enumerate([expected_first, expected_second]):
         assert np.abs(pcm[row] - expected * 32767.0).max() <= 1.0  # int16's rounding
+
+
+class Unmasked(Doubling):
+    """`Doubling` whose flow leaves its padding frames non-zero, as a VITS flow does (the prior
+    past a sentence's end is noise)."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__(device)
+        self.masks: list[Any] = []
+
+    def flow_tensor(self, prior: Any, mask: Any, speaker_ids: Any = None) -> Any:
+        self.masks.append(mask.cpu())
+        return prior * 2.0 + 7.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_whole_sentence_calls_write_each_sentences_frames_and_their_padding_nowhere_read(
+    device: str,
+) -> None:
+    rng = np.random.default_rng(7)
+    backend = DeviceBackend(Unmasked(device), initial_pages=4, async_calls=False)
+    first = backend.pool.allocate(40)  # a sentence already playing, beside the new ones
+    backend.flow_sentences(torch.ones(1, LATENT_CHANNELS, 40, device=device), [first], [40], None)
+    # Sizes of two whole-sentence calls (256 and 512 frames), and more pages than the pool
+    # had: the stores grow while the spare page stays last.
+    frames = np.array([300, 17, 250, 33, 420, 1])
+    tables = [backend.pool.allocate(int(n)) for n in frames]
+    prior = torch.from_numpy(
+        rng.standard_normal((len(frames), LATENT_CHANNELS, 512), dtype=np.float32)
+    )
+    assert backend.flow_sentences(prior.to(device), tables, frames, None)
+    masks = backend.runtime.masks[1:]
+    assert [m.shape[-1] for m in masks] == [256, 512]
+    assert [m.sum().item() for m in masks] == [17 + 250 + 33 + 1, 300 + 420]
+    for row, (table, count) in enumerate(zip(tables, frames, strict=True)):
+        index, _ = FramePool.window_index([table], np.zeros(1, np.int64), np.array([count]), count)
+        stored = backend._latent[torch.from_numpy(index[0]).to(device)].cpu()
+        assert torch.equal(stored, 2.0 * prior[row, :, :count].T + 7.0), f"sentence {row}"
+    index, _ = FramePool.window_index([first], np.zeros(1, np.int64), np.array([40]), 40)
+    assert torch.equal(
+        backend._latent[torch.from_numpy(index[0]).to(device)].cpu(),
+        torch.full((40, LATENT_CHANNELS), 9.0),
+    )
+    assert not bool(backend._latent[:PAGE_FRAMES].any()), "the zero page was written"
+    assert not bool(backend._prior.any()), "whole sentences need no prior in the store"

@@ -33,6 +33,7 @@ class SentenceFlowDevice(SlowDevice):
         self.features = replace(self.features, sentence_flow=True)
 
     def flow_sentences(self, prior, tables, frames, speakers, voice=None) -> bool:
+        self.store_prior(prior, tables, frames)  # the scheduler stores it only where not flowed
         for row, table in enumerate(tables):
             count = np.array([frames[row]], np.int64)
             zero = np.zeros(1, np.int64)
