@@ -276,7 +276,8 @@ LATE_SHARE = 0.005
 # What it holds then: this share of the streams live at the late chunk; cut again at most
 # every CUT_INTERVAL_S (a cut acts on new listeners, the admitted ones stay), and raised by
 # RAISE_SHARE (at least a stream) every RAISE_INTERVAL_S without late streams, until it meets
-# the prediction again.
+# the prediction again. A prediction above the one at the cut (the streams' mix got cheaper:
+# one voice's after ten voices') raises it in proportion.
 CUT_SHARE = 0.9
 CUT_INTERVAL_S = 1.0
 RAISE_INTERVAL_S = 2.0
@@ -288,8 +289,9 @@ CEILING_ENV = "VOXFLEET_LATE_CEILING"
 class Ceiling:
     """The most streams a scheduler holds by what its streams measured: none (the prediction
     stands) until late chunks reach more than LATE_SHARE of the live streams within
-    LATE_WINDOW_S; then CUT_SHARE of the live streams, raised again while they keep up. Late
-    chunks while a voice loads (`loading`) do not count.
+    LATE_WINDOW_S; then CUT_SHARE of the live streams, raised again while they keep up, and in
+    proportion to the prediction where it rises above the one at the cut. Late chunks while a
+    voice loads (`loading`) do not count.
     Called from the scheduler's thread (`late`) and from the threads that admit streams
     (`held`)."""
 
@@ -297,6 +299,8 @@ class Ceiling:
         self.enabled = enabled
         self.value: float | None = None
         self.live_at_cut = 0  # the live streams when it was last cut
+        self._predicted = 0  # the last prediction `held` was given
+        self._predicted_at_cut = 0  # the one before the cut (0: the next one given)
         self._late: deque[tuple[float, int]] = deque()  # (when, stream id)
         self._cut_at = -math.inf
         self._raised_at = -math.inf
@@ -338,6 +342,7 @@ class Ceiling:
             cut = max(1, math.floor(CUT_SHARE * live))
             self.value = cut if self.value is None else min(self.value, cut)
             self.live_at_cut = live
+            self._predicted_at_cut = self._predicted
             self._cut_at = self._raised_at = now
             self._late.clear()
             return True
@@ -351,18 +356,25 @@ class Ceiling:
         """What the scheduler holds: `predicted`, or less where its streams ran late. A
         prediction that falls below the ceiling for a while does not end it: only raising it
         past the prediction does (else a dip in the prediction would forget what the streams
-        measured)."""
+        measured). A prediction above the one at the cut scales the ceiling by their ratio:
+        the streams' mix got cheaper (a cut at ten voices' streams would otherwise hold a
+        packed pod there for one voice's listeners, which cost it far less each). A
+        prediction that falls is not followed down: the ceiling is what the streams measured."""
         with self._lock:
+            self._predicted = predicted
             if self.value is None:
                 return predicted
+            if not self._predicted_at_cut:
+                self._predicted_at_cut = predicted
+            scale = max(1.0, predicted / self._predicted_at_cut)
             raises = math.floor((now - self._raised_at) / RAISE_INTERVAL_S)
             for _ in range(max(0, raises)):
                 self.value += max(1.0, self.value * RAISE_SHARE)
-                if self.value >= predicted:
+                if self.value * scale >= predicted:
                     self.value = None
                     break
             if raises > 0:
                 self._raised_at += raises * RAISE_INTERVAL_S
             if self.value is None:
                 return predicted
-            return min(predicted, math.floor(self.value))
+            return min(predicted, math.floor(self.value * scale))

@@ -288,6 +288,24 @@ def test_a_ceiling_falls_where_streams_run_late_and_rises_back_while_they_keep_u
     assert off.held(0.0, 20) == 20
 
 
+def test_a_ceiling_cut_under_a_costly_mix_rises_with_a_cheaper_mixs_prediction() -> None:
+    """Ten voices' streams ran late at 200 live where the pod predicted 400; then the mix turns
+    to one voice, which it predicts 2,000 of: it holds five times the cut, not the cut (which
+    would refuse most of one voice's listeners), and the cut again once the mix turns back."""
+    ceiling = Ceiling()
+    assert ceiling.held(0.0, 400) == 400
+    assert any(ceiling.late(0.1, stream, 200) for stream in range(5))
+    cut = math.floor(CUT_SHARE * 200)
+    assert ceiling.held(0.2, 400) == cut
+    assert ceiling.held(0.3, 2000) == 5 * cut  # one voice's mix
+    assert ceiling.held(0.4, 400) == cut  # ten voices' again
+    assert ceiling.held(0.5, 100) == 100  # a lower prediction still wins while it lasts
+    assert ceiling.held(0.6, 400) == cut
+    # Raised while the streams keep up, it ends at the prediction of the mix it was cut in.
+    assert ceiling.held(0.1 + 200 * RAISE_INTERVAL_S, 2000) == 2000
+    assert ceiling.value is None
+
+
 def test_late_chunks_while_a_voice_loads_do_not_cut_what_a_scheduler_holds() -> None:
     """A voice load stalls the streams for a moment: their late chunks then, and within
     LATE_WINDOW_S after, say nothing of what the pod holds; later ones cut as before."""
