@@ -293,8 +293,8 @@ class Ceiling:
     """The most streams a scheduler holds by what its streams measured: none (the prediction
     stands) until late chunks reach more than LATE_SHARE of the live streams within
     LATE_WINDOW_S; then CUT_SHARE of the live streams, raised again while they keep up, and in
-    proportion to the prediction where it rises above the one at the cut. Late chunks while a
-    voice loads (`loading`) do not count.
+    proportion to the prediction where it rises above the highest of the REFERENCE_S before
+    the cut. Late chunks while a voice loads (`loading`) do not count.
     Called from the scheduler's thread (`late`) and from the threads that admit streams
     (`held`)."""
 
@@ -360,8 +360,8 @@ class Ceiling:
         prediction that falls below the ceiling for a while does not end it: only raising it
         past the prediction does (else a dip in the prediction would forget what the streams
         measured). A prediction above the highest within REFERENCE_S before the cut scales
-        the ceiling by their ratio: the streams' mix got cheaper (on an H200 a cut at 100
-        voices' 200 streams held a packed pod there for one voice's listeners, which it
+        the ceiling by their ratio: the streams' mix got cheaper (on an H200 a cut at some 200
+        streams of 100 voices held a packed pod there for one voice's listeners, which it
         predicts some 2,000 of, and refused 1,467 requests of its 250 unpaced listeners;
         docs/gpu-runs.md). A prediction that falls is not followed down: the ceiling is what
         the streams measured."""
