@@ -279,8 +279,11 @@ LATE_SHARE = 0.005
 # the prediction again. A prediction above the highest of those given within REFERENCE_S
 # before the cut (the streams' mix got cheaper: one voice's after ten voices') raises it in
 # proportion; the highest, not the last, so that a cut at a dip of a noisy prediction is not
-# lifted when the prediction comes back.
+# lifted when the prediction comes back; and only of those made with at least
+# REFERENCE_LIVE_SHARE of the streams live at the cut, so that an idle pod's prediction (no
+# mix at all) or a few first streams' does not stand for the mix that ran late.
 REFERENCE_S = 10.0
+REFERENCE_LIVE_SHARE = 0.5
 CUT_SHARE = 0.9
 CUT_INTERVAL_S = 1.0
 RAISE_INTERVAL_S = 2.0
@@ -302,7 +305,8 @@ class Ceiling:
         self.enabled = enabled
         self.value: float | None = None
         self.live_at_cut = 0  # the live streams when it was last cut
-        self._predictions: deque[tuple[float, int]] = deque()  # (when, what `held` was given)
+        # (when, what `held` was given, the streams live then or None where not told)
+        self._predictions: deque[tuple[float, int, int | None]] = deque()
         self._reference = 0  # the highest prediction within REFERENCE_S before the cut
         self._late: deque[tuple[float, int]] = deque()  # (when, stream id)
         self._cut_at = -math.inf
@@ -345,7 +349,14 @@ class Ceiling:
             cut = max(1, math.floor(CUT_SHARE * live))
             self.value = cut if self.value is None else min(self.value, cut)
             self.live_at_cut = live
-            self._reference = max((p for _, p in self._predictions), default=0)
+            self._reference = max(
+                (
+                    predicted
+                    for _, predicted, at in self._predictions
+                    if at is None or at >= REFERENCE_LIVE_SHARE * live
+                ),
+                default=0,
+            )
             self._cut_at = self._raised_at = now
             self._late.clear()
             return True
@@ -355,18 +366,19 @@ class Ceiling:
         """On, unless CEILING_ENV is "0"."""
         return cls(enabled=os.environ.get(CEILING_ENV, "1").strip() != "0")
 
-    def held(self, now: float, predicted: int) -> int:
+    def held(self, now: float, predicted: int, live: int | None = None) -> int:
         """What the scheduler holds: `predicted`, or less where its streams ran late. A
         prediction that falls below the ceiling for a while does not end it: only raising it
         past the prediction does (else a dip in the prediction would forget what the streams
-        measured). A prediction above the highest within REFERENCE_S before the cut scales
-        the ceiling by their ratio: the streams' mix got cheaper (on an H200 a cut at some 200
-        streams of 100 voices held a packed pod there for one voice's listeners, which it
-        predicts some 2,000 of, and refused 1,467 requests of its 250 unpaced listeners;
-        docs/gpu-runs.md). A prediction that falls is not followed down: the ceiling is what
-        the streams measured."""
+        measured). A prediction above the highest within REFERENCE_S before the cut (of
+        those made with REFERENCE_LIVE_SHARE of the cut's streams live, where `live` says
+        what was live) scales the ceiling by their ratio: the streams' mix got cheaper (on an
+        H200 a cut at some 200 streams of 100 voices held a packed pod there for one voice's
+        listeners, which it predicts some 2,000 of, and refused 1,467 requests of its 250
+        unpaced listeners; docs/gpu-runs.md). A prediction that falls is not followed down:
+        the ceiling is what the streams measured."""
         with self._lock:
-            self._predictions.append((now, predicted))
+            self._predictions.append((now, predicted, live))
             while now - self._predictions[0][0] > REFERENCE_S:
                 self._predictions.popleft()
             if self.value is None:

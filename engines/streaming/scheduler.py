@@ -633,7 +633,7 @@ class StreamScheduler:
         layout = self.layout()
         demand = stream_demand(layout, self.pace, self.sample_rate / self.hop)
         self._predicted = predicted_capacity(demand, self.costs, self.host_costs, layout)
-        streams = self.ceiling.held(now, self._predicted)
+        streams = self.ceiling.held(now, self._predicted, self.live_streams())
         self._capacity = (now, streams)
         return streams
 

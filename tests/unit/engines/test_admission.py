@@ -292,11 +292,14 @@ def test_a_ceiling_cut_under_a_costly_mix_rises_with_a_cheaper_mixs_prediction()
     """Many voices' streams ran late at 200 live where the pod predicted 300 to 400; then the
     mix turns to one voice, which it predicts 2,000 of: it holds five times the cut, not the
     cut (which would refuse most of one voice's listeners), and the cut again once the mix
-    turns back. A prediction that only comes back from a dip does not lift it."""
+    turns back. A prediction that only comes back from a dip does not lift it, nor does one
+    of an idle pod (no mix: one voice's figure) or of a few first streams."""
     ceiling = Ceiling()
-    for second in range(10):  # a noisy prediction: 400 at its highest, 300 at the cut
-        assert ceiling.held(second, 400 if second % 3 else 350) in (350, 400)
-    assert ceiling.held(10.0, 300) == 300
+    assert ceiling.held(0.5, 2000, live=0) == 2000  # idle
+    assert ceiling.held(1.0, 1500, live=20) == 1500  # the first streams of the mix
+    for second in range(2, 10):  # a noisy prediction: 400 at its highest, 300 at the cut
+        assert ceiling.held(second, 400 if second % 3 else 350, live=200) in (350, 400)
+    assert ceiling.held(10.0, 300, live=200) == 300
     assert any(ceiling.late(10.1, stream, 200) for stream in range(5))
     cut = math.floor(CUT_SHARE * 200)
     assert ceiling.held(10.2, 300) == cut
