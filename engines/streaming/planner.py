@@ -51,6 +51,18 @@ ENCODE_HOLD_MIN_STREAMS = 16
 # rose from 194 to 389 ms, with no listener refused). One voice's steps are as before: its
 # first call always opens.
 ENCODE_VOICES_SHARE = 0.25
+# The same share where the step's streams are of several voices and none is paced (no lead
+# limit, `_several_unpaced_voices`): such listeners want their audio as fast as it comes, and
+# a packed pod that serves them is bound by its device, which spends an encoder call's fixed
+# cost (3 to 4 ms on an H200) for every voice's call however few sentences it carries. With a
+# tenth of the step's budget a busy step opens about one voice's encoder call and the voices
+# take turns, each call fuller. On an H200 pool pod (12 voices, 16 GiB MPS limit, 250
+# unpaced listeners over ten voices, three fresh pods each, side by side) ten voices made
+# 3,277 (3,260) audio-s/s with it against 2,778 (2,749) with a quarter, 0.856 of one voice's
+# 3,830; first audio p95 rose from 241 to 353 ms; none refused, no stream late
+# (docs/gpu-runs.md). Paced listeners, whose next sentence is due within their lead, keep
+# the quarter.
+ENCODE_UNPACED_SHARE = 0.1
 # Where the host launches the vocoder's calls (asynchronous calls: a GPU), a busy step
 # (`ENCODE_HOLD_MIN_STREAMS` live) whose streams are of several voices, none of them paced (a
 # lead limit), launches one vocoder call a voice, cut for its widest window: a narrower window
@@ -377,6 +389,7 @@ def plan_step(
     encoder_queued: bool = False,
     launch_s: float = 0.0,
     launch_share: float = VOCODER_LAUNCH_SHARE,
+    unpaced_encode_share: float = ENCODE_UNPACED_SHARE,
 ) -> StepPlan:
     """Earliest deadline first over all work: sentences to encode and windows to decode.
 
@@ -403,7 +416,9 @@ def plan_step(
     encoder call (`ENCODE_HOLD_CALLS`), unless the step before took `step_interval_s` (the
     time since its plan) at least as long as that. There, where voices' encoder calls split,
     a step opens another voice's call only while its encoder calls' fixed costs stay within
-    `ENCODE_VOICES_SHARE` of its budget; the other voices' new streams wait a step. Likewise,
+    `ENCODE_VOICES_SHARE` of its budget, or `unpaced_encode_share` (`ENCODE_UNPACED_SHARE`)
+    where its streams are of several voices and none is paced; the other voices' new streams
+    wait a step. Likewise,
     where its streams are of several voices and none is paced, with `launch_s` (the host's
     time to launch a vocoder call; 0: not counted), each voice's windows share one vocoder
     call cut for the widest of them, and a window that can wait opens another voice's call
@@ -450,12 +465,17 @@ def plan_step(
     # Each encoder call planned so far: its rows and its width (the longest sentence's ids).
     encoding: dict[Call, tuple[int, int]] = {}
     # Voices' encoder calls split on a busy scheduler: their fixed costs are held to a share
-    # of the step (`ENCODE_VOICES_SHARE`).
+    # of the step (`ENCODE_VOICES_SHARE`; `ENCODE_UNPACED_SHARE` where no stream is paced).
     split_voices = batching and not rules.grouped_voices and len(streams) >= ENCODE_HOLD_MIN_STREAMS
-    launches = 0  # the step's vocoder calls so far
-    count_launches = (
-        split_voices and launch_s > 0 and launch_share > 0 and _several_unpaced_voices(streams, cfg)
+    # (Where neither share can bind, as on a CPU backend, the streams are not looked over.)
+    unpaced = (
+        split_voices
+        and (launch_s > 0 or costs.per_call["encoder"] > 0)
+        and _several_unpaced_voices(streams, cfg)
     )
+    encode_share = unpaced_encode_share if unpaced else ENCODE_VOICES_SHARE
+    launches = 0  # the step's vocoder calls so far
+    count_launches = unpaced and launch_s > 0 and launch_share > 0
     # Where launches count and calls have fixed widths, a voice's windows in a step share one
     # vocoder call, cut for the widest of them (`_one_call_a_voice`): each voice's call so far,
     # its rows and its width.
@@ -481,7 +501,7 @@ def plan_step(
                 split_voices
                 and encoding
                 and calls[0] not in encoding
-                and (len(encoding) + 1) * costs.per_call["encoder"] > ENCODE_VOICES_SHARE * budget
+                and (len(encoding) + 1) * costs.per_call["encoder"] > encode_share * budget
             ):
                 plan.full = True  # another voice's call opens in a later step
                 continue
@@ -580,7 +600,8 @@ def plan_step(
 
 def _several_unpaced_voices(streams: list[Stream], cfg: WindowConfig) -> bool:
     """Whether `streams` are of several voices' calls and none of them has a lead limit (its
-    own, else `cfg`'s): where a busy step's launches are held (`VOCODER_LAUNCH_SHARE`)."""
+    own, else `cfg`'s): where a busy step's launches are held (`VOCODER_LAUNCH_SHARE`) and its
+    voices' encoder calls held to `ENCODE_UNPACED_SHARE`."""
     lead_s = cfg.max_lead_ms / 1000
     voices: set[Hashable] = set()
     for stream in streams:

@@ -54,6 +54,7 @@ from engines.streaming.frames import (
     stream_backend,
 )
 from engines.streaming.planner import (
+    ENCODE_UNPACED_SHARE,
     VOCODER_LAUNCH_SHARE,
     StepPlan,
     WindowRules,
@@ -117,6 +118,10 @@ LAUNCH_WEIGHT = 0.05
 # The share of a busy step's budget its vocoder launches may take where voices' calls split
 # (`planner.VOCODER_LAUNCH_SHARE`, the default); "0": not held, for comparing.
 LAUNCH_SHARE_ENV = "VOXFLEET_LAUNCH_SHARE"
+# The share of a busy step's budget the fixed costs of its voices' encoder calls may take
+# where voices' calls split and no stream is paced (`planner.ENCODE_UNPACED_SHARE`, the
+# default); "0.25" plans them as paced streams' steps do, for comparing.
+ENCODE_SHARE_ENV = "VOXFLEET_ENCODE_SHARE"
 
 
 class _Discard(StreamSink):
@@ -181,18 +186,23 @@ class _SummedTiming:
         return sum(part.seconds() for part in self.parts)
 
 
-def launch_share_from_environment() -> float:
-    """`LAUNCH_SHARE_ENV`'s share (0: launches not held), else `VOCODER_LAUNCH_SHARE`."""
-    value = os.environ.get(LAUNCH_SHARE_ENV, "").strip()
+def share_from_environment(name: str, default: float) -> float:
+    """A share from 0 to 1 in the environment variable `name`, else `default`."""
+    value = os.environ.get(name, "").strip()
     if not value:
-        return VOCODER_LAUNCH_SHARE
+        return default
     try:
         share = float(value)
     except ValueError:
         share = -1.0
     if not 0.0 <= share <= 1.0:
-        raise ValueError(f"{LAUNCH_SHARE_ENV} must be a share from 0 to 1, got {value!r}")
+        raise ValueError(f"{name} must be a share from 0 to 1, got {value!r}")
     return share
+
+
+def launch_share_from_environment() -> float:
+    """`LAUNCH_SHARE_ENV`'s share (0: launches not held), else `VOCODER_LAUNCH_SHARE`."""
+    return share_from_environment(LAUNCH_SHARE_ENV, VOCODER_LAUNCH_SHARE)
 
 
 def _weights(voice: VoiceSlot | None) -> Any:
@@ -247,6 +257,7 @@ class StreamScheduler:
             )
         )
         self.launch_share = launch_share_from_environment()
+        self.encode_share = share_from_environment(ENCODE_SHARE_ENV, ENCODE_UNPACED_SHARE)
         self.batching = cross_stream_batching
         self.stats = SchedulerStats()
         # Audio made so far, every voice's (seconds): the voice host's load measure.
@@ -688,6 +699,7 @@ class StreamScheduler:
             encoder_queued=self._queued,
             launch_s=self._launch_s if self._async else 0.0,
             launch_share=self.launch_share,
+            unpaced_encode_share=self.encode_share,
         )
 
     def _run(self, windows: list[Window]) -> None:

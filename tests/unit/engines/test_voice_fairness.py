@@ -19,6 +19,8 @@ from engines.contract.plan import WindowConfig
 from engines.streaming import StreamScheduler
 from engines.streaming.costs import CostModel
 from engines.streaming.planner import (
+    ENCODE_UNPACED_SHARE,
+    ENCODE_VOICES_SHARE,
     StepPlan,
     WindowRules,
     encoder_calls,
@@ -347,3 +349,53 @@ def test_a_busy_step_of_many_voices_launches_few_full_vocoder_calls() -> None:
     assert calls(plan_step(one, cfg, h200_costs(), True, NOW, launch_s=1.3e-3)) == calls(
         plan_step(one, cfg, h200_costs(), True, NOW)
     )
+
+
+def test_a_busy_step_of_many_unpaced_voices_opens_one_voices_encoder_call() -> None:
+    """Ten busy voices whose listeners are unpaced (no lead limit), three new listeners each
+    just arrived: a step opens one voice's encoder call, with all that voice's new listeners
+    (`ENCODE_UNPACED_SHARE`), where a quarter of the step (`ENCODE_VOICES_SHARE`, which
+    paced listeners keep) opens three; the voices take turns, the listener waiting longest
+    first, and every one is encoded within ten steps."""
+    cfg = WindowConfig(max_batch_windows=128, max_encoder_batch=32)
+    voices = [VoiceSlot(f"v{i}") for i in range(10)]
+    streams = [playing(i, voices[i % 10], 0.1 + i / 4000) for i in range(200)]
+    new = [waiting(1000 + i, voices[i % 10], NOW - i / 100_000) for i in range(30)]
+
+    def encoded(plan: StepPlan) -> set[str]:
+        return {s.voice.name for s in plan.encodes if s.voice is not None}
+
+    def step(listeners: list[Stream], config: WindowConfig = cfg, **share: float) -> StepPlan:
+        return plan_step(listeners, config, h200_costs(), True, NOW, step_interval_s=1.0, **share)
+
+    unpaced = step([*streams, *new])
+    assert len(encoded(unpaced)) == 1
+    assert all(s in unpaced.encodes for s in new if s.voice.name in encoded(unpaced))
+    assert len(unpaced.windows) >= 100, len(unpaced.windows)
+    quarter = step([*streams, *new], unpaced_encode_share=ENCODE_VOICES_SHARE)
+    assert len(encoded(quarter)) == 3
+    paced = step([*streams, *new], replace(cfg, max_lead_ms=300))
+    assert encoded(paced) == encoded(quarter)
+    left, steps = sorted(new, key=lambda s: s.arrived), 0
+    while left:
+        steps += 1
+        plan = step([*streams, *left])
+        assert left[0] in plan.encodes  # the one waiting longest
+        left = [s for s in left if s not in plan.encodes]
+    assert steps <= 10, steps
+
+
+def test_the_unpaced_encoder_share_is_read_from_the_environment(monkeypatch) -> None:
+    """VOXFLEET_ENCODE_SHARE sets the unpaced steps' share for comparing runs; a value that
+    is not a share from 0 to 1 stops the scheduler with the variable's name."""
+    from engines.streaming import scheduler as scheduler_module
+
+    name = scheduler_module.ENCODE_SHARE_ENV
+    monkeypatch.setenv(name, "0.25")
+    assert scheduler_module.share_from_environment(name, ENCODE_UNPACED_SHARE) == 0.25
+    for bad in ("1.5", "a tenth", "-0.1"):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=name):
+            scheduler_module.share_from_environment(name, ENCODE_UNPACED_SHARE)
+    monkeypatch.delenv(name)
+    assert scheduler_module.share_from_environment(name, ENCODE_UNPACED_SHARE) == 0.1
