@@ -59,7 +59,7 @@ ENCODE_VOICES_SHARE = 0.25
 # take turns, each call fuller. On an H200 pool pod (12 voices, 16 GiB MPS limit, 250
 # unpaced listeners over ten voices, three fresh pods each, side by side) ten voices made
 # 3,277 (3,260) audio-s/s with it against 2,778 (2,749) with a quarter, 0.856 of one voice's
-# 3,830; first audio p95 rose from 241 to 353 ms; none refused, no stream late
+# 3,830; first audio p95 rose from 241 to 354 ms; none refused, no stream late
 # (docs/gpu-runs.md). Paced listeners, whose next sentence is due within their lead, keep
 # the quarter.
 ENCODE_UNPACED_SHARE = 0.1
