@@ -386,8 +386,8 @@ def test_a_busy_step_of_many_unpaced_voices_opens_one_voices_encoder_call() -> N
 
 
 def test_the_unpaced_encoder_share_is_read_from_the_environment(monkeypatch) -> None:
-    """VOXFLEET_ENCODE_SHARE sets the unpaced steps' share for comparing runs; a value that
-    is not a share from 0 to 1 stops the scheduler with the variable's name."""
+    """VOXFLEET_ENCODE_SHARE sets the unpaced steps' share for comparing runs (a tenth
+    unset); a value that is not a share from 0 to 1 is refused with the variable's name."""
     from engines.streaming import scheduler as scheduler_module
 
     name = scheduler_module.ENCODE_SHARE_ENV
