@@ -257,7 +257,7 @@ class StreamScheduler:
             )
         )
         self.launch_share = launch_share_from_environment()
-        self.encode_share = share_from_environment(ENCODE_SHARE_ENV, ENCODE_UNPACED_SHARE)
+        self.unpaced_encode_share = share_from_environment(ENCODE_SHARE_ENV, ENCODE_UNPACED_SHARE)
         self.batching = cross_stream_batching
         self.stats = SchedulerStats()
         # Audio made so far, every voice's (seconds): the voice host's load measure.
@@ -699,7 +699,7 @@ class StreamScheduler:
             encoder_queued=self._queued,
             launch_s=self._launch_s if self._async else 0.0,
             launch_share=self.launch_share,
-            unpaced_encode_share=self.encode_share,
+            unpaced_encode_share=self.unpaced_encode_share,
         )
 
     def _run(self, windows: list[Window]) -> None:
