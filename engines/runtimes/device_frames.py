@@ -11,6 +11,7 @@ The runtime must offer the device tensor API of `TorchCudaStages`: ``device``, `
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -141,6 +142,11 @@ class DeviceBackend:
             groups_voices=bool(getattr(runtime, "groups_voices", False)),
         )
         self.blocking_waits = BLOCKING_WAITS
+        # Vocoder calls may run on further CUDA streams beside the windows' own (a runtime's
+        # `vocoder_stream`, TorchCudaStages.vocoder_streams); every other call joins them
+        # first (`_join`): a flow may write pages a vocoder call still reads.
+        self._vocoder_stream = getattr(runtime, "vocoder_stream", None)
+        self._join_vocoder = getattr(runtime, "join_vocoder_streams", None)
         self.pool = FramePool(initial_pages)
         # The stores hold one page past the pool's (`_spare_page`): a whole-sentence flow call
         # writes its padding there, where nothing reads.
@@ -164,6 +170,15 @@ class DeviceBackend:
     @staticmethod
     def _grown(store: torch.Tensor, kept: int, grown: int) -> torch.Tensor:
         return torch.cat([store[:kept], store.new_zeros(grown + PAGE_FRAMES, LATENT_CHANNELS)])
+
+    def _join(self) -> None:
+        if self._join_vocoder is not None:
+            self._join_vocoder()
+
+    def _on_vocoder_stream(self, rows: int) -> Any:
+        if self._vocoder_stream is None:
+            return contextlib.nullcontext()
+        return self._vocoder_stream(rows)
 
     @property
     def _spare_page(self) -> int:
@@ -204,6 +219,7 @@ class DeviceBackend:
         )
 
     def encode(self, ids, lengths, scales, speakers, voice=None):
+        self._join()
         prior, mask = self.runtime.encode_tensor(
             *self._encoder_inputs(ids, lengths, scales), speakers, **_voice(voice)
         )
@@ -214,6 +230,7 @@ class DeviceBackend:
         """`encode` without waiting (where `encodes_beside`): a call whose `done()` says its
         frame counts are on the host and whose `finish()` gives (prior, frames) as `encode`
         does, the prior queued behind the call (engines.runtimes.torch_cuda.stages.EncoderCall)."""
+        self._join()
         return self.runtime.encode_launch(
             *self._encoder_inputs(ids, lengths, scales), speakers, **_voice(voice)
         )
@@ -247,6 +264,7 @@ class DeviceBackend:
         groups = sentence_flow_groups(frames)
         if groups is None:
             return False
+        self._join()
         self._fit()
         order = np.concatenate([rows for _, rows in groups])
         pages = max(size for size, _ in groups) // PAGE_FRAMES
@@ -283,6 +301,7 @@ class DeviceBackend:
         return True
 
     def store_prior(self, prior, tables: Sequence[np.ndarray], frames: np.ndarray) -> None:
+        self._join()
         self._fit()
         index, valid = FramePool.window_index(
             tables, np.zeros(len(tables), np.int64), frames, prior.shape[-1]
@@ -290,6 +309,7 @@ class DeviceBackend:
         self._scatter(self._prior, prior, index, valid)
 
     def flow(self, tables, starts, limits, width, context, ends, speakers, voice=None):
+        self._join()
         index, valid = FramePool.window_index(tables, starts, limits, width)
         prior = self._prior[self._upload(index)].permute(0, 2, 1)
         mask = self._upload(valid[:, None, :].astype(np.float32))
@@ -299,6 +319,7 @@ class DeviceBackend:
         self._scatter(self._latent, latent, index, keep)
 
     def vocode(self, tables, starts, limits, width, speakers, cut, voice=None):
+        self._join()
         index, _ = FramePool.window_index(tables, starts, limits, width)
         latent = self._latent[self._upload(index)].permute(0, 2, 1)
         audio = self.runtime.vocode_tensor(latent, speakers, **_voice(voice))[:, cut[0] : cut[1]]
@@ -314,18 +335,21 @@ class DeviceBackend:
             started = time.perf_counter()
             pcm = self.vocode(tables, starts, limits, width, speakers, cut, voice)
             return PendingAudio(torch.from_numpy(pcm), time.perf_counter() - started)
-        start = torch.cuda.Event(enable_timing=True)
-        start.record()
         index, _ = FramePool.window_index(tables, starts, limits, width)
-        latent = self._latent[self._upload(index)].permute(0, 2, 1)
-        audio = self.runtime.vocode_tensor(latent, speakers, **_voice(voice))[:, cut[0] : cut[1]]
-        pcm = (audio.float().clamp(-1.0, 1.0) * 32767.0).to(torch.int16)
-        # The caching host allocator hands the pinned block back once the copy is done and
-        # nothing refers to it (the numpy rows sent as responses keep it alive until then).
-        host = torch.empty(pcm.shape, dtype=torch.int16, pin_memory=True)
-        host.copy_(pcm, non_blocking=True)
-        end = torch.cuda.Event(enable_timing=True, blocking=self.blocking_waits)
-        end.record()
+        # On a further stream (where the runtime has them) everything below runs there: the
+        # memory it takes goes back to that stream's blocks, and its events time it alone.
+        with self._on_vocoder_stream(len(starts)):
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            latent = self._latent[self._upload(index)].permute(0, 2, 1)
+            audio = self.runtime.vocode_tensor(latent, speakers, **_voice(voice))
+            pcm = (audio[:, cut[0] : cut[1]].float().clamp(-1.0, 1.0) * 32767.0).to(torch.int16)
+            # The caching host allocator hands the pinned block back once the copy is done
+            # and nothing refers to it (the numpy rows sent as responses keep it alive).
+            host = torch.empty(pcm.shape, dtype=torch.int16, pin_memory=True)
+            host.copy_(pcm, non_blocking=True)
+            end = torch.cuda.Event(enable_timing=True, blocking=self.blocking_waits)
+            end.record()
         return PendingAudio(host, events=(start, end))
 
     def timer(self) -> DeviceTiming:
@@ -334,6 +358,7 @@ class DeviceBackend:
         return DeviceTiming(self.device.type == "cuda")
 
     def sync(self) -> None:
+        self._join()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 

@@ -78,10 +78,15 @@ def test_a_loaded_voice_runs_on_its_own_weights(entries: dict[str, Path], corpus
     assert snr_db(one_shot(shared, ids), joe_audio) > 60.0
 
 
+@pytest.mark.parametrize("vocoder_streams", [1, 3])
 def test_streams_of_two_voices_on_one_scheduler_each_get_their_voice(
-    entries: dict[str, Path], corpus_ids
+    entries: dict[str, Path], corpus_ids, vocoder_streams: int
 ) -> None:
-    shared = TorchCudaStages(entries["joe"], device=DEVICE, precision=PRECISION)
+    """With the vocoder's calls spread over three CUDA streams too (on a GPU), each listener
+    hears its own voice, and the sentences' flows never overwrite what a call still reads."""
+    shared = TorchCudaStages(
+        entries["joe"], device=DEVICE, precision=PRECISION, vocoder_streams=vocoder_streams
+    )
     slots = {
         "joe": VoiceSlot("joe", shared.default_voice),
         "copy": VoiceSlot("joe-copy", shared.load_voice(entries["copy"], "joe-copy")),
@@ -125,6 +130,71 @@ def test_streams_of_two_voices_on_one_scheduler_each_get_their_voice(
             assert snr_db(audio, reference[other]) < 30.0, name
     assert slots["joe"].stats.streams_total == slots["copy"].stats.streams_total == 3
     assert scheduler.stats.streams_total == 6
+    if DEVICE == "cuda":
+        # every stream ran calls: the calls of a step's voices ran side by side
+        assert all(shared.vocoder_calls_by_stream), shared.vocoder_calls_by_stream
+        assert len(shared.vocoder_calls_by_stream) == vocoder_streams
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="further CUDA streams need a GPU")
+def test_vocoder_calls_on_further_streams_are_their_own_voices_calls(
+    entries: dict[str, Path],
+) -> None:
+    """Calls of two voices taking three streams in turn, queued without waiting, each give
+    what the voice's call on the windows' stream gives; a call of more windows than
+    SPREAD_MAX_ROWS stays on the windows' stream."""
+    from engines.runtimes.torch_cuda.stages import SPREAD_MAX_ROWS
+
+    shared = TorchCudaStages(entries["joe"], device=DEVICE, precision=PRECISION, vocoder_streams=3)
+    copy = shared.load_voice(entries["copy"], "joe-copy")
+    rng = np.random.default_rng(8)
+    latents = [
+        torch.from_numpy(rng.standard_normal((rows, 192, 24)).astype(np.float32))
+        for rows in (3, 5, 8, 2, 7, 4)
+    ]
+    voices = [copy, None, copy, None, None, copy]
+    spread = []
+    for latent, voice in zip(latents, voices, strict=True):
+        with shared.vocoder_stream(latent.shape[0]):
+            spread.append(shared.vocode_tensor(latent, None, voice))
+    shared.join_vocoder_streams()
+    assert shared.vocoder_calls_by_stream == (2, 2, 2)
+    for latent, voice, out in zip(latents, voices, spread, strict=True):
+        alone = shared.vocode_tensor(latent, None, voice).float()
+        assert float((out.float() - alone).abs().max()) < TOLERANCE * float(alone.abs().max())
+        other = shared.vocode_tensor(latent, None, None if voice is copy else copy).float()
+        assert float((out.float() - other).abs().max()) > 1e-2 * float(other.abs().max())
+    wide = torch.zeros(SPREAD_MAX_ROWS + 1, 192, 24)
+    before = shared.vocoder_calls_by_stream
+    with shared.vocoder_stream(wide.shape[0]):
+        shared.vocode_tensor(wide)
+    assert shared.vocoder_calls_by_stream[0] == before[0] + 1
+    assert shared.vocoder_calls_by_stream[1:] == before[1:]
+
+
+def test_vocoder_streams_are_checked_and_read_from_the_environment(
+    entries: dict[str, Path], monkeypatch
+) -> None:
+    from engines.runtimes.torch_cuda import load
+    from engines.runtimes.torch_cuda.stages import TorchCudaError
+
+    with pytest.raises(TorchCudaError, match="vocoder_streams is at least 1"):
+        TorchCudaStages(entries["joe"], device=DEVICE, precision=PRECISION, vocoder_streams=0)
+    with pytest.raises(TorchCudaError, match=r"grouped over voices .* or spread"):
+        TorchCudaStages(
+            entries["joe"],
+            device=DEVICE,
+            precision=PRECISION,
+            voice_lanes=2,
+            grouped_stages=("vocoder",),
+            vocoder_streams=2,
+        )
+    monkeypatch.setenv("VOXFLEET_VOCODER_STREAMS", "two")
+    with pytest.raises(TorchCudaError, match="VOXFLEET_VOCODER_STREAMS is a whole number"):
+        load(entries["joe"], WindowConfig())
+    monkeypatch.setenv("VOXFLEET_VOCODER_STREAMS", "2")
+    streams = load(entries["joe"], WindowConfig()).vocoder_streams
+    assert streams == (2 if DEVICE == "cuda" else 1)  # one stream on the CPU
 
 
 def test_a_voice_of_another_architecture_is_refused_with_the_reason(

@@ -24,11 +24,14 @@ GROUPED_STAGES_ENV = "VOXFLEET_GROUPED_STAGES"
 # The fewest rows a graph of an autotuned stage is captured with cuDNN's autotuning at
 # (stages.AUTOTUNE_MIN_ROWS; 1: every graph), for measuring.
 AUTOTUNE_MIN_ROWS_ENV = "VOXFLEET_AUTOTUNE_MIN_ROWS"
+# The CUDA streams the vocoder's calls are spread over (stages.VOCODER_STREAMS; 1: the
+# windows' own alone).
+VOCODER_STREAMS_ENV = "VOXFLEET_VOCODER_STREAMS"
 
 
 def _settings_from_environment() -> dict:
-    """`voice_lanes`, `grouped_stages` and `autotune_min_rows` from the environment, where set;
-    a clear error naming the variable where a value is not one."""
+    """`voice_lanes`, `grouped_stages`, `autotune_min_rows` and `vocoder_streams` from the
+    environment, where set; a clear error naming the variable where a value is not one."""
     import os
 
     from engines.runtimes.torch_cuda.stages import (
@@ -38,11 +41,16 @@ def _settings_from_environment() -> dict:
     )
 
     settings: dict = {}
-    lanes = os.environ.get(VOICE_LANES_ENV, "").strip()
-    if lanes:
-        if not lanes.isdigit() or int(lanes) < 1:
-            raise TorchCudaError(f"{VOICE_LANES_ENV} is a whole number from 1, not {lanes!r}")
-        settings["voice_lanes"] = int(lanes)
+    for variable, name in (
+        (VOICE_LANES_ENV, "voice_lanes"),
+        (AUTOTUNE_MIN_ROWS_ENV, "autotune_min_rows"),
+        (VOCODER_STREAMS_ENV, "vocoder_streams"),
+    ):
+        value = os.environ.get(variable, "").strip()
+        if value:
+            if not value.isdigit() or int(value) < 1:
+                raise TorchCudaError(f"{variable} is a whole number from 1, not {value!r}")
+            settings[name] = int(value)
     stages = os.environ.get(GROUPED_STAGES_ENV, "").strip()
     if stages:
         names = tuple(name.strip() for name in stages.split(",") if name.strip())
@@ -55,11 +63,6 @@ def _settings_from_environment() -> dict:
         settings["grouped_stages"] = names
     else:
         settings["grouped_stages"] = GROUPED_STAGES
-    rows = os.environ.get(AUTOTUNE_MIN_ROWS_ENV, "").strip()
-    if rows:
-        if not rows.isdigit() or int(rows) < 1:
-            raise TorchCudaError(f"{AUTOTUNE_MIN_ROWS_ENV} is a whole number from 1, not {rows!r}")
-        settings["autotune_min_rows"] = int(rows)
     return settings
 
 

@@ -43,7 +43,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +105,15 @@ AUTOTUNED_STAGES = frozenset({"vocoder"})
 # frames, 1.1 ms for 8, 6.9 ms for 64; H200, 2026-11-29, `STAGE=warmup bash
 # tests/gpu/pace_session.sh`, docs/gpu.md).
 AUTOTUNE_MIN_ROWS = 16
+# Vocoder calls on further CUDA streams (`vocoder_streams`, `TorchCudaStages.vocoder_stream`):
+# 1, none, by default; a call of at most SPREAD_MAX_ROWS windows may go to one, a larger one
+# stays on the windows' stream. A busy step of several voices launches a call a voice, of 6
+# to 16 windows at ten voices, and on one stream each waits for the one before although it
+# fills little of the GPU (a call's fixed part, docs/gpu.md). Each further stream costs one
+# voice's vocoder weights and graphs of its own for the buckets up to SPREAD_MAX_ROWS, in a
+# memory pool of their own (graphs that share a pool must never run at the same time).
+VOCODER_STREAMS = 1
+SPREAD_MAX_ROWS = 16
 
 
 class TorchCudaError(RuntimeError):
@@ -160,6 +169,16 @@ class _Captured:
 
 
 StageFunction = Callable[[dict[str, torch.Tensor]], list[torch.Tensor]]
+
+
+@dataclass(eq=False)
+class _StreamSlot:
+    """A further CUDA stream a stage's calls may run on (`TorchCudaStages.vocoder_stream`):
+    its graphs read the weights bound to lane `lane` of the stage's binding."""
+
+    stream: torch.cuda.Stream
+    graphed: GraphedStage
+    lane: int
 
 
 class GraphedStage:
@@ -592,11 +611,22 @@ class TorchCudaStages:
         voice_lanes: int = VOICE_LANES,
         grouped_stages: Sequence[str] = GROUPED_STAGES,
         autotune_min_rows: int = AUTOTUNE_MIN_ROWS,
+        vocoder_streams: int = VOCODER_STREAMS,
     ) -> None:
         engine_dir = Path(engine_dir)
         if voice_lanes < 1:
             raise TorchCudaError(
                 f"voice_lanes is at least 1 (1: no grouped calls), got {voice_lanes}"
+            )
+        if vocoder_streams < 1:
+            raise TorchCudaError(
+                f"vocoder_streams is at least 1 (1: the windows' stream alone), got "
+                f"{vocoder_streams}"
+            )
+        if vocoder_streams > 1 and voice_lanes > 1 and "vocoder" in grouped_stages:
+            raise TorchCudaError(
+                "the vocoder's calls are grouped over voices (voice_lanes) or spread over "
+                "CUDA streams (vocoder_streams), not both"
             )
         unknown = [name for name in grouped_stages if name not in GROUPABLE_STAGES]
         if unknown:
@@ -724,9 +754,17 @@ class TorchCudaStages:
             "flow": self.flow_stage,
             "vocoder": self.vocoder_stage,
         }
+        # Further streams for the vocoder's calls only on a GPU (lanes 1 and up of its weights).
+        if self.device.type != "cuda":
+            vocoder_streams = 1
+        self._grouped: tuple[str, ...] = ()
         for stage, holder in self._weight_holders().items():
             grouped = stage in grouped_stages and graphed_stages[stage] is not None
             lanes = voice_lanes if grouped else 1
+            if grouped and lanes > 1:
+                self._grouped += (stage,)
+            if stage == "vocoder":
+                lanes = max(lanes, vocoder_streams)
             binding = WeightBinding(stage, holder.weight_tensors(), self.device, lanes)
             holder.use_weights(binding.tensors)
             self._bindings[stage] = binding
@@ -737,6 +775,12 @@ class TorchCudaStages:
                 graphed.lane_buckets = tuple(b for b in LANE_BUCKETS if b <= lanes)
                 if stage == "encoder":
                     graphed.max_lane_rows = MAX_ENCODER_LANE_ROWS
+        self._vocoder_slots = [
+            self._stream_slot(lane, pool is not None) for lane in range(1, vocoder_streams)
+        ]
+        self._slot_turn = 0
+        self._on_slot = threading.local()  # the slot a thread's vocoder calls run on
+        self._slots_to_join: set[_StreamSlot] = set()
         self.default_voice = VoiceWeights(
             engine_dir.name, {stage: b.bound for stage, b in self._bindings.items()}
         )
@@ -751,6 +795,27 @@ class TorchCudaStages:
         self._reader = _voice_reader()
         if self.device.type == "cuda":
             self._reader.start()  # a serving process: ready before its next voice's load
+
+    def _stream_slot(self, lane: int, graphs: bool) -> _StreamSlot:
+        """A further stream for the vocoder's calls: graphs of its own for the buckets up to
+        SPREAD_MAX_ROWS, in a memory pool of their own, reading the weights of `lane`."""
+        main, binding = self.vocoder_stage, self._bindings["vocoder"]
+        graphed = GraphedStage(
+            self.vocoder_module,
+            [b for b in main.buckets if b <= SPREAD_MAX_ROWS],
+            main.use_graphs,
+            pool=torch.cuda.graph_pool_handle() if graphs else None,
+            frame_multiple=main.frame_multiple,
+            function=_weights_function(
+                self.vocoder_module,
+                main.function,
+                binding.layout.views(binding.lanes[lane]),
+                binding.tensors,
+            ),
+        )
+        graphed.autotune, graphed.autotune_min_rows = main.autotune, main.autotune_min_rows
+        graphed._lock = main._lock  # one module: its weights are swapped for eager calls
+        return _StreamSlot(torch.cuda.Stream(device=self.device), graphed, lane)
 
     def _weight_holders(self) -> dict[str, Any]:
         encoder = self.encoder_core if self.encoder_core is not None else self.encoder
@@ -804,12 +869,66 @@ class TorchCudaStages:
         (`grouped_stages`, `voice_lanes`) run them as one grouped call, each voice's rows
         against its own weights, the others one call a voice. True where any stage has
         lanes."""
-        return any(binding.lane_count > 1 for binding in self._bindings.values())
+        return bool(self._grouped)
 
     @property
     def grouped_stages(self) -> tuple[str, ...]:
         """The stages whose calls over several voices run as one grouped call."""
-        return tuple(s for s, b in self._bindings.items() if b.lane_count > 1)
+        return self._grouped
+
+    # -- further streams for the vocoder's calls ---------------------------------------------
+
+    @property
+    def vocoder_streams(self) -> int:
+        """The CUDA streams the vocoder's calls are spread over, the windows' own included."""
+        return 1 + len(self._vocoder_slots)
+
+    @property
+    def vocoder_calls_by_stream(self) -> tuple[int, ...]:
+        """The vocoder calls each stream has run, the windows' own first."""
+        stages = [self.vocoder_stage] + [slot.graphed for slot in self._vocoder_slots]
+        return tuple(sum(stage.batch_histogram.values()) for stage in stages)
+
+    @contextlib.contextmanager
+    def vocoder_stream(self, rows: int) -> Iterator[None]:
+        """Where the vocoder calls queued inside run: calls of at most SPREAD_MAX_ROWS windows
+        take the streams in turn, the windows' own among them, so that a busy step's calls of
+        several voices run side by side on the GPU; a larger call stays on the windows'
+        stream. On a further stream, everything queued inside (the window's gather, the
+        call, its PCM's copy to the host, events) runs there, after what was queued on the
+        windows' stream before; `join_vocoder_streams` orders what comes after it."""
+        slot = None
+        if self._vocoder_slots and rows <= SPREAD_MAX_ROWS:
+            self._slot_turn = (self._slot_turn + 1) % self.vocoder_streams
+            if self._slot_turn:
+                slot = self._vocoder_slots[self._slot_turn - 1]
+        if slot is None:
+            yield
+            return
+        slot.stream.wait_stream(torch.cuda.current_stream(self.device))
+        self._slots_to_join.add(slot)
+        with self._running_on(slot):
+            yield
+
+    @contextlib.contextmanager
+    def _running_on(self, slot: _StreamSlot) -> Iterator[None]:
+        with torch.cuda.stream(slot.stream):
+            self._on_slot.slot = slot
+            try:
+                yield
+            finally:
+                self._on_slot.slot = None
+
+    def join_vocoder_streams(self) -> None:
+        """The windows' stream waits for the vocoder calls queued on the further streams
+        (`vocoder_stream`) since the last join: work queued after this on it (a flow writing
+        the latents those calls read, an encoder call) runs after them."""
+        if not self._slots_to_join:
+            return
+        current = torch.cuda.current_stream(self.device)
+        for slot in self._slots_to_join:
+            current.wait_stream(slot.stream)
+        self._slots_to_join.clear()
 
     def _call(
         self,
@@ -832,14 +951,18 @@ class TorchCudaStages:
         voice: VoiceWeights | Sequence[VoiceWeights | None] | None,
     ) -> list[torch.Tensor]:
         """`_call` with every output of the stage."""
+        lane = 0
+        slot = getattr(self._on_slot, "slot", None) if stage == "vocoder" else None
+        if slot is not None:  # on a further stream (`vocoder_stream`): its graphs, its lane
+            graphed, lane = slot.graphed, slot.lane
         if voice is None or isinstance(voice, VoiceWeights):
-            self._bind(stage, voice)
+            self._bind(stage, voice, lane)
             return graphed.run(feeds)
         rows_of: dict[VoiceWeights, list[int]] = {}
         for row, each in enumerate(voice):
             rows_of.setdefault(each or self.default_voice, []).append(row)
         if len(rows_of) == 1:
-            self._bind(stage, next(iter(rows_of)))
+            self._bind(stage, next(iter(rows_of)), lane)
             return graphed.run(feeds)
         lanes = self._bindings[stage].lane_count
         # Voices into grouped calls in turn, a call taking voices while its padded shape has
@@ -874,7 +997,7 @@ class TorchCudaStages:
                 continue
             parts.append((order, out))
         for each, rows in alone:
-            self._bind(stage, each)
+            self._bind(stage, each, lane)
             index = torch.as_tensor(rows, device=self.device)
             parts.append((rows, graphed.run({k: t[index] for k, t in feeds.items()})))
         results = [out.new_empty((len(voice), *out.shape[1:])) for out in parts[0][1]]
@@ -1099,6 +1222,13 @@ class TorchCudaStages:
         }
         if "encoder" in report:
             report["encoder"]["precision"] = self.encoder_precision
+        if self._vocoder_slots:
+            report["vocoder-streams"] = {
+                "streams": self.vocoder_streams,
+                "graphs": sum(len(slot.graphed.graphs) for slot in self._vocoder_slots),
+                "seconds": round(self._warmup_seconds.get("vocoder-streams", 0.0), 2),
+                "max_rows": SPREAD_MAX_ROWS,
+            }
         for name, stage in stages.items():
             if stage is None or not stage.lane_graphs:
                 continue
@@ -1116,19 +1246,19 @@ class TorchCudaStages:
         one: a pod that serves must not stall every stream for a capture. Its warmup captured
         the shapes nearly every call has (`StreamScheduler.warmup`); the rare ones (the longest
         sentences) launch their kernels one by one."""
-        for stage in (self.flow_stage, self.vocoder_stage, self.encoder_stage):
-            if stage is not None:
-                stage.capture_on_use = False
+        for stage in self._graphed_stages():
+            stage.capture_on_use = False
+
+    def _graphed_stages(self) -> list[GraphedStage]:
+        stages = [self.flow_stage, self.vocoder_stage, self.encoder_stage]
+        stages += [slot.graphed for slot in self._vocoder_slots]
+        return [stage for stage in stages if stage is not None]
 
     def graph_count(self) -> int:
-        stages = [self.flow_stage, self.vocoder_stage, self.encoder_stage]
-        return sum(
-            len(stage.graphs) + len(stage.lane_graphs) for stage in stages if stage is not None
-        )
+        return sum(len(stage.graphs) + len(stage.lane_graphs) for stage in self._graphed_stages())
 
     def static_buffer_bytes(self) -> int:
-        stages = [self.flow_stage, self.vocoder_stage, self.encoder_stage]
-        return sum(stage.buffers.nbytes() for stage in stages if stage is not None)
+        return sum(stage.buffers.nbytes() for stage in self._graphed_stages())
 
     def warmup(
         self,
@@ -1164,6 +1294,16 @@ class TorchCudaStages:
         if self.vocoder_stage.lane_function is not None:
             self._warm_lanes(self.vocoder_stage, vocoder_frames, max_batch)
             clock.lap("vocoder-lanes")
+        for slot in self._vocoder_slots:
+            with self._running_on(slot):
+                for frames in sorted(vocoder_frames, reverse=True):
+                    for batch in up_to(max_batch):
+                        if batch <= SPREAD_MAX_ROWS:
+                            latent = torch.zeros(batch, channels, frames, device=self.device)
+                            self.vocode_tensor(latent)
+            torch.cuda.current_stream(self.device).wait_stream(slot.stream)
+        if self._vocoder_slots:
+            clock.lap("vocoder-streams")
         flow_limits = (
             dict(flow_frames)
             if isinstance(flow_frames, Mapping)
@@ -1258,6 +1398,26 @@ def _lane_function(holder: Any, function: StageFunction, binding: WeightBinding)
                 holder.channels_last = True
 
     return grouped
+
+
+def _weights_function(
+    holder: Any,
+    function: StageFunction,
+    tensors: Mapping[str, torch.Tensor],
+    bound: Mapping[str, torch.Tensor],
+) -> StageFunction:
+    """A stage's call that reads `tensors` (a further lane's views) for its weights: what a
+    graph captured from it reads whoever's weights are in that lane. The modules read `bound`
+    again afterwards."""
+
+    def run(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        holder.use_weights(tensors)
+        try:
+            return list(function(inputs))
+        finally:
+            holder.use_weights(bound)
+
+    return run
 
 
 class _StageClock:
