@@ -47,7 +47,7 @@ from engines.bench.runner import SweepSettings, run_sweep
 from engines.bench.stats import percentile, real_time_capacity, summarise_run
 from engines.bench.systems import SpreadTritonSystem
 from engines.contract import names
-from engines.contract.plan import ServingPlan, WindowConfig
+from engines.contract.plan import ENCODER_LAUNCHES, ServingPlan, WindowConfig
 from engines.contract.repository import build_model_repository, load_request, write_model_repository
 from engines.pod.ports import free_port
 from engines.text.corpus import cycle_sentences, load_corpus
@@ -285,6 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runtime", default="torch-cuda")
     parser.add_argument("--windows", type=int, default=WindowConfig().max_batch_windows)
     parser.add_argument("--sentences", type=int, default=WindowConfig().max_encoder_batch)
+    parser.add_argument(
+        "--encoder-launch",
+        choices=ENCODER_LAUNCHES,
+        default=WindowConfig().encoder_launch,
+        help="how the encoder's calls run (the plan's encoder_launch)",
+    )
     parser.add_argument("--mps-limit", default="", help="e.g. 16G: MPS per-client memory limit")
     parser.add_argument("--parallel", type=int, default=8, help="loads at a time (8)")
     parser.add_argument("--cold", type=int, default=20, help="cold voices to time (20)")
@@ -315,7 +321,10 @@ def main(argv: list[str] | None = None) -> int:
         voice_config_path=str(config),
         runtime=args.runtime,
         windows=replace(
-            WindowConfig(), max_batch_windows=args.windows, max_encoder_batch=args.sentences
+            WindowConfig(),
+            max_batch_windows=args.windows,
+            max_encoder_batch=args.sentences,
+            encoder_launch=args.encoder_launch,
         ),
     )
     entries = sorted(p for p in args.voices_dir.iterdir() if (p / "vocoder.onnx").is_file())
@@ -335,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         "runtime": args.runtime,
         "windows": args.windows,
         "sentences": args.sentences,
+        "encoder_launch": args.encoder_launch,
         "budget": f"CUDA MPS per-client limit {args.mps_limit}" if args.mps_limit else "none",
     }
     try:

@@ -21,6 +21,7 @@
 #   STAGE=call-costs bash tests/gpu/pace_session.sh    # part 1 only
 #   STAGE=gil bash tests/gpu/pace_session.sh       # after parts 1 to 3 (py-spy in one)
 #   STAGE=profile bash tests/gpu/pace_session.sh   # after parts 1 to 3
+#   STAGE=settings SETTINGS="base NAME=VALUE,..." RUNS="1 2" bash tests/gpu/pace_session.sh
 # SERVE_OPTIONS (words) go to every `voxfleet serve` of a stage, e.g. "--encoder-launch queued".
 # Every call first copies what it carried (.whl/part-*, .whl/build-*.tgz) to /tmp/keep, where
 # later calls on the same machine find it, and puts cut wheels back together.
@@ -72,6 +73,12 @@
 # - profile: for each pattern of PATTERNS (ten one), a fresh pool pod with PACKED (12) voices
 #   and its scheduler's stacks sampled in the process (VOXFLEET_STACKS_FILE), streaming that
 #   pattern at PACK_LEVELS listeners; each stack file summarised (stacks-PATTERN.json).
+# - settings: for each run of RUNS, a fresh pool pod of PACKED (12) voices for each setting of
+#   SETTINGS (`base`: none; else environment variables NAME=VALUE and `lab.packing` options
+#   --option=VALUE, joined by commas), the
+#   order turned round from run to run, streaming PACK_PATTERNS (ten) at PACK_LEVELS (250),
+#   its costs logged (VOXFLEET_COSTS_LOG_S, 2 s); with TESTS (words), those tests first
+#   (pytest, on this GPU).
 set -uo pipefail
 OUT=${OUT:-results/runs/pace-$(date -u +%Y%m%dT%H%M%SZ)}
 STAGE=${STAGE:-limits}
@@ -371,6 +378,31 @@ packing)
     python3 -m lab.voices --entry "$ENTRY" --out /tmp/voices --count 105 >/dev/null || exit 1
     pack "$RUN"
     ;;
+settings)
+    if [[ -n "${TESTS:-}" ]]; then
+        timeout 240 python3 -m pytest -q ${TESTS} -p no:cacheprovider 2>&1 | tail -n 25 \
+            | tee "$OUT/pytest-gpu.log"
+    fi
+    python3 -m lab.voices --entry "$ENTRY" --out /tmp/voices --count "$(( ${PACKED:-12} + 5 ))" >/dev/null || exit 1
+    for run in ${RUNS:-$RUN}; do
+        for setting in $(turned "$run" ${SETTINGS:-base}); do
+            name=${setting//[=,]/-}
+            echo "pace_session: setting $setting, run $run"
+            (
+                options=()
+                for pair in ${setting//,/ }; do
+                    [[ "$pair" == base ]] && continue
+                    if [[ "$pair" == --* ]]; then options+=("$pair"); else export "$pair"; fi
+                done
+                VOXFLEET_COSTS_LOG_S=${VOXFLEET_COSTS_LOG_S:-2} timeout 300 python3 -m lab.packing \
+                    --engine-dir "$ENTRY" --voices-dir /tmp/voices --voices "${PACKED:-12}" --cold 2 \
+                    --background 0 --patterns "${PACK_PATTERNS:-ten}" --mps-limit "${LIMIT:-16G}" \
+                    --levels "${PACK_LEVELS:-250}" --duration "${DURATION:-5}" --drain "${DRAIN:-6}" \
+                    "${options[@]}" --out "$OUT/settings-$name-$run.json" 2>&1 | grep -E '"(ten|one|zipf)"|Error|error' | head -n 5
+            )
+        done
+    done
+    ;;
 builds-packing)
     # A fresh packing pod of each build of BUILDS (as in builds-paced) for each run of RUNS,
     # the order turned round run by run.
@@ -445,7 +477,7 @@ PY
     done
     ;;
 *)
-    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, order-paced, builds-paced, instances, first-window, packing, builds-packing, warmup, call-costs, gil or profile, not $STAGE" >&2
+    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, order-paced, builds-paced, instances, first-window, packing, builds-packing, warmup, call-costs, gil, profile or settings, not $STAGE" >&2
     exit 2
     ;;
 esac
