@@ -147,6 +147,9 @@ def test_vocoder_calls_on_further_streams_are_their_own_voices_calls(
 
     shared = TorchCudaStages(entries["joe"], device=DEVICE, precision=PRECISION, vocoder_streams=3)
     copy = shared.load_voice(entries["copy"], "joe-copy")
+    # The streams take lanes of the vocoder's weights, but no grouped calls (nor their graphs).
+    assert not shared.groups_voices
+    assert shared.vocoder_stage.lane_shape(2, 1) is None
     rng = np.random.default_rng(8)
     latents = [
         torch.from_numpy(rng.standard_normal((rows, 192, 24)).astype(np.float32))

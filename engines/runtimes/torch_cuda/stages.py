@@ -761,14 +761,14 @@ class TorchCudaStages:
         for stage, holder in self._weight_holders().items():
             grouped = stage in grouped_stages and graphed_stages[stage] is not None
             lanes = voice_lanes if grouped else 1
-            if grouped and lanes > 1:
-                self._grouped += (stage,)
-            if stage == "vocoder":
-                lanes = max(lanes, vocoder_streams)
-            binding = WeightBinding(stage, holder.weight_tensors(), self.device, lanes)
+            # (The vocoder's further streams take lanes of its weights too, but no grouped
+            # calls: the two are refused together above.)
+            weight_lanes = max(lanes, vocoder_streams) if stage == "vocoder" else lanes
+            binding = WeightBinding(stage, holder.weight_tensors(), self.device, weight_lanes)
             holder.use_weights(binding.tensors)
             self._bindings[stage] = binding
             if lanes > 1:
+                self._grouped += (stage,)
                 graphed = graphed_stages[stage]
                 assert graphed is not None
                 graphed.lane_function = _lane_function(holder, graphed.function, binding)
