@@ -14,7 +14,9 @@ architecture.
   stream model as batches of fixed-size windows, so each call is padded up to a batch bucket
   (1, 2, 4, ..., 256) and replayed from a CUDA graph captured once per (bucket, frames):
   hundreds of small kernel launches become one graph launch. In FP16 their 1-D convolutions
-  run as channels-last 2-D ones (engines.runtimes.torch_cuda.convert).
+  run as channels-last 2-D ones (engines.runtimes.torch_cuda.convert). With
+  `vocoder_streams` above 1 (off by default) a step's small vocoder calls take further CUDA
+  streams in turn (`vocoder_stream`), each with graphs of its own; measured on an H200 only.
 
 Voices are weight sets (engines/runtimes/torch_cuda/weights.py): the modules and graphs are made
 once, from the engine entry the runtime is created with, and `load_voice` adds another
