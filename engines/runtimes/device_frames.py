@@ -144,9 +144,11 @@ class DeviceBackend:
         self.blocking_waits = BLOCKING_WAITS
         # Vocoder calls may run on further CUDA streams beside the windows' own (a runtime's
         # `vocoder_stream`, TorchCudaStages.vocoder_streams); every other call joins them
-        # first (`_join`): a flow may write pages a vocoder call still reads.
-        self._vocoder_stream = getattr(runtime, "vocoder_stream", None)
-        self._join_vocoder = getattr(runtime, "join_vocoder_streams", None)
+        # first (`_join`): a flow may write pages a vocoder call still reads. With one stream
+        # (the default) neither is looked at again.
+        spread = int(getattr(runtime, "vocoder_streams", 1)) > 1
+        self._vocoder_stream = runtime.vocoder_stream if spread else None
+        self._join_vocoder = runtime.join_vocoder_streams if spread else None
         self.pool = FramePool(initial_pages)
         # The stores hold one page past the pool's (`_spare_page`): a whole-sentence flow call
         # writes its padding there, where nothing reads.

@@ -75,10 +75,9 @@
 #   pattern at PACK_LEVELS listeners; each stack file summarised (stacks-PATTERN.json).
 # - settings: for each run of RUNS, a fresh pool pod of PACKED (12) voices for each setting of
 #   SETTINGS (`base`: none; else environment variables NAME=VALUE and `lab.packing` options
-#   --option=VALUE, joined by commas), the
-#   order turned round from run to run, streaming PACK_PATTERNS (ten) at PACK_LEVELS (250),
-#   its costs logged (VOXFLEET_COSTS_LOG_S, 2 s); with TESTS (words), those tests first
-#   (pytest, on this GPU).
+#   --option=VALUE, joined by commas), the order turned round from run to run, streaming
+#   PACK_PATTERNS (ten) at PACK_LEVELS (250), its costs logged (VOXFLEET_COSTS_LOG_S, 2 s);
+#   with TESTS (words), those tests first (pytest, on this GPU).
 set -uo pipefail
 OUT=${OUT:-results/runs/pace-$(date -u +%Y%m%dT%H%M%SZ)}
 STAGE=${STAGE:-limits}

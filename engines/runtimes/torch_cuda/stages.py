@@ -1289,20 +1289,22 @@ class TorchCudaStages:
 
         channels = 192
         clock = _StageClock(self.device, self._warmup_seconds)
-        for frames in sorted(vocoder_frames, reverse=True):
-            for batch in up_to(max_batch):
-                self.vocode_tensor(torch.zeros(batch, channels, frames, device=self.device))
+
+        def warm_vocoder(most_rows: int | None) -> None:
+            for frames in sorted(vocoder_frames, reverse=True):
+                for batch in up_to(max_batch):
+                    if most_rows is None or batch <= most_rows:
+                        latent = torch.zeros(batch, channels, frames, device=self.device)
+                        self.vocode_tensor(latent)
+
+        warm_vocoder(None)
         clock.lap("vocoder")
         if self.vocoder_stage.lane_function is not None:
             self._warm_lanes(self.vocoder_stage, vocoder_frames, max_batch)
             clock.lap("vocoder-lanes")
         for slot in self._vocoder_slots:
-            with self._running_on(slot):
-                for frames in sorted(vocoder_frames, reverse=True):
-                    for batch in up_to(max_batch):
-                        if batch <= SPREAD_MAX_ROWS:
-                            latent = torch.zeros(batch, channels, frames, device=self.device)
-                            self.vocode_tensor(latent)
+            with self._running_on(slot):  # the slot's own graphs
+                warm_vocoder(SPREAD_MAX_ROWS)
             torch.cuda.current_stream(self.device).wait_stream(slot.stream)
         if self._vocoder_slots:
             clock.lap("vocoder-streams")
