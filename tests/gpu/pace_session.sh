@@ -75,9 +75,11 @@
 #   pattern at PACK_LEVELS listeners; each stack file summarised (stacks-PATTERN.json).
 # - settings: for each run of RUNS, a fresh pool pod of PACKED (12) voices for each setting of
 #   SETTINGS (`base`: none; else environment variables NAME=VALUE and `lab.packing` options
-#   --option=VALUE, joined by commas), the order turned round from run to run, streaming
-#   PACK_PATTERNS (ten) at PACK_LEVELS (250), its costs logged (VOXFLEET_COSTS_LOG_S, 2 s);
-#   with TESTS (words), those tests first (pytest, on this GPU).
+#   --option=VALUE, joined by commas; a piece without "=" or "--" goes on the value before
+#   it, as in VOXFLEET_GROUPED_STAGES=encoder,vocoder), the order turned round from run to
+#   run, streaming PACK_PATTERNS (ten) at PACK_LEVELS (250), its costs logged
+#   (VOXFLEET_COSTS_LOG_S, 2 s); with TESTS (words), those tests first (pytest, on this GPU);
+#   a pod is stopped after POD_TIMEOUT (300) s.
 set -uo pipefail
 OUT=${OUT:-results/runs/pace-$(date -u +%Y%m%dT%H%M%SZ)}
 STAGE=${STAGE:-limits}
@@ -388,12 +390,19 @@ settings)
             name=${setting//[=,]/-}
             echo "pace_session: setting $setting, run $run"
             (
-                options=()
-                for pair in ${setting//,/ }; do
+                options=() pairs=()
+                for piece in ${setting//,/ }; do  # (a piece of neither form: the value goes on)
+                    if [[ "$piece" == *=* || "$piece" == --* || "$piece" == base || ${#pairs[@]} -eq 0 ]]; then
+                        pairs+=("$piece")
+                    else
+                        pairs[-1]+=",$piece"
+                    fi
+                done
+                for pair in "${pairs[@]}"; do
                     [[ "$pair" == base ]] && continue
                     if [[ "$pair" == --* ]]; then options+=("$pair"); else export "$pair"; fi
                 done
-                VOXFLEET_COSTS_LOG_S=${VOXFLEET_COSTS_LOG_S:-2} timeout 300 python3 -m lab.packing \
+                VOXFLEET_COSTS_LOG_S=${VOXFLEET_COSTS_LOG_S:-2} timeout "${POD_TIMEOUT:-300}" python3 -m lab.packing \
                     --engine-dir "$ENTRY" --voices-dir /tmp/voices --voices "${PACKED:-12}" --cold 2 \
                     --background 0 --patterns "${PACK_PATTERNS:-ten}" --mps-limit "${LIMIT:-16G}" \
                     --levels "${PACK_LEVELS:-250}" --duration "${DURATION:-5}" --drain "${DRAIN:-6}" \

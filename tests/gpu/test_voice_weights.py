@@ -78,15 +78,22 @@ def test_a_loaded_voice_runs_on_its_own_weights(entries: dict[str, Path], corpus
     assert snr_db(one_shot(shared, ids), joe_audio) > 60.0
 
 
-@pytest.mark.parametrize("vocoder_streams", [1, 3])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"vocoder_streams": 3},
+        {"voice_lanes": 2, "grouped_stages": ("encoder", "vocoder")},
+    ],
+    ids=["one-stream", "three-streams", "grouped"],
+)
 def test_streams_of_two_voices_on_one_scheduler_each_get_their_voice(
-    entries: dict[str, Path], corpus_ids, vocoder_streams: int
+    entries: dict[str, Path], corpus_ids, settings: dict
 ) -> None:
-    """With the vocoder's calls spread over three CUDA streams too (on a GPU), each listener
-    hears its own voice, and the sentences' flows never overwrite what a call still reads."""
-    shared = TorchCudaStages(
-        entries["joe"], device=DEVICE, precision=PRECISION, vocoder_streams=vocoder_streams
-    )
+    """With the vocoder's calls spread over three CUDA streams too (on a GPU), or both
+    voices' rows in grouped calls, each listener hears its own voice, and the sentences'
+    flows never overwrite what a call still reads."""
+    shared = TorchCudaStages(entries["joe"], device=DEVICE, precision=PRECISION, **settings)
     slots = {
         "joe": VoiceSlot("joe", shared.default_voice),
         "copy": VoiceSlot("joe-copy", shared.load_voice(entries["copy"], "joe-copy")),
@@ -133,7 +140,9 @@ def test_streams_of_two_voices_on_one_scheduler_each_get_their_voice(
     if DEVICE == "cuda":
         # every stream ran calls: the calls of a step's voices ran side by side
         assert all(shared.vocoder_calls_by_stream), shared.vocoder_calls_by_stream
-        assert len(shared.vocoder_calls_by_stream) == vocoder_streams
+        assert len(shared.vocoder_calls_by_stream) == settings.get("vocoder_streams", 1)
+        if "voice_lanes" in settings:  # and both voices' windows shared grouped calls
+            assert shared.vocoder_stage.lane_histogram, "no grouped vocoder call ran"
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="further CUDA streams need a GPU")

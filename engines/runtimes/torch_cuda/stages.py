@@ -400,6 +400,8 @@ class GraphedStage:
             for name, tensor in inputs.items()
         }
         autotune = self.autotune if self.lane_autotune is None else self.lane_autotune
+        if autotune and lanes * rows < self.autotune_min_rows:  # (as a plain graph's rows)
+            autotune = False
         with self._cudnn(autotune):
             return self._capture_static(static, self.lane_function, "lanes-out")
 
@@ -1234,12 +1236,13 @@ class TorchCudaStages:
         for name, stage in stages.items():
             if stage is None or not stage.lane_graphs:
                 continue
+            tuned = bool(stage.autotune if stage.lane_autotune is None else stage.lane_autotune)
             report[f"{name}-lanes"] = {
                 "graphs": len(stage.lane_graphs),
                 "seconds": round(self._warmup_seconds.get(f"{name}-lanes", 0.0), 2),
-                "autotuned": bool(
-                    stage.autotune if stage.lane_autotune is None else stage.lane_autotune
-                ),
+                "autotuned": tuned,
+                # (lanes times rows a lane, as a plain graph's rows)
+                "autotuned_from_rows": stage.autotune_min_rows if tuned else None,
             }
         return report
 
