@@ -285,6 +285,31 @@ def test_a_voice_with_more_rows_than_a_lane_takes_runs_alone_and_is_still_itself
     assert float((together[rows:] - joe).abs().max()) < TOLERANCE * float(joe.abs().max())
 
 
+def test_a_voice_alone_beside_a_grouped_call_is_still_itself(entries: dict[str, Path]) -> None:
+    """Three voices in one call: two of few rows share a grouped call, the third (more rows
+    than a lane takes) runs alone after it; every row is its own voice's."""
+    from engines.runtimes.torch_cuda.stages import MAX_LANE_ROWS
+
+    shared, copy = grouped_vocoder(entries)
+    # (the copy's weights again, as a voice of its own: a separate lane, a separate call)
+    third = shared.load_voice(entries["copy"], "joe-copy-2")
+    many = MAX_LANE_ROWS + 2
+    latent = torch.from_numpy(
+        np.random.default_rng(8).standard_normal((many + 4, 192, 8)).astype(np.float32)
+    )
+    voices = [None, copy, None, copy] + [third] * many
+    together = shared.vocode_tensor(latent, None, voices).float()
+    assert shared.vocoder_stage.lane_histogram == {(2, 2): 1}
+    for voice, rows in (
+        (shared.default_voice, [0, 2]),
+        (copy, [1, 3]),
+        (third, list(range(4, 4 + many))),
+    ):
+        alone = shared.vocode_tensor(latent[rows], None, voice).float()
+        scale = float(alone.abs().max())
+        assert float((together[rows] - alone).abs().max()) < TOLERANCE * scale
+
+
 def test_a_runtime_without_lanes_runs_each_voice_in_a_call_of_its_own(
     entries: dict[str, Path],
 ) -> None:

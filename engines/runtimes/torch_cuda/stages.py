@@ -990,12 +990,12 @@ class TorchCudaStages:
                 alone.extend(chunk)
                 continue
             order = [row for _, rows in chunk for row in rows]
-            lane = np.concatenate([np.full(len(rows), i) for i, (_, rows) in enumerate(chunk)])
+            lanes_of = np.concatenate([np.full(len(rows), i) for i, (_, rows) in enumerate(chunk)])
             position = np.concatenate([np.arange(len(rows)) for _, rows in chunk])
             for i, (each, _) in enumerate(chunk):
                 self._bind(stage, each, lane=i)
             index = torch.as_tensor(order, device=self.device)
-            out = graphed.run_lanes({k: t[index] for k, t in feeds.items()}, lane, position)
+            out = graphed.run_lanes({k: t[index] for k, t in feeds.items()}, lanes_of, position)
             if out is None:  # no graph for this shape while serving: a call per voice
                 alone.extend(chunk)
                 continue
