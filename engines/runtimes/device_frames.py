@@ -136,6 +136,7 @@ class DeviceBackend:
             encodes_beside=beside,
             encoder_queued=beside and bool(getattr(runtime, "encoder_queued", False)),
             encoder_calls_in_flight=int(getattr(runtime, "encoder_calls_in_flight", 1)),
+            encoder_streams=int(getattr(runtime, "encoder_streams", 1)) if beside else 1,
             launches_encoder=bool(async_calls and getattr(runtime, "launches_encoder", False)),
             sentence_flow=True,
             prepares_shapes=True,

@@ -106,7 +106,8 @@ class BackendFeatures:
       `encoder_calls_in_flight` at once (one by default: an encoder call's cost is mostly
       fixed, so the sentences that arrive while one runs wait for the next and share it);
       `encoder_queued`: on the windows' own stream, so a call with windows behind it is
-      waited for without leaving the device idle.
+      waited for without leaving the device idle; `encoder_streams`: a step's queued calls
+      spread over that many CUDA streams, the windows' own included, side by side.
     - `launches_encoder`: ``encode_launch`` on the windows' stream: a step's several encoder
       calls (one per voice, or per length) are all launched before the host waits for the
       first one's frame counts, so the device is not left idle between them.
@@ -127,6 +128,7 @@ class BackendFeatures:
     encodes_beside: bool = False
     encoder_queued: bool = False
     encoder_calls_in_flight: int = 1
+    encoder_streams: int = 1
     launches_encoder: bool = False
     sentence_flow: bool = False
     prepares_shapes: bool = False

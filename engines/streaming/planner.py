@@ -390,6 +390,7 @@ def plan_step(
     launch_s: float = 0.0,
     launch_share: float = VOCODER_LAUNCH_SHARE,
     unpaced_encode_share: float = ENCODE_UNPACED_SHARE,
+    encoder_streams: int = 1,
 ) -> StepPlan:
     """Earliest deadline first over all work: sentences to encode and windows to decode.
 
@@ -418,7 +419,8 @@ def plan_step(
     a step opens another voice's call only while its encoder calls' fixed costs stay within
     `ENCODE_VOICES_SHARE` of its budget, or `unpaced_encode_share` (`ENCODE_UNPACED_SHARE`)
     where its streams are of several voices and none is paced; the other voices' new streams
-    wait a step. Likewise,
+    wait a step. Over `encoder_streams` CUDA streams (queued calls side by side) that many
+    calls cost the step one call's fixed cost. Likewise,
     where its streams are of several voices and none is paced, with `launch_s` (the host's
     time to launch a vocoder call; 0: not counted), each voice's windows share one vocoder
     call cut for the widest of them, and a window that can wait opens another voice's call
@@ -501,7 +503,8 @@ def plan_step(
                 split_voices
                 and encoding
                 and calls[0] not in encoding
-                and (len(encoding) + 1) * costs.per_call["encoder"] > encode_share * budget
+                and -(-(len(encoding) + 1) // encoder_streams) * costs.per_call["encoder"]
+                > encode_share * budget
             ):
                 plan.full = True  # another voice's call opens in a later step
                 continue

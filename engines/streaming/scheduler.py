@@ -700,6 +700,7 @@ class StreamScheduler:
             launch_s=self._launch_s if self._async else 0.0,
             launch_share=self.launch_share,
             unpaced_encode_share=self.unpaced_encode_share,
+            encoder_streams=self.backend.features.encoder_streams,
         )
 
     def _run(self, windows: list[Window]) -> None:

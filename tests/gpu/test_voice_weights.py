@@ -83,16 +83,17 @@ def test_a_loaded_voice_runs_on_its_own_weights(entries: dict[str, Path], corpus
     [
         {},
         {"vocoder_streams": 3},
+        {"encoder_streams": 2, "encoder_launch": "queued"},
         {"voice_lanes": 2, "grouped_stages": ("encoder", "vocoder")},
     ],
-    ids=["one-stream", "three-streams", "grouped"],
+    ids=["one-stream", "three-streams", "encoder-streams", "grouped"],
 )
 def test_streams_of_two_voices_on_one_scheduler_each_get_their_voice(
     entries: dict[str, Path], corpus_ids, settings: dict
 ) -> None:
-    """With the vocoder's calls spread over three CUDA streams too (on a GPU), or both
-    voices' rows in grouped calls, each listener hears its own voice, and the sentences'
-    flows never overwrite what a call still reads."""
+    """With the vocoder's calls spread over three CUDA streams too (on a GPU), the encoder's
+    over two, or both voices' rows in grouped calls, each listener hears its own voice, and
+    the sentences' flows never overwrite what a call still reads."""
     shared = TorchCudaStages(entries["joe"], device=DEVICE, precision=PRECISION, **settings)
     slots = {
         "joe": VoiceSlot("joe", shared.default_voice),
@@ -143,6 +144,9 @@ def test_streams_of_two_voices_on_one_scheduler_each_get_their_voice(
         assert len(shared.vocoder_calls_by_stream) == settings.get("vocoder_streams", 1)
         if "voice_lanes" in settings:  # and both voices' windows shared grouped calls
             assert shared.vocoder_stage.lane_histogram, "no grouped vocoder call ran"
+        by_stream = shared.encoder_calls_by_stream
+        assert len(by_stream) == settings.get("encoder_streams", 1)
+        assert all(by_stream), by_stream
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="further CUDA streams need a GPU")
@@ -206,6 +210,93 @@ def test_vocoder_streams_are_checked_and_read_from_the_environment(
         load(entries["joe"], WindowConfig())
     monkeypatch.setenv("VOXFLEET_VOCODER_STREAMS", "2")
     streams = load(entries["joe"], WindowConfig()).vocoder_streams
+    assert streams == (2 if DEVICE == "cuda" else 1)  # one stream on the CPU
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="further CUDA streams need a GPU")
+def test_encoder_calls_on_further_streams_are_their_own_voices_calls(
+    entries: dict[str, Path], corpus_ids
+) -> None:
+    """A step's encoder calls of two voices launched one after another take three streams in
+    turn; each gives the prior its voice's call on the windows' stream gives, and is charged
+    its span over the streams it shared; a call of more sentences than
+    ENCODER_SPREAD_MAX_ROWS stays on the windows' stream."""
+    from engines.runtimes.torch_cuda.stages import ENCODER_SPREAD_MAX_ROWS
+
+    shared = TorchCudaStages(
+        entries["joe"],
+        device=DEVICE,
+        precision=PRECISION,
+        encoder_launch="queued",
+        encoder_streams=3,
+    )
+    copy = shared.load_voice(entries["copy"], "joe-copy")
+    assert shared.encoder_streams == 3 and shared.encoder_calls_in_flight == 9
+    scales = torch.tensor([0.0, 1.0, 0.0])  # no noise: the same call gives the same prior
+
+    def batch(first: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        sentences = [corpus_ids[(first + row) % len(corpus_ids)] for row in range(rows)]
+        longest = max(len(ids) for ids in sentences)
+        ids = torch.zeros(rows, longest, dtype=torch.int64)
+        for row, sentence in enumerate(sentences):
+            ids[row, : len(sentence)] = torch.tensor(sentence)
+        return ids, torch.tensor([len(ids) for ids in sentences])
+
+    inputs = [batch(0, 3), batch(1, 2), batch(2, 4), batch(3, 1)]
+    voices = [copy, None, copy, None]
+    calls = [
+        shared.encode_launch(ids, n, scales, None, v)
+        for (ids, n), v in zip(inputs, voices, strict=True)
+    ]
+    assert shared.encoder_calls_by_stream == (2, 1, 1)
+    priors = [call.finish() for call in calls]
+    for (ids, lengths), voice, (prior, frames), call in zip(
+        inputs, voices, priors, calls, strict=True
+    ):
+        alone, mask = shared.encode_tensor(ids, lengths, scales, None, voice)
+        assert frames.tolist() == mask[:, 0, :].sum(dim=1).to(torch.int64).tolist()
+        width, scale = int(frames.max()), float(alone.abs().max())
+        assert float((prior[..., :width] - alone[..., :width]).abs().max()) < 1e-3 * scale
+        other, _ = shared.encode_tensor(ids, lengths, scales, None, None if voice else copy)
+        assert other.shape != alone.shape or float((other - alone).abs().max()) > 1e-3 * scale
+        assert call.seconds() > 0
+    wide = batch(0, ENCODER_SPREAD_MAX_ROWS + 1)
+    shared.flow_tensor(torch.zeros(1, 192, 32), torch.ones(1, 1, 32))  # (a new group)
+    before = shared.encoder_calls_by_stream
+    shared.encode_launch(*wide, scales).finish()
+    shared.encode_launch(*wide, scales).finish()
+    after = shared.encoder_calls_by_stream
+    assert after[0] == before[0] + 2 and after[1:] == before[1:]
+
+
+def test_encoder_streams_are_checked_and_read_from_the_environment(
+    entries: dict[str, Path], monkeypatch
+) -> None:
+    from engines.runtimes.torch_cuda import load
+    from engines.runtimes.torch_cuda.stages import TorchCudaError
+
+    joe = entries["joe"]
+    with pytest.raises(TorchCudaError, match="encoder_streams is at least 1"):
+        TorchCudaStages(joe, device=DEVICE, precision=PRECISION, encoder_streams=0)
+    with pytest.raises(TorchCudaError, match="spreads queued encoder calls"):
+        TorchCudaStages(
+            joe, device=DEVICE, precision=PRECISION, encoder_launch="beside", encoder_streams=2
+        )
+    with pytest.raises(TorchCudaError, match=r"encoder's calls are grouped over voices"):
+        TorchCudaStages(
+            joe,
+            device=DEVICE,
+            precision=PRECISION,
+            encoder_launch="queued",
+            voice_lanes=2,
+            grouped_stages=("encoder",),
+            encoder_streams=2,
+        )
+    monkeypatch.setenv("VOXFLEET_ENCODER_STREAMS", "-1")
+    with pytest.raises(TorchCudaError, match="VOXFLEET_ENCODER_STREAMS is a whole number"):
+        load(joe, WindowConfig())
+    monkeypatch.setenv("VOXFLEET_ENCODER_STREAMS", "2")
+    streams = load(joe, WindowConfig()).encoder_streams  # (the plan's launch: queued)
     assert streams == (2 if DEVICE == "cuda" else 1)  # one stream on the CPU
 
 

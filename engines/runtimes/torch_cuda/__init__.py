@@ -27,11 +27,15 @@ AUTOTUNE_MIN_ROWS_ENV = "VOXFLEET_AUTOTUNE_MIN_ROWS"
 # The CUDA streams the vocoder's calls are spread over (stages.VOCODER_STREAMS; 1: the
 # windows' own alone).
 VOCODER_STREAMS_ENV = "VOXFLEET_VOCODER_STREAMS"
+# The CUDA streams a step's queued encoder calls are spread over (stages.ENCODER_STREAMS; 1:
+# the windows' own alone).
+ENCODER_STREAMS_ENV = "VOXFLEET_ENCODER_STREAMS"
 
 
 def _settings_from_environment() -> dict:
-    """`voice_lanes`, `grouped_stages`, `autotune_min_rows` and `vocoder_streams` from the
-    environment, where set; a clear error naming the variable where a value is not one."""
+    """`voice_lanes`, `grouped_stages`, `autotune_min_rows`, `vocoder_streams` and
+    `encoder_streams` from the environment, where set; a clear error naming the variable
+    where a value is not one."""
     import os
 
     from engines.runtimes.torch_cuda.stages import (
@@ -45,6 +49,7 @@ def _settings_from_environment() -> dict:
         (VOICE_LANES_ENV, "voice_lanes"),
         (AUTOTUNE_MIN_ROWS_ENV, "autotune_min_rows"),
         (VOCODER_STREAMS_ENV, "vocoder_streams"),
+        (ENCODER_STREAMS_ENV, "encoder_streams"),
     ):
         value = os.environ.get(variable, "").strip()
         if value:

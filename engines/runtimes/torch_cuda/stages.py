@@ -116,6 +116,17 @@ AUTOTUNE_MIN_ROWS = 16
 # memory pool of their own (graphs that share a pool must never run at the same time).
 VOCODER_STREAMS = 1
 SPREAD_MAX_ROWS = 16
+# Queued encoder calls on further CUDA streams (`encoder_streams`, `encode_launch`): 1, none,
+# by default. An encoder call is a long chain of small kernels that leaves most of the GPU
+# idle: on the H200 eight calls of 4 sentences (128 phonemes) took 14.9 ms one after another
+# on one stream, 6.6 ms spread over four and 4.9 over eight, where the vocoder's calls of 4
+# windows gained a fifth at most (`python -m lab.stream_overlap`, docs/gpu-runs.md). A step's
+# encoder calls of at most ENCODER_SPREAD_MAX_ROWS sentences take the streams in turn, the
+# windows' own first, all starting after the windows queued before the first of them. Each
+# further stream costs one voice's encoder weights (FP32) and graphs of its own for the
+# buckets up to that many sentences, in a memory pool of its own.
+ENCODER_STREAMS = 1
+ENCODER_SPREAD_MAX_ROWS = 8
 
 
 class TorchCudaError(RuntimeError):
@@ -175,12 +186,31 @@ StageFunction = Callable[[dict[str, torch.Tensor]], list[torch.Tensor]]
 
 @dataclass(eq=False)
 class _StreamSlot:
-    """A further CUDA stream a stage's calls may run on (`TorchCudaStages.vocoder_stream`):
-    its graphs read the weights bound to lane `lane` of the stage's binding."""
+    """A further CUDA stream a stage's calls may run on (`TorchCudaStages.vocoder_stream`,
+    `encode_launch`): its graphs read the weights bound to lane `lane` of the stage's
+    binding."""
 
     stream: torch.cuda.Stream
     graphed: GraphedStage
     lane: int
+    stage: str = "vocoder"
+
+
+class _EncoderGroup:
+    """A step's encoder calls launched one after another over the encoder's streams
+    (`encoder_streams`): they start together, after the windows queued before the first of
+    them (`start`, on the windows' stream), and run side by side. A call's own span is then
+    about the group's over the calls on its stream, so each is charged its span over the
+    streams the group took (`EncoderCall.seconds`): the group's calls together are charged
+    about its span, what they added to the device's time, not the time each took."""
+
+    def __init__(self, start: torch.cuda.Event) -> None:
+        self.start = start
+        self.turns: set[int] = set()  # the streams its calls took (0: the windows' own)
+
+    @property
+    def overlap(self) -> int:
+        return max(1, len(self.turns))
 
 
 class GraphedStage:
@@ -451,19 +481,24 @@ class EncoderCall:
         noise_scale: float,
         start: torch.cuda.Event,
         end: torch.cuda.Event,
+        group: _EncoderGroup | None = None,
     ) -> None:
         self._tensors = tensors  # m_p, logs_p, x_mask, w_ceil, y_lengths (device)
         self._lengths = lengths  # y_lengths in pinned host memory, once `end` is reached
         self._noise_scale = noise_scale
         self._events = (start, end)
+        self._group = group  # the calls it ran beside (`encoder_streams`), if any
 
     def done(self) -> bool:
         return bool(self._events[1].query())
 
     def seconds(self) -> float:
+        """Its device time: its events' span, shared with the calls of its group that ran
+        beside it on other streams (`_EncoderGroup`)."""
         start, end = self._events
         end.synchronize()
-        return start.elapsed_time(end) / 1000.0
+        overlap = self._group.overlap if self._group is not None else 1
+        return start.elapsed_time(end) / 1000.0 / overlap
 
     def finish(self) -> tuple[torch.Tensor, np.ndarray]:
         """(prior [B, 192, frames] queued on the current stream, frames per row)."""
@@ -616,6 +651,7 @@ class TorchCudaStages:
         grouped_stages: Sequence[str] = GROUPED_STAGES,
         autotune_min_rows: int = AUTOTUNE_MIN_ROWS,
         vocoder_streams: int = VOCODER_STREAMS,
+        encoder_streams: int = ENCODER_STREAMS,
     ) -> None:
         engine_dir = Path(engine_dir)
         if voice_lanes < 1:
@@ -631,6 +667,21 @@ class TorchCudaStages:
             raise TorchCudaError(
                 "the vocoder's calls are grouped over voices (voice_lanes) or spread over "
                 "CUDA streams (vocoder_streams), not both"
+            )
+        if encoder_streams < 1:
+            raise TorchCudaError(
+                f"encoder_streams is at least 1 (1: the windows' stream alone), got "
+                f"{encoder_streams}"
+            )
+        if encoder_streams > 1 and voice_lanes > 1 and "encoder" in grouped_stages:
+            raise TorchCudaError(
+                "the encoder's calls are grouped over voices (voice_lanes) or spread over "
+                "CUDA streams (encoder_streams), not both"
+            )
+        if encoder_streams > 1 and encoder_launch != "queued":
+            raise TorchCudaError(
+                "encoder_streams spreads queued encoder calls (encoder_launch queued), not "
+                f"{encoder_launch!r} ones"
             )
         unknown = [name for name in grouped_stages if name not in GROUPABLE_STAGES]
         if unknown:
@@ -758,16 +809,20 @@ class TorchCudaStages:
             "flow": self.flow_stage,
             "vocoder": self.vocoder_stage,
         }
-        # Further streams for the vocoder's calls only on a GPU (lanes 1 and up of its weights).
+        # Further streams for the vocoder's and the encoder's calls only on a GPU (lanes 1 and
+        # up of their weights), the encoder's only where its calls are queued (launched).
         if self.device.type != "cuda":
             vocoder_streams = 1
+        if not self._queued_launches:
+            encoder_streams = 1
         self._grouped: tuple[str, ...] = ()
         for stage, holder in self._weight_holders().items():
             grouped = stage in grouped_stages and graphed_stages[stage] is not None
             lanes = voice_lanes if grouped else 1
-            # (The vocoder's further streams take lanes of its weights too, but no grouped
-            # calls: the two are refused together above.)
-            weight_lanes = max(lanes, vocoder_streams) if stage == "vocoder" else lanes
+            # (Further streams take lanes of their stage's weights too, but no grouped calls:
+            # the two are refused together above.)
+            streams = {"vocoder": vocoder_streams, "encoder": encoder_streams}.get(stage, 1)
+            weight_lanes = max(lanes, streams)
             binding = WeightBinding(stage, holder.weight_tensors(), self.device, weight_lanes)
             holder.use_weights(binding.tensors)
             self._bindings[stage] = binding
@@ -780,9 +835,17 @@ class TorchCudaStages:
                 if stage == "encoder":
                     graphed.max_lane_rows = MAX_ENCODER_LANE_ROWS
         self._vocoder_slots = [
-            self._stream_slot(lane, pool is not None) for lane in range(1, vocoder_streams)
+            self._stream_slot("vocoder", lane, pool is not None)
+            for lane in range(1, vocoder_streams)
         ]
         self._slot_turn = 0
+        self._encoder_slots = [
+            self._stream_slot("encoder", lane, pool is not None)
+            for lane in range(1, encoder_streams)
+        ]
+        self._encoder_turn = 0
+        # The encoder calls launched since the last call of another stage (`encode_launch`).
+        self._encoder_group: _EncoderGroup | None = None
         self._on_slot = threading.local()  # the slot a thread's vocoder calls run on
         self._slots_to_join: set[_StreamSlot] = set()
         self.default_voice = VoiceWeights(
@@ -800,26 +863,33 @@ class TorchCudaStages:
         if self.device.type == "cuda":
             self._reader.start()  # a serving process: ready before its next voice's load
 
-    def _stream_slot(self, lane: int, graphs: bool) -> _StreamSlot:
-        """A further stream for the vocoder's calls: graphs of its own for the buckets up to
-        SPREAD_MAX_ROWS, in a memory pool of their own, reading the weights of `lane`."""
-        main, binding = self.vocoder_stage, self._bindings["vocoder"]
+    def _stream_slot(self, stage: str, lane: int, graphs: bool) -> _StreamSlot:
+        """A further stream for a stage's calls (the vocoder's or the encoder's): graphs of
+        its own for the buckets up to SPREAD_MAX_ROWS (ENCODER_SPREAD_MAX_ROWS), in a memory
+        pool of their own, reading the weights of `lane`."""
+        if stage == "vocoder":
+            main, most, module = self.vocoder_stage, SPREAD_MAX_ROWS, self.vocoder_module
+        else:
+            assert self.encoder_stage is not None
+            main, most, module = self.encoder_stage, ENCODER_SPREAD_MAX_ROWS, None
+        holder, binding = self._weight_holders()[stage], self._bindings[stage]
         graphed = GraphedStage(
-            self.vocoder_module,
-            [b for b in main.buckets if b <= SPREAD_MAX_ROWS],
+            module,
+            [b for b in main.buckets if b <= most],
             main.use_graphs,
             pool=torch.cuda.graph_pool_handle() if graphs else None,
             frame_multiple=main.frame_multiple,
             function=_weights_function(
-                self.vocoder_module,
+                holder,
                 main.function,
                 binding.layout.views(binding.lanes[lane]),
                 binding.tensors,
             ),
+            device=self.device,
         )
         graphed.autotune, graphed.autotune_min_rows = main.autotune, main.autotune_min_rows
         graphed._lock = main._lock  # one module: its weights are swapped for eager calls
-        return _StreamSlot(torch.cuda.Stream(device=self.device), graphed, lane)
+        return _StreamSlot(torch.cuda.Stream(device=self.device), graphed, lane, stage)
 
     def _weight_holders(self) -> dict[str, Any]:
         encoder = self.encoder_core if self.encoder_core is not None else self.encoder
@@ -956,8 +1026,11 @@ class TorchCudaStages:
     ) -> list[torch.Tensor]:
         """`_call` with every output of the stage."""
         lane = 0
-        slot = getattr(self._on_slot, "slot", None) if stage == "vocoder" else None
-        if slot is not None:  # on a further stream (`vocoder_stream`): its graphs, its lane
+        if stage != "encoder":  # another stage's call ends a group of encoder calls
+            self._encoder_group = None
+        slot = getattr(self._on_slot, "slot", None)
+        if slot is not None and slot.stage == stage:
+            # on a further stream (`vocoder_stream`, `encode_launch`): its graphs, its lane
             graphed, lane = slot.graphed, slot.lane
         if voice is None or isinstance(voice, VoiceWeights):
             self._bind(stage, voice, lane)
@@ -1116,8 +1189,49 @@ class TorchCudaStages:
 
     @property
     def encoder_calls_in_flight(self) -> int:
-        """How many launched encoder calls the scheduler may wait on at once (1 beside)."""
-        return QUEUED_ENCODER_CALLS_IN_FLIGHT if self._queued_launches else 1
+        """How many launched encoder calls the scheduler may wait on at once (1 beside; so
+        many a stream queued)."""
+        if self._queued_launches:
+            return QUEUED_ENCODER_CALLS_IN_FLIGHT * self.encoder_streams
+        return 1
+
+    @property
+    def encoder_streams(self) -> int:
+        """The CUDA streams launched encoder calls are spread over, the windows' own
+        included (`encoder_streams`)."""
+        return 1 + len(self._encoder_slots)
+
+    @property
+    def encoder_calls_by_stream(self) -> tuple[int, ...]:
+        """The encoder calls each stream has run, the windows' own first."""
+        assert self.encoder_stage is not None
+        stages = [self.encoder_stage] + [slot.graphed for slot in self._encoder_slots]
+        return tuple(sum(stage.batch_histogram.values()) for stage in stages)
+
+    def _encoder_slot(self, rows: int, current: torch.cuda.Stream) -> _StreamSlot | None:
+        """The further stream an encoder call of `rows` sentences launched now takes, None
+        for the windows' own: calls launched one after another (a group) take the streams
+        in turn from the windows' own, a call of more than ENCODER_SPREAD_MAX_ROWS the
+        windows' own; every call of a group on a further stream starts after the windows
+        queued before the group (its `start`)."""
+        if not self._encoder_slots:
+            return None
+        group = self._encoder_group
+        if group is None:
+            start = torch.cuda.Event()
+            start.record(current)
+            group = self._encoder_group = _EncoderGroup(start)
+            self._encoder_turn = 0
+        turn = 0
+        if rows <= ENCODER_SPREAD_MAX_ROWS:
+            turn = self._encoder_turn
+            self._encoder_turn = (turn + 1) % self.encoder_streams
+        group.turns.add(turn)
+        if not turn:
+            return None
+        slot = self._encoder_slots[turn - 1]
+        slot.stream.wait_event(group.start)
+        return slot
 
     def encode_launch(
         self,
@@ -1132,13 +1246,20 @@ class TorchCudaStages:
         counts reach the host without the host waiting for them, and `EncoderCall.finish()`
         queues the rest behind it (see `EncoderCall`)."""
         stream = self._encoder_stream
+        slot = None
         if stream is None and self.launches_encoder:
-            # Queued or inline: on the windows' own stream, behind what is queued there.
+            # Queued or inline: on the windows' own stream, behind what is queued there, or
+            # on a further one beside it (`encoder_streams`).
             stream = torch.cuda.current_stream(self.device)
+            slot = self._encoder_slot(ids.shape[0], stream)
         if stream is None:
             raise TorchCudaError("the scheduler launches encoder calls only for a CUDA graph")
+        group = self._encoder_group
+        if slot is not None:
+            stream = slot.stream
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(stream):
+        place = self._running_on(slot) if slot is not None else contextlib.nullcontext()
+        with torch.cuda.stream(stream), place:
             start.record(stream)
             (m_p, logs_p, x_mask, logw), length_scale, noise_scale = self._encode_core(
                 ids, lengths, scales, speaker_ids, voice
@@ -1147,7 +1268,9 @@ class TorchCudaStages:
             host = torch.empty(y_lengths.shape, dtype=y_lengths.dtype, pin_memory=True)
             host.copy_(y_lengths, non_blocking=True)
             end.record(stream)
-        return EncoderCall((m_p, logs_p, x_mask, w_ceil, y_lengths), host, noise_scale, start, end)
+        return EncoderCall(
+            (m_p, logs_p, x_mask, w_ceil, y_lengths), host, noise_scale, start, end, group
+        )
 
     def flow_tensor(
         self,
@@ -1226,13 +1349,17 @@ class TorchCudaStages:
         }
         if "encoder" in report:
             report["encoder"]["precision"] = self.encoder_precision
-        if self._vocoder_slots:
-            report["vocoder-streams"] = {
-                "streams": self.vocoder_streams,
-                "graphs": sum(len(slot.graphed.graphs) for slot in self._vocoder_slots),
-                "seconds": round(self._warmup_seconds.get("vocoder-streams", 0.0), 2),
-                "max_rows": SPREAD_MAX_ROWS,
-            }
+        for name, slots, most in (
+            ("vocoder", self._vocoder_slots, SPREAD_MAX_ROWS),
+            ("encoder", self._encoder_slots, ENCODER_SPREAD_MAX_ROWS),
+        ):
+            if slots:
+                report[f"{name}-streams"] = {
+                    "streams": 1 + len(slots),
+                    "graphs": sum(len(slot.graphed.graphs) for slot in slots),
+                    "seconds": round(self._warmup_seconds.get(f"{name}-streams", 0.0), 2),
+                    "max_rows": most,
+                }
         for name, stage in stages.items():
             if stage is None or not stage.lane_graphs:
                 continue
@@ -1256,7 +1383,7 @@ class TorchCudaStages:
 
     def _graphed_stages(self) -> list[GraphedStage]:
         stages = [self.flow_stage, self.vocoder_stage, self.encoder_stage]
-        stages += [slot.graphed for slot in self._vocoder_slots]
+        stages += [slot.graphed for slot in self._vocoder_slots + self._encoder_slots]
         return [stage for stage in stages if stage is not None]
 
     def graph_count(self) -> int:
@@ -1325,11 +1452,22 @@ class TorchCudaStages:
             encoder_buckets = self.encoder_stage.buckets
             top = bucket_for(max_sentences or encoder_buckets[-1], encoder_buckets)
             scales = torch.tensor([0.667, 1.0, 0.8])
-            for phonemes in sorted(encoder_phonemes, reverse=True):
-                for batch in sorted((b for b in encoder_buckets if b <= top), reverse=True):
-                    ids = torch.full((batch, phonemes), 20, dtype=torch.int64)
-                    self.encode_tensor(ids, torch.full((batch,), phonemes), scales)
+
+            def warm_encoder(most_rows: int) -> None:
+                rows = sorted((b for b in encoder_buckets if b <= most_rows), reverse=True)
+                for phonemes in sorted(encoder_phonemes, reverse=True):
+                    for batch in rows:
+                        ids = torch.full((batch, phonemes), 20, dtype=torch.int64)
+                        self.encode_tensor(ids, torch.full((batch,), phonemes), scales)
+
+            warm_encoder(top)
             clock.lap("encoder")
+            for slot in self._encoder_slots:
+                with self._running_on(slot):  # the slot's own graphs
+                    warm_encoder(min(top, ENCODER_SPREAD_MAX_ROWS))
+                torch.cuda.current_stream(self.device).wait_stream(slot.stream)
+            if self._encoder_slots:
+                clock.lap("encoder-streams")
             if self.encoder_stage.lane_function is not None:
                 self._warm_lanes(self.encoder_stage, list(encoder_phonemes), max_sentences)
                 clock.lap("encoder-lanes")

@@ -385,6 +385,37 @@ def test_a_busy_step_of_many_unpaced_voices_opens_one_voices_encoder_call() -> N
     assert steps <= 10, steps
 
 
+def test_encoder_calls_over_several_streams_open_that_many_voices_a_step() -> None:
+    """The same ten busy unpaced voices with the backend's queued encoder calls spread over
+    four CUDA streams (`encoder_streams`), side by side: a step opens four voices' encoder
+    calls for the fixed cost one opened, and every new listener is encoded within three
+    steps, the one waiting longest first; with one stream, one voice's as before."""
+    cfg = WindowConfig(max_batch_windows=128, max_encoder_batch=32)
+    voices = [VoiceSlot(f"v{i}") for i in range(10)]
+    streams = [playing(i, voices[i % 10], 0.1 + i / 4000) for i in range(200)]
+    new = [waiting(1000 + i, voices[i % 10], NOW - i / 100_000) for i in range(30)]
+
+    def encoded(plan: StepPlan) -> set[str]:
+        return {s.voice.name for s in plan.encodes if s.voice is not None}
+
+    def step(listeners: list[Stream], streams_: int) -> StepPlan:
+        return plan_step(
+            listeners, cfg, h200_costs(), True, NOW, step_interval_s=1.0, encoder_streams=streams_
+        )
+
+    assert len(encoded(step([*streams, *new], 1))) == 1
+    spread = step([*streams, *new], 4)
+    assert len(encoded(spread)) == 4
+    assert all(s in spread.encodes for s in new if s.voice.name in encoded(spread))
+    left, steps = sorted(new, key=lambda s: s.arrived), 0
+    while left:
+        steps += 1
+        plan = step([*streams, *left], 4)
+        assert left[0] in plan.encodes  # the one waiting longest
+        left = [s for s in left if s not in plan.encodes]
+    assert steps <= 3, steps
+
+
 def test_the_unpaced_encoder_share_is_read_from_the_environment(monkeypatch) -> None:
     """VOXFLEET_ENCODE_SHARE sets the unpaced steps' share for comparing runs (a tenth
     unset); a value that is not a share from 0 to 1 is refused with the variable's name."""
