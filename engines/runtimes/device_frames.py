@@ -150,6 +150,10 @@ class DeviceBackend:
         spread = int(getattr(runtime, "vocoder_streams", 1)) > 1
         self._vocoder_stream = runtime.vocoder_stream if spread else None
         self._join_vocoder = runtime.join_vocoder_streams if spread else None
+        # Encoder calls launched over further streams (TorchCudaStages.encoder_streams) run
+        # as a group the windows' stream waits for before any other call (`_join`).
+        grouped = int(getattr(runtime, "encoder_streams", 1)) > 1
+        self._join_encoder = runtime.join_encoder_streams if grouped else None
         self.pool = FramePool(initial_pages)
         # The stores hold one page past the pool's (`_spare_page`): a whole-sentence flow call
         # writes its padding there, where nothing reads.
@@ -174,9 +178,11 @@ class DeviceBackend:
     def _grown(store: torch.Tensor, kept: int, grown: int) -> torch.Tensor:
         return torch.cat([store[:kept], store.new_zeros(grown + PAGE_FRAMES, LATENT_CHANNELS)])
 
-    def _join(self) -> None:
+    def _join(self, encoder_calls: bool = True) -> None:
         if self._join_vocoder is not None:
             self._join_vocoder()
+        if encoder_calls and self._join_encoder is not None:
+            self._join_encoder()
 
     def _on_vocoder_stream(self, rows: int) -> Any:
         if self._vocoder_stream is None:
@@ -233,7 +239,7 @@ class DeviceBackend:
         """`encode` without waiting (where `encodes_beside`): a call whose `done()` says its
         frame counts are on the host and whose `finish()` gives (prior, frames) as `encode`
         does, the prior queued behind the call (engines.runtimes.torch_cuda.stages.EncoderCall)."""
-        self._join()
+        self._join(encoder_calls=False)  # (a step's encoder calls run side by side)
         return self.runtime.encode_launch(
             *self._encoder_inputs(ids, lengths, scales), speakers, **_voice(voice)
         )
@@ -339,6 +345,8 @@ class DeviceBackend:
             pcm = self.vocode(tables, starts, limits, width, speakers, cut, voice)
             return PendingAudio(torch.from_numpy(pcm), time.perf_counter() - started)
         index, _ = FramePool.window_index(tables, starts, limits, width)
+        if self._join_encoder is not None:
+            self._join_encoder()  # (no window runs beside a group of encoder calls)
         # On a further stream (where the runtime has them) everything below runs there: the
         # memory it takes goes back to that stream's blocks, and its events time it alone.
         with self._on_vocoder_stream(len(starts)):
@@ -357,7 +365,10 @@ class DeviceBackend:
 
     def timer(self) -> DeviceTiming:
         """Starts timing the device work queued from now on (work queued before is not
-        counted); `DeviceTiming.stop()` after the last call to count."""
+        counted, nor a group of encoder calls on further streams still running);
+        `DeviceTiming.stop()` after the last call to count."""
+        if self._join_encoder is not None:
+            self._join_encoder()
         return DeviceTiming(self.device.type == "cuda")
 
     def sync(self) -> None:

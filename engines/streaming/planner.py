@@ -420,7 +420,8 @@ def plan_step(
     `ENCODE_VOICES_SHARE` of its budget, or `unpaced_encode_share` (`ENCODE_UNPACED_SHARE`)
     where its streams are of several voices and none is paced; the other voices' new streams
     wait a step. Over `encoder_streams` CUDA streams (queued calls side by side) that many
-    calls cost the step one call's fixed cost. Likewise,
+    calls always open, as one call does on one stream: their costs, as the cost model learns
+    them, are each call's share of the time they ran side by side. Likewise,
     where its streams are of several voices and none is paced, with `launch_s` (the host's
     time to launch a vocoder call; 0: not counted), each voice's windows share one vocoder
     call cut for the widest of them, and a window that can wait opens another voice's call
@@ -501,10 +502,9 @@ def plan_step(
             ids = len(stream.sentences[0].ids)
             if (
                 split_voices
-                and encoding
+                and len(encoding) >= encoder_streams
                 and calls[0] not in encoding
-                and -(-(len(encoding) + 1) // encoder_streams) * costs.per_call["encoder"]
-                > encode_share * budget
+                and (len(encoding) + 1) * costs.per_call["encoder"] > encode_share * budget
             ):
                 plan.full = True  # another voice's call opens in a later step
                 continue

@@ -199,10 +199,15 @@ class _StreamSlot:
 class _EncoderGroup:
     """A step's encoder calls launched one after another over the encoder's streams
     (`encoder_streams`): they start together, after the windows queued before the first of
-    them (`start`, on the windows' stream), and run side by side. A call's own span is then
-    about the group's over the calls on its stream, so each is charged its span over the
-    streams the group took (`EncoderCall.seconds`): the group's calls together are charged
-    about its span, what they added to the device's time, not the time each took."""
+    them (`start`, on the windows' stream), and run side by side, and the windows' stream
+    waits for all of them before its next call (`join_encoder_streams`), as it waits for a
+    queued call on it: the group runs as one queued call would, in less time, and no window
+    runs beside it (with windows beside them, a pod on the H200 counted its vocoder calls at
+    1.7 to 2.1 ms where they took 0.5 ms alone, and turned listeners away: docs/gpu-runs.md).
+    A call's own span is about the group's over the calls
+    on its stream, so each is charged its span over the streams the group took
+    (`EncoderCall.seconds`): the group's calls together are charged about its span, what
+    they added to the device's time, not the time each took."""
 
     def __init__(self, start: torch.cuda.Event) -> None:
         self.start = start
@@ -1027,7 +1032,7 @@ class TorchCudaStages:
         """`_call` with every output of the stage."""
         lane = 0
         if stage != "encoder":  # another stage's call ends a group of encoder calls
-            self._encoder_group = None
+            self.join_encoder_streams()
         slot = getattr(self._on_slot, "slot", None)
         if slot is not None and slot.stage == stage:
             # on a further stream (`vocoder_stream`, `encode_launch`): its graphs, its lane
@@ -1207,6 +1212,19 @@ class TorchCudaStages:
         assert self.encoder_stage is not None
         stages = [self.encoder_stage] + [slot.graphed for slot in self._encoder_slots]
         return tuple(sum(stage.batch_histogram.values()) for stage in stages)
+
+    def join_encoder_streams(self) -> None:
+        """The windows' stream waits for the encoder calls launched on further streams since
+        the last join (a group, `_EncoderGroup`), and the next call launched starts a new
+        group: a caller queues this before a call of another stage (the stage calls here do
+        it themselves), before that call's timing starts."""
+        group, self._encoder_group = self._encoder_group, None
+        if group is None:
+            return
+        current = torch.cuda.current_stream(self.device)
+        for turn in group.turns:
+            if turn:
+                current.wait_stream(self._encoder_slots[turn - 1].stream)
 
     def _encoder_slot(self, rows: int, current: torch.cuda.Stream) -> _StreamSlot | None:
         """The further stream an encoder call of `rows` sentences launched now takes, None

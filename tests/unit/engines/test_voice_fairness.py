@@ -388,8 +388,9 @@ def test_a_busy_step_of_many_unpaced_voices_opens_one_voices_encoder_call() -> N
 def test_encoder_calls_over_several_streams_open_that_many_voices_a_step() -> None:
     """The same ten busy unpaced voices with the backend's queued encoder calls spread over
     four CUDA streams (`encoder_streams`), side by side: a step opens four voices' encoder
-    calls for the fixed cost one opened, and every new listener is encoded within three
-    steps, the one waiting longest first; with one stream, one voice's as before."""
+    calls where one stream opens one (their costs as one call's alone: the cost model has
+    not seen them side by side yet), and every new listener is encoded within three steps,
+    the one waiting longest first; with one stream, one voice's as before."""
     cfg = WindowConfig(max_batch_windows=128, max_encoder_batch=32)
     voices = [VoiceSlot(f"v{i}") for i in range(10)]
     streams = [playing(i, voices[i % 10], 0.1 + i / 4000) for i in range(200)]
