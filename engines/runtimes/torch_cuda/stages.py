@@ -663,26 +663,16 @@ class TorchCudaStages:
             raise TorchCudaError(
                 f"voice_lanes is at least 1 (1: no grouped calls), got {voice_lanes}"
             )
-        if vocoder_streams < 1:
-            raise TorchCudaError(
-                f"vocoder_streams is at least 1 (1: the windows' stream alone), got "
-                f"{vocoder_streams}"
-            )
-        if vocoder_streams > 1 and voice_lanes > 1 and "vocoder" in grouped_stages:
-            raise TorchCudaError(
-                "the vocoder's calls are grouped over voices (voice_lanes) or spread over "
-                "CUDA streams (vocoder_streams), not both"
-            )
-        if encoder_streams < 1:
-            raise TorchCudaError(
-                f"encoder_streams is at least 1 (1: the windows' stream alone), got "
-                f"{encoder_streams}"
-            )
-        if encoder_streams > 1 and voice_lanes > 1 and "encoder" in grouped_stages:
-            raise TorchCudaError(
-                "the encoder's calls are grouped over voices (voice_lanes) or spread over "
-                "CUDA streams (encoder_streams), not both"
-            )
+        for stage, streams in (("vocoder", vocoder_streams), ("encoder", encoder_streams)):
+            if streams < 1:
+                raise TorchCudaError(
+                    f"{stage}_streams is at least 1 (1: the windows' stream alone), got {streams}"
+                )
+            if streams > 1 and voice_lanes > 1 and stage in grouped_stages:
+                raise TorchCudaError(
+                    f"the {stage}'s calls are grouped over voices (voice_lanes) or spread over "
+                    f"CUDA streams ({stage}_streams), not both"
+                )
         if encoder_streams > 1 and encoder_launch != "queued":
             raise TorchCudaError(
                 "encoder_streams spreads queued encoder calls (encoder_launch queued), not "

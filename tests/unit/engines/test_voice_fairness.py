@@ -351,6 +351,20 @@ def test_a_busy_step_of_many_voices_launches_few_full_vocoder_calls() -> None:
     )
 
 
+def ten_busy_voices() -> tuple[list[Stream], list[Stream]]:
+    """Ten voices of 20 playing, unpaced listeners each, and three new listeners a voice
+    just arrived, the first waiting longest."""
+    voices = [VoiceSlot(f"v{i}") for i in range(10)]
+    streams = [playing(i, voices[i % 10], 0.1 + i / 4000) for i in range(200)]
+    new = [waiting(1000 + i, voices[i % 10], NOW - i / 100_000) for i in range(30)]
+    return streams, new
+
+
+def encoded(plan: StepPlan) -> set[str]:
+    """The voices whose encoder calls a step opens."""
+    return {s.voice.name for s in plan.encodes if s.voice is not None}
+
+
 def test_a_busy_step_of_many_unpaced_voices_opens_one_voices_encoder_call() -> None:
     """Ten busy voices whose listeners are unpaced (no lead limit), three new listeners each
     just arrived: a step opens one voice's encoder call, with all that voice's new listeners
@@ -358,12 +372,7 @@ def test_a_busy_step_of_many_unpaced_voices_opens_one_voices_encoder_call() -> N
     paced listeners keep) opens three; the voices take turns, the listener waiting longest
     first, and every one is encoded within ten steps."""
     cfg = WindowConfig(max_batch_windows=128, max_encoder_batch=32)
-    voices = [VoiceSlot(f"v{i}") for i in range(10)]
-    streams = [playing(i, voices[i % 10], 0.1 + i / 4000) for i in range(200)]
-    new = [waiting(1000 + i, voices[i % 10], NOW - i / 100_000) for i in range(30)]
-
-    def encoded(plan: StepPlan) -> set[str]:
-        return {s.voice.name for s in plan.encodes if s.voice is not None}
+    streams, new = ten_busy_voices()
 
     def step(listeners: list[Stream], config: WindowConfig = cfg, **share: float) -> StepPlan:
         return plan_step(listeners, config, h200_costs(), True, NOW, step_interval_s=1.0, **share)
@@ -392,12 +401,7 @@ def test_encoder_calls_over_several_streams_open_that_many_voices_a_step() -> No
     not seen them side by side yet), and every new listener is encoded within three steps,
     the one waiting longest first; with one stream, one voice's as before."""
     cfg = WindowConfig(max_batch_windows=128, max_encoder_batch=32)
-    voices = [VoiceSlot(f"v{i}") for i in range(10)]
-    streams = [playing(i, voices[i % 10], 0.1 + i / 4000) for i in range(200)]
-    new = [waiting(1000 + i, voices[i % 10], NOW - i / 100_000) for i in range(30)]
-
-    def encoded(plan: StepPlan) -> set[str]:
-        return {s.voice.name for s in plan.encodes if s.voice is not None}
+    streams, new = ten_busy_voices()
 
     def step(listeners: list[Stream], streams_: int) -> StepPlan:
         return plan_step(
