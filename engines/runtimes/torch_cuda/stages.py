@@ -204,10 +204,10 @@ class _EncoderGroup:
     queued call on it: the group runs as one queued call would, in less time, and no window
     runs beside it (with windows beside them, a pod on the H200 counted its vocoder calls at
     1.7 to 2.1 ms where they took 0.5 ms alone, and turned listeners away: docs/gpu-runs.md).
-    A call's own span is about the group's over the calls
-    on its stream, so each is charged its span over the streams the group took
-    (`EncoderCall.seconds`): the group's calls together are charged about its span, what
-    they added to the device's time, not the time each took."""
+    A call's own span is about the group's over the calls on its stream, so each is charged
+    its span over the streams the group took (`EncoderCall.seconds`): the group's calls
+    together are charged about its span, what they added to the device's time, not the time
+    each took."""
 
     def __init__(self, start: torch.cuda.Event) -> None:
         self.start = start
