@@ -955,8 +955,7 @@ class TorchCudaStages:
     @property
     def vocoder_calls_by_stream(self) -> tuple[int, ...]:
         """The vocoder calls each stream has run, the windows' own first."""
-        stages = [self.vocoder_stage] + [slot.graphed for slot in self._vocoder_slots]
-        return tuple(sum(stage.batch_histogram.values()) for stage in stages)
+        return _calls_by_stream(self.vocoder_stage, self._vocoder_slots)
 
     @contextlib.contextmanager
     def vocoder_stream(self, rows: int) -> Iterator[None]:
@@ -1021,8 +1020,8 @@ class TorchCudaStages:
     ) -> list[torch.Tensor]:
         """`_call` with every output of the stage."""
         lane = 0
-        if stage != "encoder":  # another stage's call ends a group of encoder calls
-            self.join_encoder_streams()
+        if stage != "encoder" and self._encoder_group is not None:
+            self.join_encoder_streams()  # another stage's call ends a group of encoder calls
         slot = getattr(self._on_slot, "slot", None)
         if slot is not None and slot.stage == stage:
             # on a further stream (`vocoder_stream`, `encode_launch`): its graphs, its lane
@@ -1200,8 +1199,7 @@ class TorchCudaStages:
     def encoder_calls_by_stream(self) -> tuple[int, ...]:
         """The encoder calls each stream has run, the windows' own first."""
         assert self.encoder_stage is not None
-        stages = [self.encoder_stage] + [slot.graphed for slot in self._encoder_slots]
-        return tuple(sum(stage.batch_histogram.values()) for stage in stages)
+        return _calls_by_stream(self.encoder_stage, self._encoder_slots)
 
     def join_encoder_streams(self) -> None:
         """The windows' stream waits for the encoder calls launched on further streams since
@@ -1266,8 +1264,9 @@ class TorchCudaStages:
         if slot is not None:
             stream = slot.stream
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        place = self._running_on(slot) if slot is not None else contextlib.nullcontext()
-        with torch.cuda.stream(stream), place:
+        # (on a further stream, its graphs and its lane: `_call_outputs`)
+        place = self._running_on(slot) if slot is not None else torch.cuda.stream(stream)
+        with place:
             start.record(stream)
             (m_p, logs_p, x_mask, logw), length_scale, noise_scale = self._encode_core(
                 ids, lengths, scales, speaker_ids, voice
@@ -1551,6 +1550,12 @@ def _lane_function(holder: Any, function: StageFunction, binding: WeightBinding)
                 holder.channels_last = True
 
     return grouped
+
+
+def _calls_by_stream(main: GraphedStage, slots: Sequence[_StreamSlot]) -> tuple[int, ...]:
+    """The calls a stage ran on the windows' stream (`main`), then on each further one."""
+    stages = [main] + [slot.graphed for slot in slots]
+    return tuple(sum(stage.batch_histogram.values()) for stage in stages)
 
 
 def _weights_function(
