@@ -137,6 +137,15 @@ PLAN_SCAN_WINDOWS = 4
 # 672 ms against 765 (four runs each, docs/gpu.md). The oldest is always taken, so no one
 # waits behind a later arrival for long.
 MATCH_CALLS = 4
+# Where a step's streams are unpaced (no lead limit) and its vocoder calls are padded to batch
+# buckets (CUDA graphs), the padding rows left after `fill_buckets` take the windows that
+# follow the call's own in their sentences (`fill_with_next_windows`), up to this many further
+# windows of a stream a step. A device-bound pod's calls were about a quarter padding: at 250
+# unpaced listeners, each voice's streams were all in the step already, and `fill_buckets` had
+# no other windows of the call's width to give its empty rows (`python -m lab.modelled_device`,
+# docs/gpu-runs.md). Buckets double, so one pass fills a call whenever its streams have a window
+# left; the further passes are for calls where some have none.
+NEXT_WINDOW_PASSES = 3
 
 Scales = tuple[float, float, float]
 
@@ -173,7 +182,9 @@ class WindowRules:
     one per width, not one per width and voice (and the encoder's, `encoder_calls`, not one
     per voice). `match_lengths`: in a burst, a step's new sentences are the oldest new
     stream's and those nearest it in length (`MATCH_CALLS`), for an encoder whose every row
-    is as wide as the call's longest sentence.
+    is as wide as the call's longest sentence. `next_windows` (with batch buckets): the padding
+    rows still empty after `fill_buckets` take the following windows of the unpaced streams
+    already in the call (`fill_with_next_windows`).
     """
 
     exact_widths: bool = False
@@ -187,6 +198,7 @@ class WindowRules:
     first_audio_s: float = FIRST_AUDIO_S
     grouped_voices: bool = False
     match_lengths: bool = False
+    next_windows: bool = False
 
     def __post_init__(self) -> None:
         if not self.ramp > 1.0:
@@ -598,6 +610,8 @@ def plan_step(
         rows = Counter(call for w in plan.windows for call in window_calls(w, cfg, rules))
     if batching and rules.batch_buckets:
         fill_buckets(plan, left_out, cfg, rules, window_limit, rows)
+        if rules.next_windows:
+            fill_with_next_windows(plan, cfg, rules)
     return plan
 
 
@@ -702,6 +716,60 @@ def fill_buckets(
             plan.windows.append(window)
             planned.add(stream.stream_id)
             added += 1
+    return added
+
+
+def fill_with_next_windows(
+    plan: StepPlan, cfg: WindowConfig, rules: WindowRules, passes: int = NEXT_WINDOW_PASSES
+) -> int:
+    """Fill the padding rows of a step's vocoder calls (`rules.batch_buckets`) that
+    `fill_buckets` left empty with the windows that follow, in their sentence, those of the
+    unpaced streams (no lead limit: `Stream.lead_limit_s`, else `cfg.max_lead_ms`) already in
+    the call: a stream then gets two (or more) consecutive windows of one call, in order, at
+    no cost to the device, which computes those rows anyway. Returns how many joined.
+
+    A window follows only where its frames are flowed already (the whole-sentence flow of a
+    GPU) and it shares its call's width and context (it is cut for the call's width, as
+    `widened`); a stream at its sentence's end gets none. The step's window limit does not
+    bound them: they fill calls it admitted, never a call's bucket past its own. Paced streams
+    get none: their audio is not wanted before it is due (`plan_step`'s lead limit).
+    """
+    context = cfg.vocoder_context_frames
+    lead_s = cfg.max_lead_ms / 1000
+    calls: dict[tuple[tuple[int, int], Hashable], list[Window]] = {}
+    for window in plan.windows:
+        voice = None if rules.grouped_voices else call_voice(window.stream.voice)
+        calls.setdefault((call_key(window, cfg, rules), voice), []).append(window)
+    added = 0
+    for ((width, before), _), windows in calls.items():
+        room = next((b for b in rules.batch_buckets if b >= len(windows)), 0) - len(windows)
+        size = width - 2 * context
+        followed = [
+            w
+            for w in windows
+            if (lead_s if w.stream.lead_limit_s is None else w.stream.lead_limit_s) <= 0
+            and w.stream.first_audio_at is not None
+        ]
+        for _ in range(passes):
+            following: list[Window] = []
+            for window in followed:
+                if room <= 0:
+                    break
+                state = window.state
+                start = window.decode[1]
+                end = min(state.frames, start + size)
+                if start >= state.frames or state.flowed < min(state.frames, end + context):
+                    continue
+                after = Window(window.stream, (state.flowed, state.flowed), (start, end), size)
+                if call_key(after, cfg, rules) != (width, before):
+                    continue
+                plan.windows.append(after)
+                following.append(after)
+                room -= 1
+            added += len(following)
+            followed = following
+            if room <= 0 or not following:
+                break
     return added
 
 

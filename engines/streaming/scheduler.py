@@ -113,6 +113,9 @@ CAPACITY_INTERVAL_S = 0.25
 # "0" in the environment: a fixed-shape encoder's calls take a burst's new listeners in arrival
 # order, not by length (`planner.MATCH_CALLS`); for comparing the two.
 MATCH_LENGTHS_ENV = "VOXFLEET_MATCH_LENGTHS"
+# "0" in the environment: the padding rows of unpaced streams' vocoder calls stay padding
+# (`planner.NEXT_WINDOW_PASSES`), for comparing the two.
+NEXT_WINDOWS_ENV = "VOXFLEET_NEXT_WINDOWS"
 # A vocoder launch's seconds weigh this much in their moving mean (`_vocode_launch`).
 LAUNCH_WEIGHT = 0.05
 # The share of a busy step's budget its vocoder launches may take where voices' calls split
@@ -254,6 +257,7 @@ class StreamScheduler:
                 batch_buckets=self.backend.features.batch_buckets,
                 grouped_voices=self.backend.features.groups_voices,
                 match_lengths=os.environ.get(MATCH_LENGTHS_ENV, "1").strip() != "0",
+                next_windows=os.environ.get(NEXT_WINDOWS_ENV, "1").strip() != "0",
             )
         )
         self.launch_share = launch_share_from_environment()

@@ -189,9 +189,13 @@ class HostClient:
     def _chunks(self, header: dict[str, Any], payload: bytes) -> None:
         """A frame of several streams' chunks (the voice host's `send_chunks`)."""
         pcm = np.frombuffer(payload, dtype=np.int16)
+        ids = header["ids"]
+        # A stream's last chunk is its final one in the frame: a call may carry two or more
+        # consecutive windows of one stream (planner.fill_with_next_windows).
+        final = {stream_id: row for row, stream_id in enumerate(ids)}
         last = set(header.get("last") or ())
         offset = 0
-        for stream_id, samples in zip(header["ids"], header["samples"], strict=True):
+        for row, (stream_id, samples) in enumerate(zip(ids, header["samples"], strict=True)):
             chunk = pcm[offset : offset + samples]
             offset += samples
             with self._lock:
@@ -199,7 +203,7 @@ class HostClient:
             if sink is None:
                 continue
             try:
-                if stream_id in last:
+                if stream_id in last and final[stream_id] == row:
                     sink.last_audio(chunk)
                 else:
                     sink.audio(chunk)

@@ -101,7 +101,9 @@ def test_the_stream_models_client_splits_a_message_of_chunks_back_into_streams(
         sinks = {3: Recorded(), 4: Recorded()}
         client._streams.update(sinks)
         one, two = np.arange(5, dtype=np.int16), np.arange(100, 103, dtype=np.int16)
-        connection.send_chunks([(3, one, False), (4, two, True), (3, two, False)])
+        # Stream 4 has two consecutive windows in the call (planner.fill_with_next_windows),
+        # the second its last: only that one ends it.
+        connection.send_chunks([(3, one, False), (4, one, False), (4, two, True), (3, two, False)])
         assert sinks[4].got.wait(5)
         for _ in range(100):
             if len(sinks[3].chunks) == 2:
@@ -110,7 +112,9 @@ def test_the_stream_models_client_splits_a_message_of_chunks_back_into_streams(
         assert [kind for kind, _ in sinks[3].chunks] == ["audio", "audio"]
         assert np.array_equal(sinks[3].chunks[0][1], one)
         assert np.array_equal(sinks[3].chunks[1][1], two)
-        assert sinks[4].chunks[0][0] == "last" and np.array_equal(sinks[4].chunks[0][1], two)
+        assert [kind for kind, _ in sinks[4].chunks] == ["audio", "last"]
+        assert np.array_equal(sinks[4].chunks[0][1], one)
+        assert np.array_equal(sinks[4].chunks[1][1], two)
     finally:
         client.close()
         server.close()

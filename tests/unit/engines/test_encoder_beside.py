@@ -384,3 +384,63 @@ def test_a_steps_encoder_calls_are_all_launched_before_any_is_waited_for(stages,
     # The first step encodes both voices' first sentences: two launches, then two finishes.
     assert order[:4] == ["launch", "launch", "finish", "finish"]
     assert backend.launched == backend.finished >= 4
+
+
+class WholeSentenceBackend(QueuedBackend):
+    """A GPU backend's path on the CPU with its flow over whole sentences after the encoder
+    (`flow_sentences`), so that every window's frames are flowed before it is planned, and
+    calls padded to batch buckets of 4 and 8."""
+
+    def __init__(self, runtime: Any) -> None:
+        super().__init__(runtime, beside=False)
+        self.features = replace(
+            self.features, encodes_beside=False, sentence_flow=True, batch_buckets=(4, 8)
+        )
+
+    def flow_sentences(self, prior, tables, frames, speakers, voice=None) -> bool:
+        self.store_prior(prior, tables, frames)
+        count = len(tables)
+        zeros = np.zeros(count, np.int64)
+        frames = np.asarray(frames, np.int64)
+        self.flow(tables, zeros, frames, int(frames.max()), 0, frames, speakers, voice)
+        return True
+
+
+def test_a_calls_padding_rows_take_unpaced_streams_next_windows_with_the_same_audio(
+    stages, sentences, monkeypatch
+) -> None:
+    """Unpaced listeners on a backend whose calls are padded to buckets and whose sentences
+    are flowed whole: the rows still empty after `fill_buckets` take the windows that follow
+    the call's own (planner.fill_with_next_windows), two or more of a stream in one call, and
+    every listener hears the audio it hears with them turned off (VOXFLEET_NEXT_WINDOWS=0),
+    each chunk in order and the last one last. (The calls saved are not asserted: how many a
+    run makes moves with the machine's speed, as in the test above; the GPU runs measure it.)"""
+    joined: list[int] = []
+    fill = planner.fill_with_next_windows
+
+    def counted(*args: Any) -> int:
+        joined.append(fill(*args))
+        return joined[-1]
+
+    monkeypatch.setattr(planner, "fill_with_next_windows", counted)
+    results = {}
+    for setting in ("0", "1"):
+        monkeypatch.setenv("VOXFLEET_NEXT_WINDOWS", setting)
+        runtime = HostStages(stages, WholeSentenceBackend(stages))
+        scheduler = StreamScheduler(runtime, 22050)
+        assert scheduler.rules.next_windows == (setting == "1")
+        scheduler.start()
+        try:
+            sinks = [Sink() for _ in range(5)]
+            run(scheduler, sinks, sentences * 2)
+        finally:
+            scheduler.stop()
+        results[setting] = sinks
+    assert sum(joined) > 0
+    for plain, followed in zip(results["0"], results["1"], strict=True):
+        assert followed.error is None and plain.error is None
+        reference = np.concatenate(plain.chunks).astype(np.float64)
+        audio = np.concatenate(followed.chunks).astype(np.float64)
+        assert len(audio) == len(reference)
+        noise = np.sum((audio - reference) ** 2)
+        assert 10 * np.log10(np.sum(reference**2) / max(noise, 1e-9)) > 60.0
