@@ -23,6 +23,7 @@
 #   STAGE=gil bash tests/gpu/pace_session.sh       # after parts 1 to 3 (py-spy in one)
 #   STAGE=profile bash tests/gpu/pace_session.sh   # after parts 1 to 3
 #   STAGE=settings SETTINGS="base NAME=VALUE,..." RUNS="1 2" bash tests/gpu/pace_session.sh
+#   STAGE=saturate SETTINGS="base NAME=VALUE,..." RUNS="1 2" bash tests/gpu/pace_session.sh
 # SERVE_OPTIONS (words) go to every `voxfleet serve` of a stage, e.g. "--encoder-launch queued".
 # Every call first copies what it carried (.whl/part-*, .whl/build-*.tgz) to /tmp/keep, where
 # later calls on the same machine find it, and puts cut wheels back together.
@@ -83,6 +84,10 @@
 #   run, streaming PACK_PATTERNS (ten) at PACK_LEVELS (250), its costs logged
 #   (VOXFLEET_COSTS_LOG_S, 2 s); with TESTS (words), those tests first (pytest, on this GPU);
 #   a pod is stopped after POD_TIMEOUT (300) s.
+# - saturate: one voice, whole GPU, no lead limit: for each run of RUNS, a fresh `voxfleet
+#   serve` for each setting of SETTINGS (environment variables, as in `settings`), the order
+#   turned round from run to run, at SATURATE (2000) unpaced listeners over 3 s: its audio a
+#   second, against the stage limit of `limits`.
 set -uo pipefail
 OUT=${OUT:-results/runs/pace-$(date -u +%Y%m%dT%H%M%SZ)}
 STAGE=${STAGE:-limits}
@@ -414,6 +419,24 @@ settings)
         done
     done
     ;;
+saturate)
+    for run in ${RUNS:-$RUN}; do
+        for setting in $(turned "$run" ${SETTINGS:-base}); do
+            name=${setting//[=,]/-}
+            echo "pace_session: unpaced server, setting $setting, run $run"
+            (
+                for pair in ${setting//,/ }; do
+                    [[ "$pair" == base ]] || export "$pair"
+                done
+                if serve 0 "$OUT/serve-unpaced-$name-$run.log"; then
+                    echo "{\"ready_s\": $READY_S, \"setting\": \"$setting\"}" >"$OUT/unpaced-$name-$run-ready.json"
+                    bench "unpaced-$name-$run" "${SATURATE:-2000}" 3
+                fi
+                stop
+            )
+        done
+    done
+    ;;
 builds-packing)
     # A fresh packing pod of each build of BUILDS (as in builds-paced) for each run of RUNS,
     # the order turned round run by run.
@@ -491,7 +514,7 @@ PY
     done
     ;;
 *)
-    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, order-paced, builds-paced, instances, first-window, packing, builds-packing, warmup, call-costs, overlap, gil, profile or settings, not $STAGE" >&2
+    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, order-paced, builds-paced, instances, first-window, packing, builds-packing, warmup, call-costs, overlap, gil, profile, settings or saturate, not $STAGE" >&2
     exit 2
     ;;
 esac

@@ -125,3 +125,63 @@ def test_the_encoder_beside_the_windows_gives_the_audio_of_the_encoder_in_the_st
             assert inline.shape == beside_audio.shape
             noise = np.sum((beside_audio - inline) ** 2)
             assert 10 * np.log10(np.sum(inline**2) / max(noise, 1e-9)) > 50.0
+
+
+def test_unpaced_streams_next_windows_in_padding_rows_give_the_same_audio(
+    entry_dir: Path, corpus_ids, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unpaced listeners on the GPU runtime (sentences flowed whole, calls padded to the graphs'
+    batch buckets): the padding rows that take the windows following a stream's own in its
+    call (planner.fill_with_next_windows) give every listener the audio it gets with them
+    turned off (VOXFLEET_NEXT_WINDOWS=0)."""
+    import threading
+
+    from engines.runtimes.torch_cuda.stages import TorchCudaStages
+    from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, planner
+    from engines.text.frontend import Sentence
+
+    class Sink(StreamSink):
+        def __init__(self) -> None:
+            self.chunks: list[np.ndarray] = []
+            self.error: Exception | None = None
+            self.done = threading.Event()
+
+        def audio(self, pcm: np.ndarray) -> None:
+            assert not self.done.is_set(), "audio after the last chunk"
+            self.chunks.append(np.array(pcm))
+
+        def finish(self, error: Exception | None = None) -> None:
+            self.error = error
+            self.done.set()
+
+    joined: list[int] = []
+    fill = planner.fill_with_next_windows
+
+    def counted(*args):
+        joined.append(fill(*args))
+        return joined[-1]
+
+    monkeypatch.setattr(planner, "fill_with_next_windows", counted)
+    quiet = SynthesisParams(noise_scale=0.0, noise_w=0.0)
+    texts = [[Sentence("", corpus_ids[i]), Sentence("", corpus_ids[i + 1])] for i in range(20)]
+    audio: dict[str, list[np.ndarray]] = {}
+    for setting in ("0", "1"):
+        monkeypatch.setenv("VOXFLEET_NEXT_WINDOWS", setting)
+        stages = TorchCudaStages(entry_dir, precision="fp32")
+        scheduler = StreamScheduler(stages, 22050)
+        assert scheduler.rules.next_windows is (setting == "1")
+        scheduler.start()
+        try:
+            sinks = [Sink() for _ in texts]
+            for sentences, sink in zip(texts, sinks, strict=True):
+                scheduler.submit(list(sentences), quiet, sink)
+            for sink in sinks:
+                assert sink.done.wait(120) and sink.error is None and sink.chunks
+        finally:
+            scheduler.stop()
+        audio[setting] = [np.concatenate(sink.chunks).astype(np.float64) for sink in sinks]
+    assert sum(joined) > 0, "no padding row took a next window"
+    for plain, followed in zip(audio["0"], audio["1"], strict=True):
+        assert plain.shape == followed.shape
+        noise = np.sum((followed - plain) ** 2)
+        assert 10 * np.log10(np.sum(plain**2) / max(noise, 1e-9)) > 50.0
