@@ -137,14 +137,21 @@ PLAN_SCAN_WINDOWS = 4
 # 672 ms against 765 (four runs each, docs/gpu.md). The oldest is always taken, so no one
 # waits behind a later arrival for long.
 MATCH_CALLS = 4
-# Where a step's streams are unpaced (no lead limit) and its vocoder calls are padded to batch
-# buckets (CUDA graphs), the padding rows left after `fill_buckets` take the windows that
-# follow the call's own in their sentences (`fill_with_next_windows`), up to this many further
-# windows of a stream a step. A device-bound pod's calls were about a quarter padding: at 250
-# unpaced listeners, each voice's streams were all in the step already, and `fill_buckets` had
-# no other windows of the call's width to give its empty rows (`python -m lab.modelled_device`,
-# docs/gpu-runs.md). Buckets double, so one pass fills a call whenever its streams have a window
-# left; the further passes are for calls where some have none.
+# Where a busy step's streams are of several voices and none is paced (`_several_unpaced_voices`,
+# a packed pod bound by its device) and its vocoder calls are padded to batch buckets (CUDA
+# graphs), the padding rows left after `fill_buckets` take the windows that follow the call's
+# own in their sentences (`fill_with_next_windows`), up to this many further windows of a
+# stream a step. Each voice's streams are all in such a step already, so `fill_buckets` has no
+# other window of the call's width for its empty rows: about a quarter of the vocoder's rows
+# were padding (`python -m lab.modelled_device`). On an H200 pool pod (101 voices, 16 GiB MPS
+# limit, 250 unpaced listeners, three fresh pods each, side by side) ten voices made 3,623
+# (3,352) audio-s/s with them against 3,073 (3,031), and 100 voices by Zipf(1.1) 1,460 (1,327)
+# against 1,235 (1,216), first audio no later. Not for one voice: it made 10 % more audio at
+# 250 listeners, but at 2,000 its streams' sentences ended sooner than its encoder's calls of
+# 32 sentences a step could start new ones, and first audio at p95 went from 141 to 143 ms
+# to 849 to 1,285 ms, with 7 to 12 streams running late (docs/gpu-runs.md). Buckets double,
+# so one pass fills a call whenever its streams have a window left; the further passes are for
+# calls where some have none.
 NEXT_WINDOW_PASSES = 3
 
 Scales = tuple[float, float, float]
@@ -182,9 +189,9 @@ class WindowRules:
     one per width, not one per width and voice (and the encoder's, `encoder_calls`, not one
     per voice). `match_lengths`: in a burst, a step's new sentences are the oldest new
     stream's and those nearest it in length (`MATCH_CALLS`), for an encoder whose every row
-    is as wide as the call's longest sentence. `next_windows` (with batch buckets): the padding
-    rows still empty after `fill_buckets` take the following windows of the unpaced streams
-    already in the call (`fill_with_next_windows`).
+    is as wide as the call's longest sentence. `next_windows` (with batch buckets): on a busy
+    step of several voices, none paced, the padding rows still empty after `fill_buckets` take
+    the following windows of the streams already in the call (`fill_with_next_windows`).
     """
 
     exact_widths: bool = False
@@ -610,7 +617,7 @@ def plan_step(
         rows = Counter(call for w in plan.windows for call in window_calls(w, cfg, rules))
     if batching and rules.batch_buckets:
         fill_buckets(plan, left_out, cfg, rules, window_limit, rows)
-        if rules.next_windows:
+        if rules.next_windows and unpaced:
             fill_with_next_windows(plan, cfg, rules)
     return plan
 
@@ -727,6 +734,7 @@ def fill_with_next_windows(
     unpaced streams (no lead limit: `Stream.lead_limit_s`, else `cfg.max_lead_ms`) already in
     the call: a stream then gets two (or more) consecutive windows of one call, in order, at
     no cost to the device, which computes those rows anyway. Returns how many joined.
+    (`plan_step` calls it for busy steps of several unpaced voices: `NEXT_WINDOW_PASSES`.)
 
     A window follows only where its frames are flowed already (the whole-sentence flow of a
     GPU) and it shares its call's width and context (it is cut for the call's width, as

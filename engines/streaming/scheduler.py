@@ -113,7 +113,7 @@ CAPACITY_INTERVAL_S = 0.25
 # "0" in the environment: a fixed-shape encoder's calls take a burst's new listeners in arrival
 # order, not by length (`planner.MATCH_CALLS`); for comparing the two.
 MATCH_LENGTHS_ENV = "VOXFLEET_MATCH_LENGTHS"
-# "0" in the environment: the padding rows of unpaced streams' vocoder calls stay padding
+# "0" in the environment: the padding rows of busy steps of several unpaced voices stay padding
 # (`planner.NEXT_WINDOW_PASSES`), for comparing the two.
 NEXT_WINDOWS_ENV = "VOXFLEET_NEXT_WINDOWS"
 # A vocoder launch's seconds weigh this much in their moving mean (`_vocode_launch`).

@@ -130,14 +130,15 @@ def test_the_encoder_beside_the_windows_gives_the_audio_of_the_encoder_in_the_st
 def test_unpaced_streams_next_windows_in_padding_rows_give_the_same_audio(
     entry_dir: Path, corpus_ids, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Unpaced listeners on the GPU runtime (sentences flowed whole, calls padded to the graphs'
-    batch buckets): the padding rows that take the windows following a stream's own in its
-    call (planner.fill_with_next_windows) give every listener the audio it gets with them
-    turned off (VOXFLEET_NEXT_WINDOWS=0)."""
+    """Unpaced listeners of two voices (the joe voice loaded twice) on the GPU runtime
+    (sentences flowed whole, calls padded to the graphs' batch buckets): the padding rows that
+    take the windows following a stream's own in its call (planner.fill_with_next_windows)
+    give every listener the audio it gets with them turned off (VOXFLEET_NEXT_WINDOWS=0)."""
     import threading
 
     from engines.runtimes.torch_cuda.stages import TorchCudaStages
     from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, planner
+    from engines.streaming.types import VoiceSlot
     from engines.text.frontend import Sentence
 
     class Sink(StreamSink):
@@ -168,13 +169,14 @@ def test_unpaced_streams_next_windows_in_padding_rows_give_the_same_audio(
     for setting in ("0", "1"):
         monkeypatch.setenv("VOXFLEET_NEXT_WINDOWS", setting)
         stages = TorchCudaStages(entry_dir, precision="fp32")
+        voices = [VoiceSlot(name, stages.load_voice(entry_dir, name)) for name in ("a", "b")]
         scheduler = StreamScheduler(stages, 22050)
         assert scheduler.rules.next_windows is (setting == "1")
         scheduler.start()
         try:
             sinks = [Sink() for _ in texts]
-            for sentences, sink in zip(texts, sinks, strict=True):
-                scheduler.submit(list(sentences), quiet, sink)
+            for row, (sentences, sink) in enumerate(zip(texts, sinks, strict=True)):
+                scheduler.submit(list(sentences), quiet, sink, voice=voices[row % 2])
             for sink in sinks:
                 assert sink.done.wait(120) and sink.error is None and sink.chunks
         finally:

@@ -18,6 +18,7 @@ from engines.contract.plan import WindowConfig
 from engines.runtimes.onnx import OnnxStages
 from engines.streaming import StreamScheduler, planner
 from engines.streaming.frames import HostBackend
+from engines.streaming.types import VoiceSlot
 from engines.text.frontend import Sentence, text_to_sentences
 from engines.text.voice import Voice
 
@@ -406,15 +407,27 @@ class WholeSentenceBackend(QueuedBackend):
         return True
 
 
+class SameVoice:
+    """The joe voice's stages under weights of their own: a voice of its own to the
+    scheduler (its calls split from the other's), with the same audio."""
+
+    def __init__(self, stages: OnnxStages) -> None:
+        self.stages = stages
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stages, name)
+
+
 def test_a_calls_padding_rows_take_unpaced_streams_next_windows_with_the_same_audio(
     stages, sentences, monkeypatch
 ) -> None:
-    """Unpaced listeners on a backend whose calls are padded to buckets and whose sentences
-    are flowed whole: the rows still empty after `fill_buckets` take the windows that follow
-    the call's own (planner.fill_with_next_windows), two or more of a stream in one call, and
-    every listener hears the audio it hears with them turned off (VOXFLEET_NEXT_WINDOWS=0),
-    each chunk in order and the last one last. (The calls saved are not asserted: how many a
-    run makes moves with the machine's speed, as in the test above; the GPU runs measure it.)"""
+    """Unpaced listeners of two voices on a backend whose calls are padded to buckets and
+    whose sentences are flowed whole: the rows still empty after `fill_buckets` take the
+    windows that follow the call's own (planner.fill_with_next_windows), two or more of a
+    stream in one call, and every listener hears the audio it hears with them turned off
+    (VOXFLEET_NEXT_WINDOWS=0), each chunk in order and none after its last. (The calls saved
+    are not asserted: how many a run makes moves with the machine's speed, as in the test
+    above; the GPU runs measure it.)"""
     joined: list[int] = []
     fill = planner.fill_with_next_windows
 
@@ -423,6 +436,7 @@ def test_a_calls_padding_rows_take_unpaced_streams_next_windows_with_the_same_au
         return joined[-1]
 
     monkeypatch.setattr(planner, "fill_with_next_windows", counted)
+    voices = [VoiceSlot("a", weights=SameVoice(stages)), VoiceSlot("b", weights=SameVoice(stages))]
     results = {}
     for setting in ("0", "1"):
         monkeypatch.setenv("VOXFLEET_NEXT_WINDOWS", setting)
@@ -431,8 +445,11 @@ def test_a_calls_padding_rows_take_unpaced_streams_next_windows_with_the_same_au
         assert scheduler.rules.next_windows == (setting == "1")
         scheduler.start()
         try:
-            sinks = [Sink() for _ in range(5)]
-            run(scheduler, sinks, sentences * 2)
+            sinks = [Sink() for _ in range(20)]
+            for row, sink in enumerate(sinks):
+                scheduler.submit(list(sentences), QUIET, sink, voice=voices[row % 2])
+            for sink in sinks:
+                assert sink.done.wait(120), "a stream never finished"
         finally:
             scheduler.stop()
         results[setting] = sinks

@@ -451,30 +451,30 @@ def flowed_stream(stream_id: int, frames: int = 1000, vocoded: int = 0) -> Strea
 
 
 def test_padding_rows_take_the_next_windows_of_unpaced_streams_already_in_the_call() -> None:
-    """Five unpaced streams due, their vocoder call padded to 8 rows and no other window of
-    its width to fill it: the three empty rows take the windows that follow three of the
-    streams' own in their sentences, in the same call and in order, even past the step's
-    window limit (the device computes those rows anyway); a stream at its sentence's end gets
-    none, nor do paced streams, nor does a scheduler that turned them off."""
-    costs = CostModel(fixed_part=False)
-    costs.per_frame.update(encoder=1e-4, vocoder=2e-4, flow=1e-5)
+    """Five unpaced streams' windows in a vocoder call padded to 8 rows, no other window of its
+    width to fill it: the three empty rows take the windows that follow three of the streams'
+    own in their sentences, in the same call and in order (`fill_with_next_windows`); a stream
+    at its sentence's end gets none, nor do paced streams, and a full bucket takes none."""
     graphs = WindowRules(batch_buckets=(1, 2, 4, 8), next_windows=True)
     # The first ends its sentence with this window; the others have frames to spare.
     streams = [flowed_stream(0, vocoded=900), *(flowed_stream(i) for i in range(1, 5))]
-    for cfg in (WindowConfig(), WindowConfig(max_batch_windows=5)):
-        plan = plan_step(streams, cfg, costs, True, NOW, graphs)
-        assert len(plan.windows) == 8
-        assert len({call_key(w, cfg, graphs) for w in plan.windows}) == 1  # one call
-        first, following = plan.windows[:5], plan.windows[5:]
-        assert [w.stream.stream_id for w in following] == [1, 2, 3]
-        for window in following:
-            (own,) = [w for w in first if w.stream is window.stream]
-            assert window.decode[0] == own.decode[1] and window.flow[0] == window.flow[1]
-            assert window.decode[1] - window.decode[0] == own.decode[1] - own.decode[0]
+    cfg = WindowConfig()
+
+    def call_of(listeners: list[Stream], config: WindowConfig = cfg) -> StepPlan:
+        return StepPlan(windows=[next_window(s, config, graphs) for s in listeners])
+
+    plan = call_of(streams)
+    assert fill_with_next_windows(plan, cfg, graphs) == 3
+    assert len({call_key(w, cfg, graphs) for w in plan.windows}) == 1  # one call
+    first, following = plan.windows[:5], plan.windows[5:]
+    assert [w.stream.stream_id for w in following] == [1, 2, 3]
+    for window in following:
+        (own,) = [w for w in first if w.stream is window.stream]
+        assert window.decode[0] == own.decode[1] and window.flow[0] == window.flow[1]
+        assert window.decode[1] - window.decode[0] == own.decode[1] - own.decode[0]
     paced = WindowConfig(max_lead_ms=300)
-    assert len(plan_step(streams, paced, costs, True, NOW, graphs).windows) == 5
-    off = WindowRules(batch_buckets=(1, 2, 4, 8))
-    assert len(plan_step(streams, WindowConfig(), costs, True, NOW, off).windows) == 5
+    assert fill_with_next_windows(call_of(streams, paced), paced, graphs) == 0
+    assert fill_with_next_windows(call_of(streams[1:]), cfg, graphs) == 0  # 4 rows: full
     # Where the others end their sentences, the rows go to the one stream with frames left:
     # its second window, then its third and its fourth, one after the other.
     ending = [flowed_stream(i, vocoded=900) for i in range(4)]

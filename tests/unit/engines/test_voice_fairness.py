@@ -6,7 +6,7 @@ calls split by voice (each runs with its own weights). No runtime: the planner i
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import replace
 from typing import Any
 
@@ -23,12 +23,20 @@ from engines.streaming.planner import (
     ENCODE_VOICES_SHARE,
     StepPlan,
     WindowRules,
+    call_key,
     encoder_calls,
     group_calls,
     plan_step,
     window_calls,
 )
-from engines.streaming.types import SentenceState, Stream, StreamSink, SynthesisParams, VoiceSlot
+from engines.streaming.types import (
+    SentenceState,
+    Stream,
+    StreamSink,
+    SynthesisParams,
+    VoiceSlot,
+    call_voice,
+)
 from engines.text.frontend import Sentence, text_to_sentences
 from engines.text.voice import Voice
 
@@ -419,6 +427,37 @@ def test_encoder_calls_over_several_streams_open_that_many_voices_a_step() -> No
         assert left[0] in plan.encodes  # the one waiting longest
         left = [s for s in left if s not in plan.encodes]
     assert steps <= 3, steps
+
+
+def test_a_busy_step_of_many_unpaced_voices_fills_its_calls_padding_with_next_windows() -> None:
+    """Ten busy voices of unpaced listeners: every voice's vocoder call, padded to its batch
+    bucket, fills the empty rows with the windows that follow its streams' own
+    (`fill_with_next_windows`), so the step makes the same calls with more audio; one voice's
+    busy step, and paced listeners' steps, get none (`NEXT_WINDOW_PASSES` says why)."""
+    cfg = WindowConfig(max_batch_windows=128, max_encoder_batch=32)
+    buckets = (1, 2, 4, 8, 16, 32, 64, 128)
+    on = WindowRules(batch_buckets=buckets, next_windows=True)
+    off = WindowRules(batch_buckets=buckets)
+    streams, _ = ten_busy_voices()
+
+    def calls(listeners: list[Stream], rules: WindowRules, config: WindowConfig = cfg) -> Counter:
+        plan = plan_step(
+            listeners, config, h200_costs(), True, NOW, rules, step_interval_s=1.0, launch_s=7e-4
+        )
+        return Counter(
+            (call_key(w, config, rules), call_voice(w.stream.voice)) for w in plan.windows
+        )
+
+    plain, followed = calls(streams, off), calls(streams, on)
+    assert set(followed) == set(plain)
+    assert sum(followed.values()) > sum(plain.values())
+    assert all(rows in buckets for rows in followed.values()), followed
+    voice = VoiceSlot("v0")  # (90 streams: a call with padding rows)
+    one = [playing(s.stream_id, voice, s.buffered_seconds(NOW)) for s in streams[:90]]
+    assert any(rows not in buckets for rows in calls(one, off).values())
+    assert calls(one, on) == calls(one, off)
+    paced = replace(cfg, max_lead_ms=300)
+    assert calls(streams, on, paced) == calls(streams, off, paced)
 
 
 def test_the_unpaced_encoder_share_is_read_from_the_environment(monkeypatch) -> None:
