@@ -145,10 +145,10 @@ MATCH_CALLS = 4
 # other window of the call's width for its empty rows: about a quarter of the vocoder's rows
 # were padding (`python -m lab.modelled_device`). On an H200 pool pod (101 voices, 16 GiB MPS
 # limit, 250 unpaced listeners, three fresh pods each, side by side) ten voices made 3,623
-# (3,352) audio-s/s with them against 3,073 (3,031), and 100 voices by Zipf(1.1) 1,460 (1,327)
+# (3,352) audio-s/s with them against 3,072 (3,032), and 100 voices by Zipf(1.1) 1,460 (1,327)
 # against 1,235 (1,216), first audio no later. Not for one voice: it made 10 % more audio at
 # 250 listeners, but at 2,000 its streams' sentences ended sooner than its encoder's calls of
-# 32 sentences a step could start new ones, and first audio at p95 went from 141 to 143 ms
+# 32 sentences a step could start new ones, and first audio at p95 went from 141 to 158 ms
 # to 849 to 1,285 ms, with 7 to 12 streams running late (docs/gpu-runs.md). Buckets double,
 # so one pass fills a call whenever its streams have a window left; the further passes are for
 # calls where some have none.

@@ -5,10 +5,13 @@ Run on the GPU machine: ``pytest -q -m gpu tests/gpu -s`` (prints the measured S
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from engines.streaming import StreamSink
 
 torch = pytest.importorskip("torch")
 
@@ -16,6 +19,23 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
+
+
+class Sink(StreamSink):
+    """A listener's chunks, in order, and how its stream ended."""
+
+    def __init__(self) -> None:
+        self.chunks: list[np.ndarray] = []
+        self.error: Exception | None = None
+        self.done = threading.Event()
+
+    def audio(self, pcm: np.ndarray) -> None:
+        assert not self.done.is_set(), "audio after the last chunk"
+        self.chunks.append(np.array(pcm))
+
+    def finish(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.done.set()
 
 
 @pytest.fixture(scope="module")
@@ -84,24 +104,9 @@ def test_the_encoder_beside_the_windows_gives_the_audio_of_the_encoder_in_the_st
     encoder_launch "beside": its own graph pool, its tensors read on the other stream) or
     queued on the windows' stream ("queued"), must give every stream the audio it gets with
     the encoder in the step ("inline")."""
-    import threading
-
     from engines.runtimes.torch_cuda.stages import TorchCudaStages
-    from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
+    from engines.streaming import StreamScheduler, SynthesisParams
     from engines.text.frontend import Sentence
-
-    class Sink(StreamSink):
-        def __init__(self) -> None:
-            self.chunks: list[np.ndarray] = []
-            self.error: Exception | None = None
-            self.done = threading.Event()
-
-        def audio(self, pcm: np.ndarray) -> None:
-            self.chunks.append(np.array(pcm))
-
-        def finish(self, error: Exception | None = None) -> None:
-            self.error = error
-            self.done.set()
 
     quiet = SynthesisParams(noise_scale=0.0, noise_w=0.0)
     texts = [[Sentence("", corpus_ids[i]), Sentence("", corpus_ids[i + 1])] for i in range(12)]
@@ -134,26 +139,10 @@ def test_unpaced_streams_next_windows_in_padding_rows_give_the_same_audio(
     (sentences flowed whole, calls padded to the graphs' batch buckets): the padding rows that
     take the windows following a stream's own in its call (planner.fill_with_next_windows)
     give every listener the audio it gets with them turned off (VOXFLEET_NEXT_WINDOWS=0)."""
-    import threading
-
     from engines.runtimes.torch_cuda.stages import TorchCudaStages
-    from engines.streaming import StreamScheduler, StreamSink, SynthesisParams, planner
+    from engines.streaming import StreamScheduler, SynthesisParams, planner
     from engines.streaming.types import VoiceSlot
     from engines.text.frontend import Sentence
-
-    class Sink(StreamSink):
-        def __init__(self) -> None:
-            self.chunks: list[np.ndarray] = []
-            self.error: Exception | None = None
-            self.done = threading.Event()
-
-        def audio(self, pcm: np.ndarray) -> None:
-            assert not self.done.is_set(), "audio after the last chunk"
-            self.chunks.append(np.array(pcm))
-
-        def finish(self, error: Exception | None = None) -> None:
-            self.error = error
-            self.done.set()
 
     joined: list[int] = []
     fill = planner.fill_with_next_windows

@@ -194,20 +194,26 @@ def test_a_backend_may_keep_more_encoder_calls_in_flight_and_no_more(stages, sen
         scheduler.stop()
 
 
+def counted(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """What the planner's fill `name` returns, call by call (windows it added), from now on."""
+    joined: list[int] = []
+    fill = getattr(planner, name)
+
+    def count(*args: Any) -> int:
+        joined.append(fill(*args))
+        return joined[-1]
+
+    monkeypatch.setattr(planner, name, count)
+    return joined
+
+
 def test_windows_run_early_in_a_calls_padding_rows_give_the_same_audio(
     stages, sentences, monkeypatch
 ) -> None:
     """A backend whose calls are padded to batch buckets (CUDA graphs) gets windows that are
     not due yet in its padding rows (planner.fill_buckets): every stream's chunks and audio
     stay those of a backend without buckets."""
-    joined: list[int] = []
-    fill = planner.fill_buckets
-
-    def counted(*args: Any) -> int:
-        joined.append(fill(*args))
-        return joined[-1]
-
-    monkeypatch.setattr(planner, "fill_buckets", counted)
+    joined = counted(monkeypatch, "fill_buckets")
     results, windows = {}, {}
     for buckets in ((), (4, 8)):
         runtime = beside_stages(stages, beside=False)
@@ -428,14 +434,7 @@ def test_a_calls_padding_rows_take_unpaced_streams_next_windows_with_the_same_au
     (VOXFLEET_NEXT_WINDOWS=0), each chunk in order and none after its last. (The calls saved
     are not asserted: how many a run makes moves with the machine's speed, as in the test
     above; the GPU runs measure it.)"""
-    joined: list[int] = []
-    fill = planner.fill_with_next_windows
-
-    def counted(*args: Any) -> int:
-        joined.append(fill(*args))
-        return joined[-1]
-
-    monkeypatch.setattr(planner, "fill_with_next_windows", counted)
+    joined = counted(monkeypatch, "fill_with_next_windows")
     voices = [VoiceSlot("a", weights=SameVoice(stages)), VoiceSlot("b", weights=SameVoice(stages))]
     results = {}
     for setting in ("0", "1"):
