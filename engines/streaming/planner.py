@@ -622,6 +622,12 @@ def plan_step(
     return plan
 
 
+def _lead_limit(stream: Stream, lead_s: float) -> float:
+    """The stream's lead limit in seconds: its own (`Stream.lead_limit_s`), else `lead_s`, the
+    plan's (0: none)."""
+    return lead_s if stream.lead_limit_s is None else stream.lead_limit_s
+
+
 def _several_unpaced_voices(streams: list[Stream], cfg: WindowConfig) -> bool:
     """Whether `streams` are of several voices' calls and none of them has a lead limit (its
     own, else `cfg`'s): where a busy step's launches are held (`VOCODER_LAUNCH_SHARE`) and its
@@ -629,7 +635,7 @@ def _several_unpaced_voices(streams: list[Stream], cfg: WindowConfig) -> bool:
     lead_s = cfg.max_lead_ms / 1000
     voices: set[Hashable] = set()
     for stream in streams:
-        if (lead_s if stream.lead_limit_s is None else stream.lead_limit_s) > 0:
+        if _lead_limit(stream, lead_s) > 0:
             return False
         voices.add(call_voice(stream.voice))
     return len(voices) > 1
@@ -744,19 +750,23 @@ def fill_with_next_windows(
     """
     context = cfg.vocoder_context_frames
     lead_s = cfg.max_lead_ms / 1000
-    calls: dict[tuple[tuple[int, int], Hashable], list[Window]] = {}
-    for window in plan.windows:
-        voice = None if rules.grouped_voices else call_voice(window.stream.voice)
-        calls.setdefault((call_key(window, cfg, rules), voice), []).append(window)
+    calls = group_calls(
+        plan.windows,
+        lambda w: (
+            call_key(w, cfg, rules),
+            None if rules.grouped_voices else call_voice(w.stream.voice),
+        ),
+        True,
+    )
     added = 0
-    for ((width, before), _), windows in calls.items():
+    for windows in calls:
+        width, before = call_key(windows[0], cfg, rules)
         room = next((b for b in rules.batch_buckets if b >= len(windows)), 0) - len(windows)
         size = width - 2 * context
         followed = [
             w
             for w in windows
-            if (lead_s if w.stream.lead_limit_s is None else w.stream.lead_limit_s) <= 0
-            and w.stream.first_audio_at is not None
+            if _lead_limit(w.stream, lead_s) <= 0 and w.stream.first_audio_at is not None
         ]
         for _ in range(passes):
             following: list[Window] = []
@@ -807,6 +817,7 @@ def _most_urgent(
     decoding = np.fromiter((s.current is not None for s in streams), bool, count)
     rest_until: float | None = None
     rest_lead: float | None = None
+    # (Inline, not `_lead_limit`: a call a stream, on every step, at thousands of streams.)
     leads = np.fromiter(
         (lead_s if s.lead_limit_s is None else s.lead_limit_s for s in streams), float, count
     )
