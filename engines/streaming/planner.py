@@ -52,7 +52,7 @@ ENCODE_HOLD_MIN_STREAMS = 16
 # first call always opens.
 ENCODE_VOICES_SHARE = 0.25
 # The same share where the step's streams are of several voices and none is paced (no lead
-# limit, `_several_unpaced_voices`): such listeners want their audio as fast as it comes, and
+# limit, `_unpaced_voices`): such listeners want their audio as fast as it comes, and
 # a packed pod that serves them is bound by its device, which spends an encoder call's fixed
 # cost (3 to 4 ms on an H200) for every voice's call however few sentences it carries. With a
 # tenth of the step's budget a busy step opens about one voice's encoder call and the voices
@@ -137,7 +137,7 @@ PLAN_SCAN_WINDOWS = 4
 # 672 ms against 765 (four runs each, docs/gpu.md). The oldest is always taken, so no one
 # waits behind a later arrival for long.
 MATCH_CALLS = 4
-# Where a busy step's streams are of several voices and none is paced (`_several_unpaced_voices`,
+# Where a busy step's streams are of several voices and none is paced (`_unpaced_voices`,
 # a packed pod bound by its device) and its vocoder calls are padded to batch buckets (CUDA
 # graphs), the padding rows left after `fill_buckets` take the windows that follow the call's
 # own in their sentences (`fill_with_next_windows`), up to this many further windows of a
@@ -153,6 +153,17 @@ MATCH_CALLS = 4
 # so one pass fills a call whenever its streams have a window left; the further passes are for
 # calls where some have none.
 NEXT_WINDOW_PASSES = 3
+# Where calls have fixed shapes (a GPU), a step takes new sentences for up to this many encoder
+# calls of `max_encoder_batch` rows each (`WindowRules.encoder_calls`; `encoder_calls` splits
+# them), so that where more sentences wait than one call takes, the encoder keeps pace with
+# streams whose sentences end sooner: one voice's busy unpaced steps then take next windows
+# too (`fill_with_next_windows`). With one call a step, one voice's 2,000 unpaced listeners
+# made 10 % more audio with next windows, but their sentences ended sooner than its calls of
+# 32 could start new ones: first audio at p95 went from 141 to 158 ms to 849 to 1,285 ms
+# (docs/gpu-runs.md, 2026-12-02). Modelled (`python -m lab.modelled_device --listeners 2000
+# --patterns one`), next windows with two calls a step made 17 % more audio than without
+# next windows, first audio at p95 155 against 144 ms; with one call, 844 ms.
+ENCODER_CALLS_A_STEP = 2
 
 Scales = tuple[float, float, float]
 
@@ -191,7 +202,10 @@ class WindowRules:
     stream's and those nearest it in length (`MATCH_CALLS`), for an encoder whose every row
     is as wide as the call's longest sentence. `next_windows` (with batch buckets): on a busy
     step of several voices, none paced, the padding rows still empty after `fill_buckets` take
-    the following windows of the streams already in the call (`fill_with_next_windows`).
+    the following windows of the streams already in the call (`fill_with_next_windows`); of
+    one voice too where `encoder_calls` is more than 1. `encoder_calls`: a step takes new
+    sentences for up to this many encoder calls of `max_encoder_batch` rows each
+    (`ENCODER_CALLS_A_STEP`, the GPU's; 1, the CPU's).
     """
 
     exact_widths: bool = False
@@ -206,8 +220,11 @@ class WindowRules:
     grouped_voices: bool = False
     match_lengths: bool = False
     next_windows: bool = False
+    encoder_calls: int = 1
 
     def __post_init__(self) -> None:
+        if self.encoder_calls < 1:
+            raise ValueError(f"encoder_calls must be at least 1, got {self.encoder_calls}")
         if not self.ramp > 1.0:
             raise ValueError(f"ramp must be more than 1, got {self.ramp}")
         if not self.first_audio_s > 0:
@@ -382,15 +399,17 @@ def _cost(costs: CostModel, calls: list[Call], planned: set[Call]) -> float:
     return sum(costs.estimate(call[0], call[1], call not in planned) for call in calls)
 
 
-def _encode_cost(costs: CostModel, call: tuple[int, int], ids: int) -> tuple[float, bool]:
+def _encode_cost(
+    costs: CostModel, call: tuple[int, int], ids: int, call_rows: int = 0
+) -> tuple[float, bool]:
     """What a sentence of `ids` phoneme ids adds to a step's encoder call of `call` (rows,
     width), and whether it joins that call: joined, its own row and, where it is the longest,
     the padding it gives the others (every row of a call is as wide as its longest); where
-    that costs more than a call of its own (as `encoder_calls` splits them), a call's fixed
-    cost and its row."""
+    that costs more than a call of its own (as `encoder_calls` splits them), or the call has
+    its `call_rows` (0: no limit), a call's fixed cost and its row (it opens the next call)."""
     rows, width = call
     own = costs.estimate("encoder", ids, True)
-    if rows == 0:
+    if rows == 0 or (call_rows and rows >= call_rows):
         return own, True
     joined = costs.estimate("encoder", (rows + 1) * max(width, ids) - rows * width, False)
     return (joined, True) if joined <= own else (own, False)
@@ -410,6 +429,7 @@ def plan_step(
     launch_share: float = VOCODER_LAUNCH_SHARE,
     unpaced_encode_share: float = ENCODE_UNPACED_SHARE,
     encoder_streams: int = 1,
+    encoder_calls: int | None = None,
 ) -> StepPlan:
     """Earliest deadline first over all work: sentences to encode and windows to decode.
 
@@ -447,6 +467,10 @@ def plan_step(
     only while the step's launches take at most `launch_share` (`VOCODER_LAUNCH_SHARE`) of
     its budget; it waits a step, and windows joining the open calls take its place.
 
+    A step takes new sentences for one encoder call of `cfg.max_encoder_batch` rows; a busy
+    step of one voice, unpaced, for `rules.encoder_calls` calls (`ENCODER_CALLS_A_STEP`), no
+    more than `encoder_calls` (those that may still go out beside the windows; None: any).
+
     With a lead limit (the stream's own `Stream.lead_limit_s`, its voice's, else
     `cfg.max_lead_ms`), a playing stream with that much audio sent and not yet played
     (`Stream.buffered_seconds`) gets nothing this step, neither a window nor its next
@@ -456,10 +480,10 @@ def plan_step(
     Every stream passed in has a current sentence or one waiting to be encoded.
     """
     plan = StepPlan()
-    encode_limit = cfg.max_encoder_batch if batching else len(streams)
+    call_rows = cfg.max_encoder_batch  # an encoder call's
     window_limit = cfg.max_batch_windows if batching else len(streams)
     scan = PLAN_SCAN_WINDOWS * window_limit if batching else len(streams)
-    match_rows = encode_limit if batching and rules.match_lengths else 0
+    match_rows = call_rows if batching and rules.match_lengths else 0
     streams, plan.rest_until, plan.rest_lead_s, plan.full = _most_urgent(
         streams, scan, rules.first_audio_s, now, cfg.max_lead_ms / 1000, match_rows
     )
@@ -473,11 +497,11 @@ def plan_step(
     )
     # A burst of listeners (a full encoder call's worth of new streams waiting): a new stream's
     # own deadline does not shorten the step (`BURST`).
-    burst = batching and new >= encode_limit
+    burst = batching and new >= call_rows
     hold = 0.0
     if batching and len(streams) >= ENCODE_HOLD_MIN_STREAMS:
         hold = min(cfg.max_encoder_wait_ms / 1000, ENCODE_HOLD_CALLS * costs.per_call["encoder"])
-        if new >= encode_limit or step_interval_s >= hold:
+        if new >= call_rows or step_interval_s >= hold:
             hold = 0.0  # a full encoder batch is waiting already, or a step's worth arrived
     # The two playing streams closest to running dry: a lead window must leave every other
     # playing stream time for its own window (`_least_other_slack`).
@@ -490,11 +514,20 @@ def plan_step(
     # of the step (`ENCODE_VOICES_SHARE`; `ENCODE_UNPACED_SHARE` where no stream is paced).
     split_voices = batching and not rules.grouped_voices and len(streams) >= ENCODE_HOLD_MIN_STREAMS
     # (Where neither share can bind, as on a CPU backend, the streams are not looked over.)
-    unpaced = (
-        split_voices
-        and (launch_s > 0 or costs.per_call["encoder"] > 0)
-        and _several_unpaced_voices(streams, cfg)
+    unpaced_voices = (
+        _unpaced_voices(streams, cfg)
+        if split_voices and (launch_s > 0 or costs.per_call["encoder"] > 0)
+        else 0
     )
+    unpaced = unpaced_voices > 1
+    # One voice's busy unpaced steps take new sentences for `rules.encoder_calls` calls
+    # (`ENCODER_CALLS_A_STEP`), or as many as may still go out (`encoder_calls`, None: any).
+    calls_a_step = 1
+    if unpaced_voices == 1:
+        calls_a_step = rules.encoder_calls
+        if encoder_calls is not None:
+            calls_a_step = max(1, min(calls_a_step, encoder_calls))
+    encode_limit = calls_a_step * call_rows if batching else len(streams)
     encode_share = unpaced_encode_share if unpaced else ENCODE_VOICES_SHARE
     launches = 0  # the step's vocoder calls so far
     count_launches = unpaced and launch_s > 0 and launch_share > 0
@@ -528,7 +561,9 @@ def plan_step(
                 plan.full = True  # another voice's call opens in a later step
                 continue
             if not encoder_beside or encoder_queued:
-                cost, joins = _encode_cost(costs, encoding.get(calls[0], (0, 0)), ids)
+                cost, joins = _encode_cost(
+                    costs, encoding.get(calls[0], (0, 0)), ids, call_rows if batching else 0
+                )
             if not encoder_beside:
                 cost += costs.estimate(
                     "vocoder", first_call_width(cfg, rules), calls[1] not in planned
@@ -581,6 +616,8 @@ def plan_step(
             plan.encodes.append(stream)
             if joins:
                 encoded, width = encoding.get(calls[0], (0, 0))
+                if batching and encoded >= call_rows:  # it opens the voice's next call
+                    encoded, width = 0, 0
                 encoding[calls[0]] = (encoded + 1, max(width, ids))
         else:
             plan.windows.append(window)
@@ -617,7 +654,8 @@ def plan_step(
         rows = Counter(call for w in plan.windows for call in window_calls(w, cfg, rules))
     if batching and rules.batch_buckets:
         fill_buckets(plan, left_out, cfg, rules, window_limit, rows)
-        if rules.next_windows and unpaced:
+        # (One voice's, only where its encoder may take more than one call a step.)
+        if rules.next_windows and (unpaced or (unpaced_voices and rules.encoder_calls > 1)):
             fill_with_next_windows(plan, cfg, rules)
     return plan
 
@@ -628,17 +666,17 @@ def _lead_limit(stream: Stream, lead_s: float) -> float:
     return lead_s if stream.lead_limit_s is None else stream.lead_limit_s
 
 
-def _several_unpaced_voices(streams: list[Stream], cfg: WindowConfig) -> bool:
-    """Whether `streams` are of several voices' calls and none of them has a lead limit (its
-    own, else `cfg`'s): where a busy step's launches are held (`VOCODER_LAUNCH_SHARE`) and its
-    voices' encoder calls held to `ENCODE_UNPACED_SHARE`."""
+def _unpaced_voices(streams: list[Stream], cfg: WindowConfig) -> int:
+    """How many voices' calls `streams` are of, where none of them has a lead limit (its own,
+    else `cfg`'s); 0 where one has. Several: a busy step's launches are held
+    (`VOCODER_LAUNCH_SHARE`) and its voices' encoder calls held to `ENCODE_UNPACED_SHARE`."""
     lead_s = cfg.max_lead_ms / 1000
     voices: set[Hashable] = set()
     for stream in streams:
         if _lead_limit(stream, lead_s) > 0:
-            return False
+            return 0
         voices.add(call_voice(stream.voice))
-    return len(voices) > 1
+    return len(voices)
 
 
 def _voice_call_cost(
@@ -910,12 +948,17 @@ def _least_other_slack(closest: list[tuple[float, int]], stream: Stream) -> floa
 
 
 def encoder_calls(
-    waiting: list[Stream], costs: CostModel, batching: bool, grouped_voices: bool = False
+    waiting: list[Stream],
+    costs: CostModel,
+    batching: bool,
+    grouped_voices: bool = False,
+    max_rows: int = 0,
 ) -> Iterator[tuple[Scales, list[Stream]]]:
     """The encoder calls for streams whose next sentence is to be encoded: batches sharing
     scales, speaker and voice (any voice where `grouped_voices`: the backend runs several
     voices' rows in one call), sorted by length and split where padding costs more than a
-    call.
+    call, and where a call has `max_rows` (0: no limit; a step may take several calls' worth,
+    `WindowRules.encoder_calls`).
 
     A generator: each split is decided with the cost model as it stands after the calls
     before it have run and been observed.
@@ -934,7 +977,7 @@ def encoder_calls(
         streams.sort(key=lambda s: len(s.sentences[0].ids))
         batch: list[Stream] = []
         for stream in streams:
-            split = not batching
+            split = not batching or (max_rows > 0 and len(batch) >= max_rows)
             if batch and not split:
                 shortest, size = len(batch[0].sentences[0].ids), len(stream.sentences[0].ids)
                 longest = len(batch[-1].sentences[0].ids)

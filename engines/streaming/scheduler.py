@@ -55,6 +55,7 @@ from engines.streaming.frames import (
 )
 from engines.streaming.planner import (
     ENCODE_UNPACED_SHARE,
+    ENCODER_CALLS_A_STEP,
     VOCODER_LAUNCH_SHARE,
     StepPlan,
     WindowRules,
@@ -116,6 +117,9 @@ MATCH_LENGTHS_ENV = "VOXFLEET_MATCH_LENGTHS"
 # "0" in the environment: the padding rows of busy steps of several unpaced voices stay padding
 # (`planner.NEXT_WINDOW_PASSES`), for comparing the two.
 NEXT_WINDOWS_ENV = "VOXFLEET_NEXT_WINDOWS"
+# How many encoder calls' worth of new sentences a GPU's step may take
+# (`planner.ENCODER_CALLS_A_STEP`, the default); "1" as before, for comparing.
+ENCODER_CALLS_ENV = "VOXFLEET_ENCODER_CALLS"
 # A vocoder launch's seconds weigh this much in their moving mean (`_vocode_launch`).
 LAUNCH_WEIGHT = 0.05
 # The share of a busy step's budget its vocoder launches may take where voices' calls split
@@ -203,6 +207,17 @@ def share_from_environment(name: str, default: float) -> float:
     return share
 
 
+def encoder_calls_from_environment() -> int:
+    """`ENCODER_CALLS_ENV`'s count of encoder calls a step (1 or more), else
+    `ENCODER_CALLS_A_STEP`."""
+    value = os.environ.get(ENCODER_CALLS_ENV, "").strip()
+    if not value:
+        return ENCODER_CALLS_A_STEP
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{ENCODER_CALLS_ENV} must be a whole number of at least 1, got {value!r}")
+    return int(value)
+
+
 def launch_share_from_environment() -> float:
     """`LAUNCH_SHARE_ENV`'s share (0: launches not held), else `VOCODER_LAUNCH_SHARE`."""
     return share_from_environment(LAUNCH_SHARE_ENV, VOCODER_LAUNCH_SHARE)
@@ -258,6 +273,7 @@ class StreamScheduler:
                 grouped_voices=self.backend.features.groups_voices,
                 match_lengths=os.environ.get(MATCH_LENGTHS_ENV, "1").strip() != "0",
                 next_windows=os.environ.get(NEXT_WINDOWS_ENV, "1").strip() != "0",
+                encoder_calls=encoder_calls_from_environment(),
             )
         )
         self.launch_share = launch_share_from_environment()
@@ -569,7 +585,13 @@ class StreamScheduler:
         # not stand between a stream and the window it needs before its buffer runs out.
         self._run(plan.windows)
         clock.part("windows")
-        calls = encoder_calls(plan.encodes, self.costs, self.batching, self.rules.grouped_voices)
+        calls = encoder_calls(
+            plan.encodes,
+            self.costs,
+            self.batching,
+            self.rules.grouped_voices,
+            self.windows.max_encoder_batch,
+        )
         if self.backend.features.launches_encoder and not self._beside:
             self._encode_launched(list(calls))
         else:
@@ -705,6 +727,10 @@ class StreamScheduler:
             launch_share=self.launch_share,
             unpaced_encode_share=self.unpaced_encode_share,
             encoder_streams=self.backend.features.encoder_streams,
+            # (Calls beside the windows: no more than may be in flight, with those out now.)
+            encoder_calls=(
+                self._encoder_calls_in_flight - len(self._encoding) if self._beside else None
+            ),
         )
 
     def _run(self, windows: list[Window]) -> None:

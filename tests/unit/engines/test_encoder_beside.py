@@ -17,6 +17,7 @@ from host_device import QUIET, TEXT, HostStages, Sink, Timing
 from engines.contract.plan import WindowConfig
 from engines.runtimes.onnx import OnnxStages
 from engines.streaming import StreamScheduler, planner
+from engines.streaming import scheduler as scheduler_module
 from engines.streaming.frames import HostBackend
 from engines.streaming.types import VoiceSlot
 from engines.text.frontend import Sentence, text_to_sentences
@@ -457,6 +458,64 @@ def test_a_calls_padding_rows_take_unpaced_streams_next_windows_with_the_same_au
         assert followed.error is None and plain.error is None
         reference = np.concatenate(plain.chunks).astype(np.float64)
         audio = np.concatenate(followed.chunks).astype(np.float64)
+        assert len(audio) == len(reference)
+        noise = np.sum((audio - reference) ** 2)
+        assert 10 * np.log10(np.sum(reference**2) / max(noise, 1e-9)) > 60.0
+
+
+def test_one_voices_steps_take_two_encoder_calls_and_next_windows_with_the_same_audio(
+    stages, sentences, monkeypatch
+) -> None:
+    """Unpaced listeners of one voice, more of them than an encoder call's rows (8 here), on a
+    backend whose calls are padded to buckets and whose sentences are flowed whole: with two
+    encoder calls a step (VOXFLEET_ENCODER_CALLS=2, the default) a step takes more new
+    sentences than one call holds, split into calls of at most 8 rows, and its calls' padding
+    rows take next windows; every listener hears the audio it hears with one call a step and
+    no next windows for one voice (=1), each chunk in order and none after its last."""
+    joined = counted(monkeypatch, "fill_with_next_windows")
+    rows: dict[str, list[int]] = {"1": [], "2": []}
+    split = scheduler_module.encoder_calls
+
+    def calls(waiting: list[Any], *args: Any) -> Any:
+        for scales, batch in split(waiting, *args):
+            rows[setting].append(len(batch))
+            yield scales, batch
+
+    monkeypatch.setattr(scheduler_module, "encoder_calls", calls)
+    taken: dict[str, list[int]] = {"1": [], "2": []}  # new sentences a step
+    plan = scheduler_module.plan_step
+
+    def planned(*args: Any, **kwargs: Any) -> Any:
+        step = plan(*args, **kwargs)
+        taken[setting].append(len(step.encodes))
+        return step
+
+    monkeypatch.setattr(scheduler_module, "plan_step", planned)
+    results = {}
+    for setting in ("1", "2"):
+        monkeypatch.setenv("VOXFLEET_ENCODER_CALLS", setting)
+        before = len(joined)
+        runtime = HostStages(stages, WholeSentenceBackend(stages))
+        scheduler = StreamScheduler(runtime, 22050, windows=WindowConfig(max_encoder_batch=8))
+        assert scheduler.rules.encoder_calls == int(setting)
+        scheduler.start()
+        try:
+            sinks = [Sink() for _ in range(24)]
+            for sink in sinks:
+                scheduler.submit(list(sentences), QUIET, sink)
+            for sink in sinks:
+                assert sink.done.wait(120), "a stream never finished"
+        finally:
+            scheduler.stop()
+        results[setting] = sinks
+        assert (sum(joined[before:]) > 0) == (setting == "2")
+    assert max(rows["1"] + rows["2"]) <= 8
+    assert max(taken["1"]) <= 8 < max(taken["2"])
+    assert sum(rows["2"]) == sum(rows["1"])  # every sentence encoded once either way
+    for plain, two in zip(results["1"], results["2"], strict=True):
+        assert two.error is None and plain.error is None
+        reference = np.concatenate(plain.chunks).astype(np.float64)
+        audio = np.concatenate(two.chunks).astype(np.float64)
         assert len(audio) == len(reference)
         noise = np.sum((audio - reference) ** 2)
         assert 10 * np.log10(np.sum(reference**2) / max(noise, 1e-9)) > 60.0

@@ -474,3 +474,68 @@ def test_the_unpaced_encoder_share_is_read_from_the_environment(monkeypatch) -> 
             scheduler_module.share_from_environment(name, ENCODE_UNPACED_SHARE)
     monkeypatch.delenv(name)
     assert scheduler_module.share_from_environment(name, ENCODE_UNPACED_SHARE) == 0.1
+
+
+def test_a_busy_step_of_one_unpaced_voice_takes_two_encoder_calls_of_new_sentences() -> None:
+    """One voice's busy step of unpaced listeners, with more new sentences waiting than an
+    encoder call takes: the step takes two calls' worth (`ENCODER_CALLS_A_STEP`), which
+    `encoder_calls` splits into calls of at most `max_encoder_batch` rows, and its vocoder
+    calls' padding rows take next windows. One call's worth where the rules allow one
+    (VOXFLEET_ENCODER_CALLS=1) or only one more may go out, for paced listeners, and for a
+    step of several voices."""
+    cfg = WindowConfig(max_batch_windows=128, max_encoder_batch=32)
+    buckets = (1, 2, 4, 8, 16, 32, 64, 128)
+    voice, other = VoiceSlot("v0"), VoiceSlot("v1")
+    streams = [playing(i, voice, 1.0 + i / 1000) for i in range(90)]
+    new = [waiting(1000 + i, voice, NOW - 0.2 - i / 100_000) for i in range(80)]
+    two = WindowRules(batch_buckets=buckets, next_windows=True, encoder_calls=2)
+    one = replace(two, encoder_calls=1)
+
+    def step(
+        rules: WindowRules,
+        listeners: list[Stream],
+        config: WindowConfig = cfg,
+        calls: int | None = None,
+    ) -> StepPlan:
+        return plan_step(
+            listeners,
+            config,
+            h200_costs(),
+            True,
+            NOW,
+            rules,
+            encoder_beside=True,
+            encoder_queued=True,
+            step_interval_s=1.0,
+            launch_s=7e-4,
+            encoder_calls=calls,
+        )
+
+    plan = step(two, [*streams, *new])
+    assert len(plan.encodes) == 64
+    batches = [batch for _, batch in encoder_calls(plan.encodes, h200_costs(), True, False, 32)]
+    assert len(batches) == 2 and all(len(batch) == 32 for batch in batches)
+    assert len(step(one, [*streams, *new]).encodes) == 32
+    assert len(step(two, [*streams, *new], calls=1).encodes) == 32
+    assert len(step(two, [*streams, *new], replace(cfg, max_lead_ms=300)).encodes) == 32
+    mixed = [waiting(s.stream_id, other if s.stream_id % 2 else voice, s.arrived) for s in new]
+    assert len(step(two, [*streams, *mixed]).encodes) <= 32
+    # Next windows: one voice's playing listeners fill their calls' padding rows.
+    assert len(step(two, streams).windows) > len(step(one, streams).windows)
+
+
+def test_the_encoder_calls_a_step_are_read_from_the_environment(monkeypatch) -> None:
+    """VOXFLEET_ENCODER_CALLS sets how many encoder calls' worth of new sentences one voice's
+    busy unpaced step takes (two unset); anything but a whole number from 1 up is refused
+    with the variable's name."""
+    from engines.streaming import scheduler as scheduler_module
+
+    name = scheduler_module.ENCODER_CALLS_ENV
+    monkeypatch.setenv(name, "1")
+    assert scheduler_module.encoder_calls_from_environment() == 1
+    for bad in ("0", "two", "-1", "1.5"):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=name):
+            scheduler_module.encoder_calls_from_environment()
+    monkeypatch.delenv(name)
+    assert scheduler_module.encoder_calls_from_environment() == 2
