@@ -229,9 +229,15 @@ class Listener(StreamSink):
 
 class Probe:
     def __init__(
-        self, listeners: int, voices: int, popularity: str, scale: float, launch_s: float
+        self,
+        listeners: int,
+        voices: int,
+        popularity: str,
+        scale: float,
+        launch_s: float,
+        lead_ms: int = 0,
     ) -> None:
-        windows = WindowConfig(max_batch_windows=128, max_encoder_batch=32)
+        windows = WindowConfig(max_batch_windows=128, max_encoder_batch=32, max_lead_ms=lead_ms)
         self.stages = ModelledStages(listeners * 48, scale, launch_s)
         self.scheduler = StreamScheduler(self.stages, SAMPLE_RATE, HOP, windows=windows)
         costs = CostModel(fixed_part=True)  # seeded as a pod's warmup seeds it, then fitted
@@ -263,7 +269,9 @@ class Probe:
         for _ in range(self.listeners):
             self.submit()
         time.sleep(2.0)  # past the first burst
+        burst = sorted(self.first_audio[: self.listeners]) or [0.0]
         samples, busy, first = self.samples, stream.busy, len(self.first_audio)
+        late = scheduler.stats.late_chunks
         stages, frames, padding = dict(stream.by_stage), stream.frames, stream.padding
         totals = {stage: list(scheduler.costs.totals[stage]) for stage in ("encoder", "vocoder")}
         steps = scheduler.step_times.steps
@@ -303,6 +311,10 @@ class Probe:
             "encoder_calls_per_s": round(calls["encoder"][0] / wall, 1),
             "first_audio_p50_ms": round(1000 * waits[len(waits) // 2], 1),
             "first_audio_p95_ms": round(1000 * waits[int(len(waits) * 0.95)], 1),
+            # The first listeners', all asking at once (of those heard within 2 s).
+            "burst_first_audio_p95_ms": round(1000 * burst[int(len(burst) * 0.95)], 1),
+            "burst_heard": len(burst),
+            "late_chunks": scheduler.stats.late_chunks - late,
             "errors": errors,
         }
 
@@ -314,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patterns", default="one,ten,zipf", help="of one, ten, zipf")
     parser.add_argument(
         "--scale", type=float, default=1.0, help="the device's costs times this (a slow host)"
+    )
+    parser.add_argument(
+        "--lead-ms", type=int, default=0, help="listeners' lead limit (0: unpaced; 300: paced)"
     )
     parser.add_argument(
         "--launch-us", type=float, default=700.0, help="the host's time to launch a call"
@@ -331,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for pattern in patterns:
         voices, popularity = PATTERNS[pattern]
-        probe = Probe(args.listeners, voices, popularity, args.scale, args.launch_us / 1e6)
+        probe = Probe(
+            args.listeners, voices, popularity, args.scale, args.launch_us / 1e6, args.lead_ms
+        )
         results[pattern] = probe.run(args.seconds)
     one = results.get("one", {}).get("audio_s_per_s")
     for pattern, result in results.items():
