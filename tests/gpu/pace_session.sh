@@ -87,7 +87,7 @@
 # - saturate: one voice, whole GPU, no lead limit: for each run of RUNS, a fresh `voxfleet
 #   serve` for each setting of SETTINGS (environment variables, as in `settings`), the order
 #   turned round from run to run, at SATURATE (2000) unpaced listeners over 3 s: its audio a
-#   second, against the stage limit of `limits`.
+#   second, against the stage limit of `limits`; with TESTS, those tests first, as in `settings`.
 set -uo pipefail
 OUT=${OUT:-results/runs/pace-$(date -u +%Y%m%dT%H%M%SZ)}
 STAGE=${STAGE:-limits}
@@ -165,6 +165,12 @@ serve() {  # LEAD_MS LOG [OPTION...]: a fresh `voxfleet serve` on the whole GPU;
     READY_S=$(python3 -c "import time, sys; print(round(time.time() - float(sys.argv[1]), 1))" "$started")
     echo "ready in $READY_S s (process start to ready)"
     grep -E "warmup of|architecture of" "$log" | sed 's/  */ /g' | cut -c1-900
+}
+gpu_tests() {  # TESTS (words), where set: those tests first (pytest, on this GPU)
+    if [[ -n "${TESTS:-}" ]]; then
+        timeout 240 python3 -m pytest -q ${TESTS} -p no:cacheprovider 2>&1 | tail -n 25 \
+            | tee "$OUT/pytest-gpu.log"
+    fi
 }
 turned() {  # RUN WORD...: the words, started from the ((RUN - 1) mod count)th, so that the
     # setting a run starts with (the first after a machine's start) changes from run to run
@@ -388,10 +394,7 @@ packing)
     pack "$RUN"
     ;;
 settings)
-    if [[ -n "${TESTS:-}" ]]; then
-        timeout 240 python3 -m pytest -q ${TESTS} -p no:cacheprovider 2>&1 | tail -n 25 \
-            | tee "$OUT/pytest-gpu.log"
-    fi
+    gpu_tests
     python3 -m lab.voices --entry "$ENTRY" --out /tmp/voices --count "$(( ${PACKED:-12} + 5 ))" >/dev/null || exit 1
     for run in ${RUNS:-$RUN}; do
         for setting in $(turned "$run" ${SETTINGS:-base}); do
@@ -420,6 +423,7 @@ settings)
     done
     ;;
 saturate)
+    gpu_tests
     for run in ${RUNS:-$RUN}; do
         for setting in $(turned "$run" ${SETTINGS:-base}); do
             name=${setting//[=,]/-}

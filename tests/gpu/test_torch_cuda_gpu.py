@@ -176,3 +176,53 @@ def test_unpaced_streams_next_windows_in_padding_rows_give_the_same_audio(
         assert plain.shape == followed.shape
         noise = np.sum((followed - plain) ** 2)
         assert 10 * np.log10(np.sum(plain**2) / max(noise, 1e-9)) > 50.0
+
+
+def test_one_voices_two_encoder_calls_a_step_and_next_windows_give_the_same_audio(
+    entry_dir: Path, corpus_ids, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unpaced listeners of one voice, more than an encoder call's rows (8 here), on the GPU
+    runtime: with two encoder calls a step (VOXFLEET_ENCODER_CALLS=2, the default) a step
+    takes more new sentences than one call holds, and its calls' padding rows take next
+    windows; every listener hears the audio it hears with one call a step (=1), where one
+    voice takes no next windows."""
+    from engines.contract.plan import WindowConfig
+    from engines.runtimes.torch_cuda.stages import TorchCudaStages
+    from engines.streaming import StreamScheduler, SynthesisParams
+    from engines.streaming import scheduler as scheduler_module
+    from engines.text.frontend import Sentence
+
+    taken: list[int] = []
+    plan = scheduler_module.plan_step
+
+    def planned(*args, **kwargs):
+        step = plan(*args, **kwargs)
+        taken.append(len(step.encodes))
+        return step
+
+    monkeypatch.setattr(scheduler_module, "plan_step", planned)
+    quiet = SynthesisParams(noise_scale=0.0, noise_w=0.0)
+    texts = [[Sentence("", corpus_ids[i]), Sentence("", corpus_ids[i + 1])] for i in range(24)]
+    audio: dict[str, list[np.ndarray]] = {}
+    most: dict[str, int] = {}
+    for setting in ("1", "2"):
+        monkeypatch.setenv("VOXFLEET_ENCODER_CALLS", setting)
+        taken.clear()
+        stages = TorchCudaStages(entry_dir, precision="fp32")
+        scheduler = StreamScheduler(stages, 22050, windows=WindowConfig(max_encoder_batch=8))
+        scheduler.start()
+        try:
+            sinks = [Sink() for _ in texts]
+            for sentences, sink in zip(texts, sinks, strict=True):
+                scheduler.submit(list(sentences), quiet, sink)
+            for sink in sinks:
+                assert sink.done.wait(120) and sink.error is None and sink.chunks
+        finally:
+            scheduler.stop()
+        audio[setting] = [np.concatenate(sink.chunks).astype(np.float64) for sink in sinks]
+        most[setting] = max(taken)
+    assert most["1"] <= 8 < most["2"], most
+    for plain, taken_two in zip(audio["1"], audio["2"], strict=True):
+        assert plain.shape == taken_two.shape
+        noise = np.sum((taken_two - plain) ** 2)
+        assert 10 * np.log10(np.sum(plain**2) / max(noise, 1e-9)) > 50.0
