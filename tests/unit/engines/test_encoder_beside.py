@@ -498,11 +498,14 @@ def test_one_voices_steps_take_two_encoder_calls_and_next_windows_with_the_same_
         runtime = HostStages(stages, WholeSentenceBackend(stages))
         scheduler = StreamScheduler(runtime, 22050, windows=WindowConfig(max_encoder_batch=8))
         assert scheduler.rules.encoder_calls == int(setting)
+        # An encoder call's fixed cost, as a GPU pod's warmup seeds it; every listener waiting
+        # before the first step, so that its new sentences are more than a call's rows.
+        scheduler.costs.per_call["encoder"] = 4e-3
+        sinks = [Sink() for _ in range(24)]
+        for sink in sinks:
+            scheduler.submit(list(sentences), QUIET, sink)
         scheduler.start()
         try:
-            sinks = [Sink() for _ in range(24)]
-            for sink in sinks:
-                scheduler.submit(list(sentences), QUIET, sink)
             for sink in sinks:
                 assert sink.done.wait(120), "a stream never finished"
         finally:
