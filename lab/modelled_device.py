@@ -2,7 +2,7 @@
 device-bound pod makes, for one voice, ten voices and 100 voices by Zipf(1.1), on the CPU.
 
     python -m lab.modelled_device [--listeners 250] [--seconds 8] [--patterns one,ten,zipf]
-        [--scale 1.0] [--launch-us 700]
+        [--scale 1.0] [--launch-us 700] [--lead-ms 0]
 
 At 250 unpaced listeners a packed pod on an H200 is bound by its device: the stages' device
 times add up to its steps' wall time (docs/gpu-runs.md, 2026-12-02). What ten voices make
@@ -27,9 +27,10 @@ voice's of 26); a vocoder call as its CUDA graph's time at the row bucket
 prints are ratios to compare planning rules with, side by side in one run: a model, not a
 measurement of any GPU (its host is this machine's, and the costs do not vary).
 
-Each listener asks for one corpus sentence at a time, unpaced, and its voice is drawn as the
-packing benchmark draws it (`engines.bench.systems.popularity_weights`). Settings are read
-from the environment as the scheduler reads them (`VOXFLEET_ENCODE_SHARE`, ...), so
+Each listener asks for one corpus sentence at a time, unpaced (paced with `--lead-ms`, the
+lead limit), and its voice is drawn as the packing benchmark draws it
+(`engines.bench.systems.popularity_weights`). Settings are read from the environment as the
+scheduler reads them (`VOXFLEET_ENCODE_SHARE`, `VOXFLEET_ENCODER_CALLS`, ...), so
 `env VOXFLEET_...=... python -m lab.modelled_device` compares a rule.
 
 Needs PyTorch; the CPU build is enough (see lab/scheduler_host.py).

@@ -146,10 +146,8 @@ MATCH_CALLS = 4
 # were padding (`python -m lab.modelled_device`). On an H200 pool pod (101 voices, 16 GiB MPS
 # limit, 250 unpaced listeners, three fresh pods each, side by side) ten voices made 3,623
 # (3,352) audio-s/s with them against 3,072 (3,032), and 100 voices by Zipf(1.1) 1,460 (1,327)
-# against 1,235 (1,216), first audio no later. Not for one voice: it made 10 % more audio at
-# 250 listeners, but at 2,000 its streams' sentences ended sooner than its encoder's calls of
-# 32 sentences a step could start new ones, and first audio at p95 went from 141 to 158 ms
-# to 849 to 1,285 ms, with 7 to 12 streams running late (docs/gpu-runs.md). Buckets double,
+# against 1,235 (1,216), first audio no later. One voice's steps take them only where they
+# take two encoder calls a step (`ENCODER_CALLS_A_STEP` says why). Buckets double,
 # so one pass fills a call whenever its streams have a window left; the further passes are for
 # calls where some have none.
 NEXT_WINDOW_PASSES = 3
@@ -158,11 +156,15 @@ NEXT_WINDOW_PASSES = 3
 # them), so that where more sentences wait than one call takes, the encoder keeps pace with
 # streams whose sentences end sooner: one voice's busy unpaced steps then take next windows
 # too (`fill_with_next_windows`). With one call a step, one voice's 2,000 unpaced listeners
-# made 10 % more audio with next windows, but their sentences ended sooner than its calls of
-# 32 could start new ones: first audio at p95 went from 141 to 158 ms to 849 to 1,285 ms
-# (docs/gpu-runs.md, 2026-12-02). Modelled (`python -m lab.modelled_device --listeners 2000
-# --patterns one`), next windows with two calls a step made 17 % more audio than without
-# next windows, first audio at p95 155 against 144 ms; with one call, 844 ms.
+# made 7 % more audio with next windows, but their sentences ended sooner than its calls of
+# 32 could start new ones: first audio at p95 went from 141 to 158 ms to 849 to 1,285 ms,
+# 7 to 12 streams ran late. With two (on an H200, three pairs of fresh servers side by side,
+# docs/gpu-runs.md) they made 1.075 (worst 1.070) times the audio of one call without next
+# windows, 0.822 (0.820) of the stage limit, first audio at p95 169 to 343 ms against 136 to
+# 146, no stream late; in a 101-voice pod one voice made 1.078 times the audio at 250
+# listeners. Only for one voice, unpaced: a step that took more calls than may still go out
+# ran streams late in `python -m lab.modelled_device`, and so did paced listeners arriving
+# together, where one call a step admits no more new streams than the device keeps up with.
 ENCODER_CALLS_A_STEP = 2
 
 Scales = tuple[float, float, float]
