@@ -117,8 +117,8 @@ MATCH_LENGTHS_ENV = "VOXFLEET_MATCH_LENGTHS"
 # "0" in the environment: the padding rows of busy steps of several unpaced voices stay padding
 # (`planner.NEXT_WINDOW_PASSES`), for comparing the two.
 NEXT_WINDOWS_ENV = "VOXFLEET_NEXT_WINDOWS"
-# How many encoder calls' worth of new sentences a GPU's step may take
-# (`planner.ENCODER_CALLS_A_STEP`, the default); "1" as before, for comparing.
+# How many encoder calls' worth of new sentences a busy GPU step of one voice's unpaced
+# listeners may take (`planner.ENCODER_CALLS_A_STEP`, the default); "1": one, for comparing.
 ENCODER_CALLS_ENV = "VOXFLEET_ENCODER_CALLS"
 # A vocoder launch's seconds weigh this much in their moving mean (`_vocode_launch`).
 LAUNCH_WEIGHT = 0.05
@@ -213,7 +213,7 @@ def encoder_calls_from_environment() -> int:
     value = os.environ.get(ENCODER_CALLS_ENV, "").strip()
     if not value:
         return ENCODER_CALLS_A_STEP
-    if not value.isdigit() or int(value) < 1:
+    if not (value.isascii() and value.isdigit()) or int(value) < 1:
         raise ValueError(f"{ENCODER_CALLS_ENV} must be a whole number of at least 1, got {value!r}")
     return int(value)
 

@@ -533,7 +533,7 @@ def test_the_encoder_calls_a_step_are_read_from_the_environment(monkeypatch) -> 
     name = scheduler_module.ENCODER_CALLS_ENV
     monkeypatch.setenv(name, "1")
     assert scheduler_module.encoder_calls_from_environment() == 1
-    for bad in ("0", "two", "-1", "1.5"):
+    for bad in ("0", "two", "-1", "1.5", "²"):
         monkeypatch.setenv(name, bad)
         with pytest.raises(ValueError, match=name):
             scheduler_module.encoder_calls_from_environment()
