@@ -80,6 +80,30 @@ def run(scheduler: StreamScheduler, sinks: list[Sink], sentences: list[Sentence]
         assert sink.done.wait(120), "a stream never finished"
 
 
+def play_queued(scheduler: StreamScheduler, sinks: list[Sink]) -> None:
+    """Start `scheduler` on the streams submitted to it already, wait for every one of
+    `sinks` to end, and stop it."""
+    scheduler.start()
+    try:
+        for sink in sinks:
+            assert sink.done.wait(120), "a stream never finished"
+    finally:
+        scheduler.stop()
+
+
+def assert_same_audio(reference: list[Sink], heard: list[Sink]) -> None:
+    """Every listener of `heard` got, without an error, the audio of its counterpart in
+    `reference` (as long, and above 60 dB: calls batch other rows together, so the float sums
+    differ in their last bits)."""
+    for plain, other in zip(reference, heard, strict=True):
+        assert other.error is None and plain.error is None
+        expected = np.concatenate(plain.chunks).astype(np.float64)
+        audio = np.concatenate(other.chunks).astype(np.float64)
+        assert len(audio) == len(expected)
+        noise = np.sum((audio - expected) ** 2)
+        assert 10 * np.log10(np.sum(expected**2) / max(noise, 1e-9)) > 60.0
+
+
 def test_sentences_encoded_beside_the_windows_give_the_inline_encoders_audio(
     stages, sentences
 ) -> None:
@@ -382,12 +406,7 @@ def test_a_steps_encoder_calls_are_all_launched_before_any_is_waited_for(stages,
         patch.setattr(_Call, "finish", finished)
         for sink, voice in zip(sinks, voices, strict=True):
             scheduler.submit(list(sentences), QUIET, sink, voice=voice)
-        scheduler.start()
-        try:
-            for sink in sinks:
-                assert sink.done.wait(120), "a stream never finished"
-        finally:
-            scheduler.stop()
+        play_queued(scheduler, sinks)
     assert all(sink.error is None and sink.chunks for sink in sinks)
     # The first step encodes both voices' first sentences: two launches, then two finishes.
     assert order[:4] == ["launch", "launch", "finish", "finish"]
@@ -454,13 +473,7 @@ def test_a_calls_padding_rows_take_unpaced_streams_next_windows_with_the_same_au
             scheduler.stop()
         results[setting] = sinks
     assert sum(joined) > 0
-    for plain, followed in zip(results["0"], results["1"], strict=True):
-        assert followed.error is None and plain.error is None
-        reference = np.concatenate(plain.chunks).astype(np.float64)
-        audio = np.concatenate(followed.chunks).astype(np.float64)
-        assert len(audio) == len(reference)
-        noise = np.sum((audio - reference) ** 2)
-        assert 10 * np.log10(np.sum(reference**2) / max(noise, 1e-9)) > 60.0
+    assert_same_audio(results["0"], results["1"])
 
 
 def test_one_voices_steps_take_two_encoder_calls_and_next_windows_with_the_same_audio(
@@ -504,21 +517,10 @@ def test_one_voices_steps_take_two_encoder_calls_and_next_windows_with_the_same_
         sinks = [Sink() for _ in range(24)]
         for sink in sinks:
             scheduler.submit(list(sentences), QUIET, sink)
-        scheduler.start()
-        try:
-            for sink in sinks:
-                assert sink.done.wait(120), "a stream never finished"
-        finally:
-            scheduler.stop()
+        play_queued(scheduler, sinks)
         results[setting] = sinks
         assert (sum(joined[before:]) > 0) == (setting == "2")
     assert max(rows["1"] + rows["2"]) <= 8
     assert max(taken["1"]) <= 8 < max(taken["2"])
     assert sum(rows["2"]) == sum(rows["1"])  # every sentence encoded once either way
-    for plain, two in zip(results["1"], results["2"], strict=True):
-        assert two.error is None and plain.error is None
-        reference = np.concatenate(plain.chunks).astype(np.float64)
-        audio = np.concatenate(two.chunks).astype(np.float64)
-        assert len(audio) == len(reference)
-        noise = np.sum((audio - reference) ** 2)
-        assert 10 * np.log10(np.sum(reference**2) / max(noise, 1e-9)) > 60.0
+    assert_same_audio(results["1"], results["2"])
