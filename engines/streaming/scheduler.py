@@ -114,8 +114,8 @@ CAPACITY_INTERVAL_S = 0.25
 # "0" in the environment: a fixed-shape encoder's calls take a burst's new listeners in arrival
 # order, not by length (`planner.MATCH_CALLS`); for comparing the two.
 MATCH_LENGTHS_ENV = "VOXFLEET_MATCH_LENGTHS"
-# "0" in the environment: the padding rows of busy steps of several unpaced voices stay padding
-# (`planner.NEXT_WINDOW_PASSES`), for comparing the two.
+# "0" in the environment: the padding rows of busy unpaced steps (of several voices, or of one
+# taking two encoder calls a step) stay padding (`planner.NEXT_WINDOW_PASSES`), for comparing.
 NEXT_WINDOWS_ENV = "VOXFLEET_NEXT_WINDOWS"
 # How many encoder calls' worth of new sentences a busy GPU step of one voice's unpaced
 # listeners may take (`planner.ENCODER_CALLS_A_STEP`, the default); "1": one, for comparing.

@@ -190,10 +190,11 @@ class HostClient:
         """A frame of several streams' chunks (the voice host's `send_chunks`)."""
         pcm = np.frombuffer(payload, dtype=np.int16)
         ids = header["ids"]
-        # A stream's last chunk is its final one in the frame: a call may carry two or more
-        # consecutive windows of one stream (planner.fill_with_next_windows).
-        final = {stream_id: row for row, stream_id in enumerate(ids)}
         last = set(header.get("last") or ())
+        # A stream's last chunk is its final one in the frame: a call may carry two or more
+        # consecutive windows of one stream (planner.fill_with_next_windows). (Looked up only
+        # in frames that end a stream.)
+        final = {stream_id: row for row, stream_id in enumerate(ids)} if last else {}
         offset = 0
         for row, (stream_id, samples) in enumerate(zip(ids, header["samples"], strict=True)):
             chunk = pcm[offset : offset + samples]

@@ -39,6 +39,18 @@ class Sink(StreamSink):
         return self.cancel
 
 
+def play_queued(scheduler: Any, sinks: list[Any]) -> None:
+    """Start `scheduler` (a StreamScheduler) on the streams submitted to it already, so that
+    its first step sees every one however busy the machine is, wait for each of `sinks` to
+    end, and stop it."""
+    scheduler.start()
+    try:
+        for sink in sinks:
+            assert sink.done.wait(120), "a stream never finished"
+    finally:
+        scheduler.stop()
+
+
 class Timing:
     """A device timing that is over at once (`DeviceBackend.timer`)."""
 

@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+from host_device import play_queued
 
 from engines.runtimes.onnx import OnnxStages
 from engines.streaming import StreamScheduler, StreamSink, SynthesisParams
@@ -74,12 +75,7 @@ def stream(stages: OnnxStages, sentences: list[Sentence], async_calls: bool) -> 
     sinks = [OrderedSink() for _ in range(3)]
     for sink in sinks:
         scheduler.submit(list(sentences), QUIET, sink)
-    scheduler.start()
-    try:
-        for sink in sinks:
-            assert sink.done.wait(120), "a stream never finished"
-    finally:
-        scheduler.stop()
+    play_queued(scheduler, sinks)
     return sinks
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from host_device import QUIET, TEXT, HostStages, Sink, Timing
+from host_device import QUIET, TEXT, HostStages, Sink, Timing, play_queued
 
 from engines.contract.plan import WindowConfig
 from engines.runtimes.onnx import OnnxStages
@@ -78,17 +78,6 @@ def run(scheduler: StreamScheduler, sinks: list[Sink], sentences: list[Sentence]
         scheduler.submit(list(sentences), QUIET, sink)
     for sink in sinks:
         assert sink.done.wait(120), "a stream never finished"
-
-
-def play_queued(scheduler: StreamScheduler, sinks: list[Sink]) -> None:
-    """Start `scheduler` on the streams submitted to it already, wait for every one of
-    `sinks` to end, and stop it."""
-    scheduler.start()
-    try:
-        for sink in sinks:
-            assert sink.done.wait(120), "a stream never finished"
-    finally:
-        scheduler.stop()
 
 
 def assert_same_audio(reference: list[Sink], heard: list[Sink]) -> None:

@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 import pytest
+from host_device import play_queued
 
 from engines.streaming import (
     StreamScheduler,
@@ -60,12 +61,7 @@ def run_streams(scheduler: StreamScheduler, sinks: list[CollectingSink], sentenc
     # however busy the machine is when the thread starts.
     for sink in sinks:
         scheduler.submit(list(sentences), QUIET, sink)
-    scheduler.start()
-    try:
-        for sink in sinks:
-            assert sink.done.wait(120), "stream never finished"
-    finally:
-        scheduler.stop()
+    play_queued(scheduler, sinks)
 
 
 def test_streamed_audio_matches_a_one_shot_decode(stages, sentences) -> None:
